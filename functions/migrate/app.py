@@ -1,0 +1,15 @@
+"""Migrate: applies the schema (a CloudFormation custom resource, or invoke it)."""
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from outbox.observability import logger
+from outbox.runtime import Runtime, migrate
+
+runtime = Runtime()
+
+
+@logger.inject_lambda_context
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    return migrate(event, context, lambda: runtime.engine)

@@ -1,0 +1,155 @@
+"""Channels: how a message leaves the relay.
+
+A channel is a small class with a ``name``, a JSON ``schema`` for its payload,
+``validate(payload)`` (called at enqueue and again before sending) and
+``send(message, deadline) -> Outcome``. The registry maps a channel name to a
+factory so that a function only imports the provider code it uses: the email
+function never pays for the SNS channel's imports at cold start.
+
+Adding a channel: write the class, ``register("name", "module:Class")`` (or
+pass the class itself), add its function to template.yaml and an event to events/.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import ValidationError
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a send came to. Build one with the class methods below."""
+
+    kind: str  # delivered | retry | failed | suppressed | deferred
+    provider_message_id: str | None = None
+    error: str | None = None
+    delay_seconds: float | None = None
+
+    @classmethod
+    def delivered(cls, provider_message_id: str | None = None) -> Outcome:
+        return cls("delivered", provider_message_id=provider_message_id)
+
+    @classmethod
+    def retry(cls, error: str, delay_seconds: float | None = None) -> Outcome:
+        """A transient failure: counts an attempt, backs off (or waits ``delay_seconds``)."""
+        return cls("retry", error=error, delay_seconds=delay_seconds)
+
+    @classmethod
+    def failed(cls, error: str) -> Outcome:
+        """A permanent failure: sending again cannot help."""
+        return cls("failed", error=error)
+
+    @classmethod
+    def suppressed(cls, error: str) -> Outcome:
+        """The recipient must not be contacted (opted out, bounced, device gone)."""
+        return cls("suppressed", error=error)
+
+    @classmethod
+    def deferred(cls, reason: str, delay_seconds: float = 0.0) -> Outcome:
+        """Not tried, or throttled: back to pending later without counting an attempt."""
+        return cls("deferred", error=reason, delay_seconds=max(0.0, delay_seconds))
+
+
+@dataclass(frozen=True)
+class Message:
+    """What a channel sees of a claimed row."""
+
+    id: int
+    channel: str
+    payload: Any
+    attempt: int
+    dedupe_key: str | None = None
+    ordering_key: str | None = None
+
+
+class Deadline:
+    """A point on the monotonic clock by which a provider call must be over."""
+
+    def __init__(self, seconds_from_now: float) -> None:
+        self._end = time.monotonic() + seconds_from_now
+
+    def remaining(self) -> float:
+        return max(0.0, self._end - time.monotonic())
+
+    def expired(self) -> bool:
+        return self.remaining() <= 0.0
+
+
+@runtime_checkable
+class Channel(Protocol):
+    name: str
+    schema: Mapping[str, Any]
+
+    def validate(self, payload: Any) -> None:
+        """Raise ValidationError naming the field when the payload is unusable."""
+
+    def send(self, message: Message, deadline: Deadline) -> Outcome:
+        """Deliver once; classify every provider answer into an Outcome."""
+
+
+class SchemaChannel:
+    """Base class: validation from the class's JSON schema (fastjsonschema)."""
+
+    name: str = ""
+    schema: Mapping[str, Any] = {}
+    _validator: Callable[[Any], Any] | None = None
+
+    def validate(self, payload: Any) -> None:
+        cls = type(self)
+        if cls.__dict__.get("_validator") is None:
+            import fastjsonschema
+
+            cls._validator = staticmethod(fastjsonschema.compile(dict(self.schema)))  # type: ignore[assignment]
+        try:
+            cls._validator(payload)  # type: ignore[misc]
+        except Exception as exc:  # fastjsonschema.JsonSchemaValueException
+            path = getattr(exc, "name", "data") or "data"
+            field = "payload" + str(path)[4:]  # "data.to[0]" -> "payload.to[0]"
+            raise ValidationError(field, getattr(exc, "message", str(exc))) from None
+        self.check(payload)
+
+    def check(self, payload: Any) -> None:
+        """Rules a JSON schema cannot say; override to add them."""
+
+    def send(self, message: Message, deadline: Deadline) -> Outcome:  # pragma: no cover
+        raise NotImplementedError
+
+
+ChannelFactory = Callable[[], Channel]
+
+# Built-in channels, by import path so a function imports only its own.
+_registry: dict[str, str | ChannelFactory] = {
+    "email": "outbox.channels.email:EmailChannel",
+}
+_instances: dict[str, Channel] = {}
+
+
+def register(name: str, factory: str | ChannelFactory) -> None:
+    """Add (or replace) a channel: ``factory`` is a callable or "module:Class"."""
+    _registry[name] = factory
+    _instances.pop(name, None)
+
+
+def names() -> list[str]:
+    return sorted(_registry)
+
+
+def get(name: str) -> Channel:
+    """The channel instance for ``name``; ValidationError for an unknown name."""
+    channel = _instances.get(name)
+    if channel is not None:
+        return channel
+    factory = _registry.get(name) if isinstance(name, str) else None
+    if factory is None:
+        raise ValidationError("channel", f"unknown channel {name!r}; known: {', '.join(names())}")
+    if isinstance(factory, str):
+        module_name, _, attr = factory.partition(":")
+        factory = getattr(importlib.import_module(module_name), attr)
+    channel = factory()  # type: ignore[operator]
+    _instances[name] = channel
+    return channel

@@ -1,0 +1,40 @@
+"""Helpers shared by the channels that call AWS through boto3."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+# botocore's own retries would sleep past our deadline and hide throttling from
+# the classification; one try per send, and the relay decides what comes next.
+_CONNECT_TIMEOUT = 3.0
+_READ_TIMEOUT = 10.0
+
+
+def client(service: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        connect_timeout=_CONNECT_TIMEOUT,
+        read_timeout=float(os.environ.get("PROVIDER_READ_TIMEOUT_SECONDS", _READ_TIMEOUT)),
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        max_pool_connections=32,
+    )
+    return boto3.client(service, config=config)
+
+
+def error_code(exc: BaseException) -> str | None:
+    """The AWS error code of a botocore ClientError, else None."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = response.get("Error", {}).get("Code")
+        return str(code) if code else None
+    return None
+
+
+def describe(exc: BaseException) -> str:
+    """A log- and database-safe description: the error code and class, no message
+    text (provider messages can echo addresses or payload fragments)."""
+    code = error_code(exc)
+    return f"{type(exc).__name__}: {code}" if code else type(exc).__name__

@@ -1,0 +1,158 @@
+"""Settings read from the environment once, at cold start, with clear errors.
+
+Every number that shapes the state machine (batch size, lease, attempts,
+backoff, retention) is a template parameter that reaches the functions as an
+environment variable; secrets never do: only the ARN of the secret holding them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+
+
+def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(name, f"must be a whole number, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise ConfigError(name, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(name, f"must be a number, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise ConfigError(name, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class DatabaseSettings:
+    """Where the database is and how to authenticate to it.
+
+    Exactly one of: ``url`` (local development), ``secret_arn`` (a Secrets
+    Manager secret in the RDS format), or ``iam_user`` with ``host`` (RDS IAM auth).
+    """
+
+    url: str | None = None
+    secret_arn: str | None = None
+    host: str | None = None
+    port: int = 5432
+    name: str = "postgres"
+    iam_user: str | None = None
+    # TLS: "verify-full" (the only choice in AWS), or "disable" for a local URL.
+    sslmode: str = "verify-full"
+    ca_bundle: str | None = None
+    connect_timeout: float = 10.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> DatabaseSettings:
+        url = env.get("DATABASE_URL") or None
+        secret_arn = env.get("DB_SECRET_ARN") or None
+        iam_user = env.get("DB_IAM_USER") or None
+        chosen = [n for n, v in (("DATABASE_URL", url), ("DB_SECRET_ARN", secret_arn),
+                                 ("DB_IAM_USER", iam_user)) if v]
+        if not chosen:
+            raise ConfigError("DATABASE_URL", "set DATABASE_URL, DB_SECRET_ARN or DB_IAM_USER")
+        if len(chosen) > 1:
+            raise ConfigError(chosen[1], f"set only one of {', '.join(chosen)}")
+        if iam_user and not env.get("DB_HOST"):
+            raise ConfigError("DB_HOST", "required with DB_IAM_USER")
+        sslmode = env.get("DB_SSLMODE") or ("disable" if url else "verify-full")
+        if sslmode not in ("verify-full", "disable"):
+            raise ConfigError("DB_SSLMODE", f"must be verify-full or disable, got {sslmode!r}")
+        if sslmode == "disable" and not url:
+            raise ConfigError("DB_SSLMODE", "TLS can only be disabled for a local DATABASE_URL")
+        return cls(
+            url=url,
+            secret_arn=secret_arn,
+            host=env.get("DB_HOST") or None,
+            port=_int(env, "DB_PORT", 5432, 1, 65535),
+            name=env.get("DB_NAME") or "postgres",
+            iam_user=iam_user,
+            sslmode=sslmode,
+            ca_bundle=env.get("DB_CA_BUNDLE") or None,
+            connect_timeout=_float(env, "DB_CONNECT_TIMEOUT", 10.0, 1.0, 120.0),
+        )
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    """The numbers that shape claiming, leasing, retrying and pruning."""
+
+    batch_size: int = 100
+    lease_seconds: int = 120
+    max_attempts: int = 5
+    backoff_base_seconds: float = 2.0
+    backoff_cap_seconds: float = 900.0
+    retention_days: int = 7
+    # The longest a sender runs (its Lambda timeout) and the longest an async
+    # event may wait in Lambda's queue: invariant 4 wants both inside the lease.
+    sender_timeout_seconds: int = 30
+    max_event_age_seconds: int = 60
+    handoff_chunk_size: int = 20
+    send_concurrency: int = 8
+    # Stop starting provider calls this long before the lease or the Lambda ends,
+    # leaving time for the settle transaction.
+    settle_margin_seconds: float = 3.0
+    dispatch_budget_seconds: float = 50.0
+    poll_interval_seconds: float = 0.2
+    channel_functions: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RelaySettings:
+        env = os.environ if env is None else env
+        raw_functions = env.get("CHANNEL_FUNCTIONS") or "{}"
+        try:
+            functions = json.loads(raw_functions)
+        except json.JSONDecodeError as exc:
+            raise ConfigError("CHANNEL_FUNCTIONS", f"must be a JSON object: {exc}") from None
+        if not isinstance(functions, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and v for k, v in functions.items()
+        ):
+            raise ConfigError("CHANNEL_FUNCTIONS", "must map channel names to function names")
+        settings = cls(
+            batch_size=_int(env, "BATCH_SIZE", 100, 1, 10_000),
+            lease_seconds=_int(env, "LEASE_SECONDS", 120, 5, 86_400),
+            max_attempts=_int(env, "MAX_ATTEMPTS", 5, 1, 1_000),
+            backoff_base_seconds=_float(env, "BACKOFF_BASE_SECONDS", 2.0, 0.0, 86_400.0),
+            backoff_cap_seconds=_float(env, "BACKOFF_CAP_SECONDS", 900.0, 0.0, 604_800.0),
+            retention_days=_int(env, "RETENTION_DAYS", 7, 0, 3650),
+            sender_timeout_seconds=_int(env, "SENDER_TIMEOUT_SECONDS", 30, 1, 900),
+            max_event_age_seconds=_int(env, "MAX_EVENT_AGE_SECONDS", 60, 0, 21_600),
+            handoff_chunk_size=_int(env, "HANDOFF_CHUNK_SIZE", 20, 1, 1_000),
+            send_concurrency=_int(env, "SEND_CONCURRENCY", 8, 1, 256),
+            settle_margin_seconds=_float(env, "SETTLE_MARGIN_SECONDS", 3.0, 0.0, 600.0),
+            dispatch_budget_seconds=_float(env, "DISPATCH_BUDGET_SECONDS", 50.0, 0.0, 900.0),
+            poll_interval_seconds=_float(env, "POLL_INTERVAL_SECONDS", 0.2, 0.01, 60.0),
+            channel_functions=functions,
+        )
+        settings.check_lease()
+        return settings
+
+    def check_lease(self) -> None:
+        """Invariant 4: a sender and its queued event must fit inside the lease."""
+        needed = self.sender_timeout_seconds + self.max_event_age_seconds
+        if self.lease_seconds <= needed:
+            raise ConfigError(
+                "LEASE_SECONDS",
+                f"{self.lease_seconds}s must exceed SENDER_TIMEOUT_SECONDS + "
+                f"MAX_EVENT_AGE_SECONDS ({needed}s), or a claim can expire mid-send",
+            )
+        if self.backoff_cap_seconds < self.backoff_base_seconds:
+            raise ConfigError("BACKOFF_CAP_SECONDS", "must not be below BACKOFF_BASE_SECONDS")

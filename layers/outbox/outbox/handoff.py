@@ -1,0 +1,140 @@
+"""The dispatcher -> channel function event, and the ways to deliver it.
+
+The event carries only ids, claim tokens and attempt numbers, never payloads:
+the sender re-reads the rows under its fence, so a stale or replayed event
+can change nothing.
+
+    {"version": 1, "channel": "email",
+     "messages": [{"id": 42, "claim_token": "5f0c...", "attempt": 1}, ...]}
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .errors import ValidationError
+from .store import Claim
+
+VERSION = 1
+MAX_MESSAGES_PER_EVENT = 1000
+
+
+@dataclass(frozen=True)
+class HandOff:
+    channel: str
+    claims: tuple[Claim, ...]
+
+    def to_event(self) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "channel": self.channel,
+            "messages": [
+                {"id": c.id, "claim_token": str(c.claim_token), "attempt": c.attempt}
+                for c in self.claims
+            ],
+        }
+
+    @classmethod
+    def from_event(cls, event: Any) -> HandOff:
+        """Parse and check an event; ValidationError names the first bad field."""
+        if not isinstance(event, Mapping):
+            raise ValidationError("event", f"must be an object, got {type(event).__name__}")
+        if event.get("version") != VERSION:
+            raise ValidationError("event.version", f"must be {VERSION}")
+        channel = event.get("channel")
+        if not isinstance(channel, str) or not channel:
+            raise ValidationError("event.channel", "must be a non-empty string")
+        messages = event.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ValidationError("event.messages", "must be a non-empty list")
+        if len(messages) > MAX_MESSAGES_PER_EVENT:
+            raise ValidationError("event.messages", f"holds more than {MAX_MESSAGES_PER_EVENT}")
+        claims = []
+        for i, item in enumerate(messages):
+            where = f"event.messages[{i}]"
+            if not isinstance(item, Mapping):
+                raise ValidationError(where, "must be an object")
+            message_id, attempt = item.get("id"), item.get("attempt")
+            if isinstance(message_id, bool) or not isinstance(message_id, int) or message_id < 1:
+                raise ValidationError(f"{where}.id", "must be a positive integer")
+            if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+                raise ValidationError(f"{where}.attempt", "must be a positive integer")
+            try:
+                token = uuid.UUID(str(item.get("claim_token")))
+            except ValueError:
+                raise ValidationError(f"{where}.claim_token", "must be a UUID") from None
+            claims.append(Claim(message_id, channel, token, attempt))
+        return cls(channel, tuple(claims))
+
+
+def chunk(claims: Sequence[Claim], size: int) -> list[HandOff]:
+    """Group claims by channel, then split each group into events of ``size``."""
+    by_channel: dict[str, list[Claim]] = {}
+    for c in claims:
+        by_channel.setdefault(c.channel, []).append(c)
+    return [
+        HandOff(channel, tuple(group[i : i + size]))
+        for channel, group in sorted(by_channel.items())
+        for i in range(0, len(group), size)
+    ]
+
+
+class Invoker(Protocol):
+    def can_route(self, channel: str) -> bool: ...
+
+    def hand_off(self, handoff: HandOff) -> None:
+        """Deliver the event or raise; a raise releases the claims at once."""
+
+
+class LambdaInvoker:
+    """Asynchronous Lambda invoke (``InvocationType=Event``) of the channel's function."""
+
+    def __init__(self, functions: Mapping[str, str], client: Any = None) -> None:
+        self.functions = dict(functions)
+        self._client = client
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+
+            self._client = boto3.client(
+                "lambda",
+                config=Config(
+                    connect_timeout=3,
+                    read_timeout=10,
+                    retries={"total_max_attempts": 2, "mode": "standard"},
+                    max_pool_connections=16,
+                ),
+            )
+        return self._client
+
+    def can_route(self, channel: str) -> bool:
+        return channel in self.functions
+
+    def hand_off(self, handoff: HandOff) -> None:
+        response = self.client.invoke(
+            FunctionName=self.functions[handoff.channel],
+            InvocationType="Event",
+            Payload=json.dumps(handoff.to_event(), separators=(",", ":")).encode(),
+        )
+        if response.get("StatusCode") != 202:
+            raise RuntimeError(f"async invoke answered {response.get('StatusCode')}")
+
+
+class CallableInvoker:
+    """In-process hand-off: each channel mapped to a callable taking the event dict."""
+
+    def __init__(self, targets: Mapping[str, Callable[[dict[str, Any]], Any]]) -> None:
+        self.targets = dict(targets)
+
+    def can_route(self, channel: str) -> bool:
+        return channel in self.targets
+
+    def hand_off(self, handoff: HandOff) -> None:
+        self.targets[handoff.channel](handoff.to_event())

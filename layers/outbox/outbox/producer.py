@@ -1,0 +1,162 @@
+"""The producer API: write messages inside the application's own transaction.
+
+    with engine.begin() as conn:
+        conn.execute(orders.insert().values(...))
+        outbox.enqueue(conn, "email", {"from": ..., "to": [...], ...}, dedupe_key="order-42")
+
+Everything is validated before anything is written; bad input raises
+ValidationError naming the field and leaves the transaction untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from . import channels, store
+from .errors import ValidationError
+
+MAX_PAYLOAD_BYTES = 256 * 1024
+MAX_KEY_LENGTH = 255
+MAX_DELAY_SECONDS = 365 * 24 * 3600
+_PRIORITY_RANGE = (-32768, 32767)  # smallint
+_MAX_ATTEMPTS_RANGE = (1, 1000)
+_FIELDS = {"channel", "payload", "dedupe_key", "ordering_key", "priority", "delay", "max_attempts"}
+
+
+def _key(field: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(field, f"must be a string, got {type(value).__name__}")
+    if not value or len(value) > MAX_KEY_LENGTH:
+        raise ValidationError(field, f"must be 1 to {MAX_KEY_LENGTH} characters")
+    if "\x00" in value:
+        raise ValidationError(field, "must not contain NUL characters")
+    return value
+
+
+def _int_in(field: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(field, f"must be an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValidationError(field, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _delay_seconds(value: Any) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ValidationError("delay", "must be a timedelta or a number of seconds")
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_DELAY_SECONDS:
+        raise ValidationError("delay", f"must be between 0 and {MAX_DELAY_SECONDS} seconds")
+    return seconds
+
+
+def _payload_json(channel: channels.Channel, payload: Any) -> str:
+    channel.validate(payload)
+    try:
+        text = store.payload_json(payload)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError("payload", f"must be JSON-serialisable: {exc}") from None
+    if "\\u0000" in text:
+        # Postgres jsonb cannot store NUL characters.
+        raise ValidationError("payload", "must not contain NUL characters")
+    size = len(text.encode("utf-8"))
+    if size > MAX_PAYLOAD_BYTES:
+        raise ValidationError("payload", f"is {size} bytes; the limit is {MAX_PAYLOAD_BYTES}")
+    return text
+
+
+def prepare(
+    channel: Any,
+    payload: Any,
+    *,
+    dedupe_key: Any = None,
+    ordering_key: Any = None,
+    priority: Any = 0,
+    delay: Any = None,
+    max_attempts: Any = None,
+) -> store.NewMessage:
+    """Validate one message; raises ValidationError naming the field."""
+    if not isinstance(channel, str):
+        raise ValidationError("channel", f"must be a string, got {type(channel).__name__}")
+    impl = channels.get(channel)
+    return store.NewMessage(
+        channel=channel,
+        payload_json=_payload_json(impl, payload),
+        dedupe_key=_key("dedupe_key", dedupe_key),
+        ordering_key=_key("ordering_key", ordering_key),
+        priority=_int_in("priority", priority, *_PRIORITY_RANGE),
+        delay_seconds=_delay_seconds(delay),
+        max_attempts=None
+        if max_attempts is None
+        else _int_in("max_attempts", max_attempts, *_MAX_ATTEMPTS_RANGE),
+    )
+
+
+def _check_connection(conn: Any) -> sa.Connection:
+    if not isinstance(conn, sa.Connection):
+        raise ValidationError("conn", "must be a SQLAlchemy Connection (engine.begin() gives one)")
+    return conn
+
+
+def enqueue(
+    conn: sa.Connection,
+    channel: str,
+    payload: Any,
+    *,
+    dedupe_key: str | None = None,
+    ordering_key: str | None = None,
+    priority: int = 0,
+    delay: timedelta | float | None = None,
+    max_attempts: int | None = None,
+) -> int:
+    """Write one message in the caller's transaction; returns its id.
+
+    A repeated (channel, dedupe_key) returns the id of the existing message.
+    Messages sharing an ordering_key are delivered one at a time, in enqueue order.
+    """
+    message = prepare(
+        channel,
+        payload,
+        dedupe_key=dedupe_key,
+        ordering_key=ordering_key,
+        priority=priority,
+        delay=delay,
+        max_attempts=max_attempts,
+    )
+    return store.insert_messages(_check_connection(conn), [message])[0]
+
+
+def enqueue_many(conn: sa.Connection, messages: Iterable[Mapping[str, Any]]) -> list[int]:
+    """Write many messages in one round trip; ids come back in the same order.
+
+    Each message is a dict with ``enqueue``'s argument names. One bad message
+    raises ValidationError (its field prefixed with ``messages[i].``) and none is written.
+    """
+    conn = _check_connection(conn)
+    prepared = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise ValidationError(f"messages[{index}]", "must be a dict")
+        unknown = set(message) - _FIELDS
+        if unknown:
+            raise ValidationError(f"messages[{index}].{sorted(unknown)[0]}", "unknown field")
+        if "channel" not in message or "payload" not in message:
+            missing = "channel" if "channel" not in message else "payload"
+            raise ValidationError(f"messages[{index}].{missing}", "is required")
+        try:
+            prepared.append(prepare(**message))
+        except ValidationError as exc:
+            raise ValidationError(f"messages[{index}].{exc.field}", exc.problem) from None
+    return store.insert_messages(conn, prepared)

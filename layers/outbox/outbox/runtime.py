@@ -1,0 +1,158 @@
+"""What the Lambda handlers share: settings and the engine, made once per
+execution environment and reused by every invocation after it.
+
+Settings are read at import (cold start), so a bad setting fails the init
+with a message naming it. The engine connects on first use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from typing import Any
+
+import sqlalchemy as sa
+
+from . import dispatcher, reaper, sender
+from .config import DatabaseSettings, RelaySettings
+from .errors import ValidationError
+from .handoff import Invoker, LambdaInvoker
+from .observability import logger
+
+# Leave the Lambda this long after the work to flush logs and metrics.
+_EXIT_MARGIN_SECONDS = 2.0
+
+
+class Runtime:
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        env = os.environ if env is None else env
+        self.settings = RelaySettings.from_env(env)
+        self.database = DatabaseSettings.from_env(env)
+        self._engine: sa.Engine | None = None
+        self._invoker: Invoker | None = None
+
+    @property
+    def engine(self) -> sa.Engine:
+        if self._engine is None:
+            from .db import create_engine
+
+            self._engine = create_engine(self.database)
+        return self._engine
+
+    @property
+    def invoker(self) -> Invoker:
+        if self._invoker is None:
+            self._invoker = LambdaInvoker(self.settings.channel_functions)
+        return self._invoker
+
+    def dispatch(self, event: Any, context: Any) -> dict[str, Any]:
+        scheduler_event(event)
+        remaining = _remaining(context)
+        started, budget = time.monotonic(), self.settings.dispatch_budget_seconds
+
+        def time_left() -> float:
+            spent = time.monotonic() - started
+            return min(budget - spent, remaining() - _EXIT_MARGIN_SECONDS)
+
+        report = dispatcher.run(self.engine, self.invoker, self.settings, time_left)
+        logger.info("dispatcher run", extra=asdict(report))
+        return asdict(report)
+
+    def send(self, channel: str, event: Any, context: Any) -> dict[str, Any]:
+        report = sender.run(
+            self.engine, event, self.settings, _remaining(context), channel_name=channel
+        )
+        return {
+            "received": report.received,
+            "owned": report.owned,
+            "lease_lost": report.lease_lost,
+            "statuses": dict(report.statuses),
+        }
+
+    def reap(self, event: Any, context: Any) -> dict[str, Any]:
+        scheduler_event(event)
+        remaining = _remaining(context)
+        report = reaper.run(self.engine, self.settings, lambda: remaining() - _EXIT_MARGIN_SECONDS)
+        return {
+            "reclaimed": report.reclaimed,
+            "dead": report.dead,
+            "pruned": report.pruned,
+            "backlog": asdict(report.backlog) if report.backlog else None,
+        }
+
+
+def _remaining(context: Any) -> Callable[[], float]:
+    """Seconds left in this invocation, from the Lambda context."""
+    return lambda: context.get_remaining_time_in_millis() / 1000.0
+
+
+def scheduler_event(event: Any) -> dict[str, Any]:
+    """Check an EventBridge Scheduler event (the Input the template configures)
+    and put its execution id on every log line of this invocation."""
+    if not isinstance(event, Mapping):
+        raise ValidationError("event", f"must be an object, got {type(event).__name__}")
+    execution_id = event.get("execution_id")
+    if execution_id is not None and not isinstance(execution_id, str):
+        raise ValidationError("event.execution_id", "must be a string")
+    logger.append_keys(schedule_execution_id=execution_id)
+    return dict(event)
+
+
+# --- the migrate function: a CloudFormation custom resource, or a plain invoke --
+
+
+def migrate(event: Any, context: Any, engine_factory: Callable[[], sa.Engine]) -> dict[str, Any]:
+    """Apply the schema. As a custom resource it answers CloudFormation; a
+    plain invoke (``aws lambda invoke --function-name <Migrate> out.json``)
+    returns the revision applied."""
+    from . import migrate as migrations
+
+    is_custom_resource = isinstance(event, Mapping) and "ResponseURL" in event
+    if not is_custom_resource:
+        revision = migrations.upgrade(engine_factory())
+        logger.info("schema migrated", extra={"revision": revision})
+        return {"revision": revision}
+
+    request_type = event.get("RequestType")
+    physical_id = event.get("PhysicalResourceId") or "outbox-schema"
+    try:
+        data: dict[str, Any] = {}
+        if request_type in ("Create", "Update"):
+            data["Revision"] = migrations.upgrade(engine_factory())
+        # Delete: never drop the data with the stack.
+        _answer_cloudformation(event, "SUCCESS", physical_id, data, reason="")
+        return {"status": "SUCCESS", **data}
+    except Exception as exc:
+        logger.exception("schema migration failed")
+        _answer_cloudformation(
+            event, "FAILED", physical_id, {}, reason=f"migration failed: {type(exc).__name__}"
+        )
+        return {"status": "FAILED"}
+
+
+def _answer_cloudformation(
+    event: Mapping[str, Any], status: str, physical_id: str, data: dict[str, Any], reason: str
+) -> None:
+    body = json.dumps(
+        {
+            "Status": status,
+            "Reason": reason or "see the function's CloudWatch logs",
+            "PhysicalResourceId": physical_id,
+            "StackId": event.get("StackId"),
+            "RequestId": event.get("RequestId"),
+            "LogicalResourceId": event.get("LogicalResourceId"),
+            "Data": data,
+        }
+    ).encode()
+    url = str(event["ResponseURL"])
+    if not url.startswith("https://"):
+        raise ValidationError("ResponseURL", "must be an https URL")
+    request = urllib.request.Request(  # noqa: S310 - the scheme is checked just above
+        url, data=body, method="PUT", headers={"Content-Type": "", "Content-Length": str(len(body))}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+        response.read()

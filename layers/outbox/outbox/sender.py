@@ -1,0 +1,185 @@
+"""The sender runtime shared by every channel function.
+
+fenced re-read -> concurrent provider calls, each within its deadline ->
+one fenced settle statement that also writes the attempt rows.
+
+The deadline of a row is the sooner of its lease end (from the database
+clock) and the Lambda's end, less a margin for the settle. A row whose
+deadline is already near is not started: it is deferred (back to pending, no
+attempt counted) rather than left to expire (invariant 4).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ALL_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+
+from . import channels, store
+from .channels import Channel, Deadline, Message, Outcome
+from .config import RelaySettings
+from .dispatcher import backoff_of
+from .errors import ValidationError
+from .handoff import HandOff
+from .observability import count
+
+log = logging.getLogger(__name__)
+
+NOT_STARTED = "deadline near: not started"
+DEADLINE_EXCEEDED = "provider call exceeded its deadline"
+# Metric name per settled status or outcome.
+_METRIC = {
+    "delivered": "Delivered",
+    "pending": "Retried",
+    "failed": "Failed",
+    "dead": "Dead",
+    "suppressed": "Suppressed",
+    "deferred": "Deferred",
+}
+
+
+@dataclass
+class SendReport:
+    received: int = 0
+    owned: int = 0
+    lease_lost: list[int] = field(default_factory=list)
+    statuses: Counter[str] = field(default_factory=Counter)
+
+
+def _send_one(channel: Channel, row: store.ClaimedMessage, deadline: Deadline) -> tuple[Outcome, int]:
+    started = time.monotonic()
+    if deadline.expired():
+        return Outcome.deferred(NOT_STARTED), 0
+    try:
+        channel.validate(row.payload)
+    except ValidationError as exc:
+        return Outcome.failed(f"invalid payload: {exc}"), 0
+    message = Message(row.id, row.channel, row.payload, row.attempt, row.dedupe_key, row.ordering_key)
+    try:
+        outcome = channel.send(message, deadline)
+    except Exception as exc:  # a channel bug or an unclassified provider error
+        outcome = Outcome.retry(f"unexpected {type(exc).__name__}")
+    if outcome.kind not in store.SEND_OUTCOMES:
+        outcome = Outcome.retry(f"channel returned unknown outcome {outcome.kind!r}")
+    return outcome, int((time.monotonic() - started) * 1000)
+
+
+def run(
+    engine: sa.Engine,
+    event: Any,
+    settings: RelaySettings,
+    remaining_seconds: Callable[[], float],
+    *,
+    channel_name: str | None = None,
+    channel: Channel | None = None,
+) -> SendReport:
+    """Handle one hand-off event for ``channel_name`` (the function's own channel)."""
+    handoff = HandOff.from_event(event)
+    if channel_name is not None and handoff.channel != channel_name:
+        raise ValidationError(
+            "event.channel", f"this function sends {channel_name!r}, not {handoff.channel!r}"
+        )
+    channel = channel or channels.get(handoff.channel)
+    report = SendReport(received=len(handoff.claims))
+    backoff = backoff_of(settings)
+
+    with engine.begin() as conn:
+        rows = store.load_claimed(
+            conn,
+            handoff.channel,
+            [(c.id, c.claim_token) for c in handoff.claims],
+            settings.max_attempts,
+        )
+    report.owned = len(rows)
+    owned = {r.id for r in rows}
+    not_owned = [c.id for c in handoff.claims if c.id not in owned]
+    if not_owned:
+        # Settled already (a replayed event), reaped, or re-claimed by another
+        # dispatcher: someone else owns these rows now. Touch nothing.
+        report.lease_lost.extend(not_owned)
+        count("LeaseLost", len(not_owned))
+        log.warning("claims no longer held; skipped", extra={"message_ids": not_owned})
+    if not rows:
+        return report
+
+    margin = settings.settle_margin_seconds
+    lambda_left = remaining_seconds()
+    deadlines = {r.id: Deadline(min(r.lease_left_seconds, lambda_left) - margin) for r in rows}
+    results = _send_all(channel, rows, deadlines, settings.send_concurrency)
+
+    settlements = [
+        store.Settlement(
+            id=row.id,
+            claim_token=row.claim_token,
+            outcome=outcome.kind,
+            error=outcome.error,
+            provider_message_id=outcome.provider_message_id,
+            delay_seconds=outcome.delay_seconds,
+            duration_ms=duration_ms,
+        )
+        for row in rows
+        for outcome, duration_ms in [results[row.id]]
+    ]
+    with engine.begin() as conn:
+        statuses = store.settle(conn, settlements, backoff)
+
+    lost = sorted(owned - set(statuses))
+    if lost:
+        report.lease_lost.extend(lost)
+        count("LeaseLost", len(lost))
+        log.warning("lease lost before settle; outcome abandoned", extra={"message_ids": lost})
+    for s in settlements:
+        status = statuses.get(s.id)
+        if status is None:
+            continue
+        key = "deferred" if s.outcome == "deferred" else status
+        report.statuses[key] += 1
+        log.info(
+            "settled",
+            extra={
+                "message_id": s.id,
+                "channel": handoff.channel,
+                "outcome": s.outcome,
+                "status": status,
+                "error": s.error,
+                "duration_ms": s.duration_ms,
+            },
+        )
+    for key, n in report.statuses.items():
+        count(_METRIC[key], n)
+    return report
+
+
+def _send_all(
+    channel: Channel,
+    rows: list[store.ClaimedMessage],
+    deadlines: dict[int, Deadline],
+    concurrency: int,
+) -> dict[int, tuple[Outcome, int]]:
+    """Send every row concurrently; a call still running at its deadline is
+    given up (its outcome is unknown, so it counts as a retry)."""
+    # Even one row goes through the pool: only a waiting caller can give up
+    # on a provider call that hangs past its deadline.
+    pool = ThreadPoolExecutor(max_workers=min(concurrency, len(rows)), thread_name_prefix="send")
+    futures: dict[int, Future[tuple[Outcome, int]]] = {
+        r.id: pool.submit(_send_one, channel, r, deadlines[r.id]) for r in rows
+    }
+    latest = max(d.remaining() for d in deadlines.values())
+    wait(futures.values(), timeout=latest, return_when=ALL_COMPLETED)
+    results: dict[int, tuple[Outcome, int]] = {}
+    for row_id, future in futures.items():
+        if future.done():
+            results[row_id] = future.result()
+        elif future.cancel():
+            results[row_id] = (Outcome.deferred(NOT_STARTED), 0)
+        else:
+            results[row_id] = (Outcome.retry(DEADLINE_EXCEEDED), 0)
+    # Do not wait for calls stuck past their deadline; they hold no claim now.
+    pool.shutdown(wait=False, cancel_futures=True)
+    return results

@@ -1,0 +1,545 @@
+"""All SQL of the state machine, and nothing else.
+
+    pending -> claimed -> delivered | failed | dead | suppressed
+    claimed -> pending   (retry with backoff; deferral without an attempt; reaped lease)
+    pending -> cancelled;   dead | failed -> pending (operator redrive)
+
+Rules every statement here keeps (DESIGN.md, invariants 1-7):
+* the claim is one compare-and-set UPDATE over ``FOR UPDATE SKIP LOCKED`` rows;
+* every write after a claim is fenced on (id, status = 'claimed', claim_token);
+* every time comes from the database clock, ``now()``; Python only supplies
+  durations (lease, delays, backoff parameters);
+* batches are written by one statement over arrays (``unnest``), never a loop.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+TERMINAL_STATUSES = ("delivered", "failed", "dead", "suppressed", "cancelled")
+SEND_OUTCOMES = ("delivered", "retry", "failed", "suppressed", "deferred")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claimed row as the dispatcher hands it to a channel function."""
+
+    id: int
+    channel: str
+    claim_token: uuid.UUID
+    attempt: int
+
+
+@dataclass(frozen=True)
+class ClaimedMessage:
+    """A row the sender still owns, re-read under its fence."""
+
+    id: int
+    channel: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    claim_token: uuid.UUID
+    dedupe_key: str | None
+    ordering_key: str | None
+    lease_left_seconds: float
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """The result of one send, to be written under the fence.
+
+    ``delay_seconds``: for ``deferred``, when to try again (no attempt counted);
+    for ``retry``, an explicit delay instead of the exponential backoff.
+    """
+
+    id: int
+    claim_token: uuid.UUID
+    outcome: str
+    error: str | None = None
+    provider_message_id: str | None = None
+    delay_seconds: float | None = None
+    duration_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with equal jitter: base * 2^(n-1), capped, then * [0.5, 1)."""
+
+    base_seconds: float
+    cap_seconds: float
+    default_max_attempts: int
+
+
+@dataclass(frozen=True)
+class NewMessage:
+    channel: str
+    payload_json: str
+    dedupe_key: str | None = None
+    ordering_key: str | None = None
+    priority: int = 0
+    delay_seconds: float = 0.0
+    max_attempts: int | None = None
+
+
+@dataclass(frozen=True)
+class Backlog:
+    pending: int
+    due: int
+    oldest_due_age_seconds: float
+    claimed: int
+    expired_claims: int
+    dead: int
+
+
+# The backoff before attempt ``attempts + 2`` for a row that has failed
+# ``attempts + 1`` times. The exponent is clamped so power() cannot overflow.
+_BACKOFF_SQL = (
+    "LEAST(CAST(:backoff_cap AS float8), "
+    "CAST(:backoff_base AS float8) * power(2.0, LEAST(m.attempts, 40))) * (0.5 + random() / 2)"
+)
+_EXHAUSTED_SQL = "m.attempts + 1 >= COALESCE(m.max_attempts, :default_max)"
+
+
+def _backoff_params(backoff: Backoff) -> dict[str, Any]:
+    return {
+        "backoff_base": backoff.base_seconds,
+        "backoff_cap": backoff.cap_seconds,
+        "default_max": backoff.default_max_attempts,
+    }
+
+
+# --- enqueue ---------------------------------------------------------------
+
+_INSERT = sa.text(
+    """
+    INSERT INTO outbox_message
+        (channel, payload, dedupe_key, ordering_key, priority, available_at, max_attempts)
+    SELECT channel, CAST(payload AS jsonb), dedupe_key, ordering_key, priority,
+           now() + make_interval(secs => delay_s), max_attempts
+    FROM unnest(
+        CAST(:channels AS text[]), CAST(:payloads AS text[]), CAST(:dedupe_keys AS text[]),
+        CAST(:ordering_keys AS text[]), CAST(:priorities AS int[]),
+        CAST(:delays AS float8[]), CAST(:max_attempts AS int[])
+    ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
+                           delay_s, max_attempts, ord)
+    ORDER BY ord
+    ON CONFLICT (channel, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+    RETURNING id, channel, dedupe_key
+    """
+)
+
+_EXISTING_BY_DEDUPE = sa.text(
+    """
+    SELECT m.id, m.channel, m.dedupe_key FROM outbox_message m
+    JOIN unnest(CAST(:channels AS text[]), CAST(:dedupe_keys AS text[])) AS k(channel, dedupe_key)
+      ON m.channel = k.channel AND m.dedupe_key = k.dedupe_key
+    """
+)
+
+
+def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list[int]:
+    """Insert validated messages in one statement; returns their ids in order.
+
+    A (channel, dedupe_key) that already exists, or repeats within the list,
+    yields the existing id instead of a second row.
+    """
+    if not messages:
+        return []
+    params = {
+        "channels": [m.channel for m in messages],
+        "payloads": [m.payload_json for m in messages],
+        "dedupe_keys": [m.dedupe_key for m in messages],
+        "ordering_keys": [m.ordering_key for m in messages],
+        "priorities": [m.priority for m in messages],
+        "delays": [float(m.delay_seconds) for m in messages],
+        "max_attempts": [m.max_attempts for m in messages],
+    }
+    # Identity values are drawn in the order the SELECT produces rows (ORDER BY
+    # ord), so the ids sorted ascending are the inserted messages in input order.
+    rows = sorted(conn.execute(_INSERT, params).all(), key=lambda r: r.id)
+    if len(rows) == len(messages):  # the common case: no dedupe key collided
+        return [row.id for row in rows]
+    # Some keys collided: pair up what was inserted and look the rest up by
+    # their dedupe key. The look-up is
+    # a separate statement so that it sees a row another transaction committed
+    # while our INSERT waited on its unique-index entry.
+    by_key = {(r.channel, r.dedupe_key): r.id for r in rows if r.dedupe_key is not None}
+    plain_ids = iter(r.id for r in rows if r.dedupe_key is None)
+    missing = [
+        (m.channel, m.dedupe_key)
+        for m in messages
+        if m.dedupe_key is not None and (m.channel, m.dedupe_key) not in by_key
+    ]
+    if missing:
+        found = conn.execute(
+            _EXISTING_BY_DEDUPE,
+            {"channels": [c for c, _ in missing], "dedupe_keys": [k for _, k in missing]},
+        ).all()
+        by_key.update({(r.channel, r.dedupe_key): r.id for r in found})
+    return [
+        next(plain_ids) if m.dedupe_key is None else by_key[(m.channel, m.dedupe_key)]
+        for m in messages
+    ]
+
+
+# --- claim -----------------------------------------------------------------
+
+_CLAIM = """
+    WITH due AS (
+        SELECT m.id FROM outbox_message AS m
+        WHERE m.status = 'pending' AND m.available_at <= now() {channel_filter}
+          -- Only the head of an ordering key: no earlier unfinished row shares it.
+          AND (m.ordering_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM outbox_message AS p
+                WHERE p.ordering_key = m.ordering_key AND p.id < m.id
+                  AND p.status IN ('pending', 'claimed')))
+        ORDER BY m.priority DESC, m.available_at, m.id
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE outbox_message AS m
+    SET status = 'claimed', claim_token = gen_random_uuid(), claimed_at = now(),
+        lease_expires_at = now() + make_interval(secs => :lease_seconds)
+    FROM due
+    WHERE m.id = due.id AND m.status = 'pending'
+    RETURNING m.id, m.channel, m.claim_token, m.attempts + 1 AS attempt
+"""
+_CLAIM_ALL = sa.text(_CLAIM.format(channel_filter=""))
+_CLAIM_CHANNELS = sa.text(_CLAIM.format(channel_filter="AND m.channel = ANY(CAST(:channels AS text[]))"))
+
+
+def claim(
+    conn: sa.Connection,
+    batch_size: int,
+    lease_seconds: float,
+    channels: Sequence[str] | None = None,
+) -> list[Claim]:
+    """Claim up to ``batch_size`` due rows, highest priority first, for one lease."""
+    params: dict[str, Any] = {"batch_size": batch_size, "lease_seconds": float(lease_seconds)}
+    statement = _CLAIM_ALL
+    if channels is not None:
+        statement, params["channels"] = _CLAIM_CHANNELS, list(channels)
+    rows = conn.execute(statement, params).all()
+    claims = [Claim(r.id, r.channel, r.claim_token, r.attempt) for r in rows]
+    claims.sort(key=lambda c: c.id)
+    return claims
+
+
+_RELEASE = sa.text(
+    """
+    UPDATE outbox_message AS m
+    SET status = 'pending', claim_token = NULL, lease_expires_at = NULL,
+        available_at = now() + make_interval(secs => :delay_seconds), last_error = :reason
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
+    WHERE m.id = h.id AND m.claim_token = h.token AND m.status = 'claimed'
+    RETURNING m.id
+    """
+)
+
+
+def release(
+    conn: sa.Connection, claims: Iterable[tuple[int, uuid.UUID]], reason: str, delay_seconds: float = 0
+) -> set[int]:
+    """Give claims back without counting an attempt (a failed hand-off). Fenced."""
+    pairs = list(claims)
+    if not pairs:
+        return set()
+    rows = conn.execute(
+        _RELEASE,
+        {
+            "ids": [i for i, _ in pairs],
+            "tokens": [str(t) for _, t in pairs],
+            "reason": reason,
+            "delay_seconds": float(delay_seconds),
+        },
+    ).all()
+    return {r.id for r in rows}
+
+
+# --- the sender's fenced read and settle -----------------------------------
+
+_LOAD_CLAIMED = sa.text(
+    """
+    SELECT m.id, m.channel, m.payload, m.attempts + 1 AS attempt,
+           COALESCE(m.max_attempts, :default_max) AS max_attempts, m.claim_token,
+           m.dedupe_key, m.ordering_key,
+           EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8 AS lease_left
+    FROM outbox_message AS m
+    JOIN unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
+      ON m.id = h.id AND m.claim_token = h.token
+    WHERE m.status = 'claimed' AND m.channel = :channel AND m.lease_expires_at > now()
+    ORDER BY m.id
+    """
+)
+
+
+def load_claimed(
+    conn: sa.Connection,
+    channel: str,
+    claims: Iterable[tuple[int, uuid.UUID]],
+    default_max_attempts: int,
+) -> list[ClaimedMessage]:
+    """Re-read the rows this sender still owns; a row missing here is not ours."""
+    pairs = list(claims)
+    if not pairs:
+        return []
+    rows = conn.execute(
+        _LOAD_CLAIMED,
+        {
+            "ids": [i for i, _ in pairs],
+            "tokens": [str(t) for _, t in pairs],
+            "channel": channel,
+            "default_max": default_max_attempts,
+        },
+    ).all()
+    return [
+        ClaimedMessage(
+            id=r.id,
+            channel=r.channel,
+            payload=r.payload,
+            attempt=r.attempt,
+            max_attempts=r.max_attempts,
+            claim_token=r.claim_token,
+            dedupe_key=r.dedupe_key,
+            ordering_key=r.ordering_key,
+            lease_left_seconds=float(r.lease_left),
+        )
+        for r in rows
+    ]
+
+
+_SETTLE = sa.text(
+    f"""
+    WITH input AS (
+        SELECT * FROM unnest(
+            CAST(:ids AS bigint[]), CAST(:tokens AS uuid[]), CAST(:outcomes AS text[]),
+            CAST(:errors AS text[]), CAST(:provider_ids AS text[]), CAST(:delays AS float8[]),
+            CAST(:durations AS int[])
+        ) AS i(id, token, outcome, error, provider_id, delay_s, duration_ms)
+    ),
+    decided AS (
+        SELECT i.*,
+               m.attempts + CASE WHEN i.outcome = 'deferred' THEN 0 ELSE 1 END AS attempts_after,
+               CASE WHEN i.outcome IN ('delivered', 'failed', 'suppressed') THEN i.outcome
+                    WHEN i.outcome = 'retry' AND {_EXHAUSTED_SQL} THEN 'dead'
+                    ELSE 'pending' END AS next_status,
+               CASE WHEN i.outcome = 'retry' THEN COALESCE(i.delay_s, {_BACKOFF_SQL})
+                    ELSE COALESCE(i.delay_s, 0) END AS delay_after
+        FROM input AS i JOIN outbox_message AS m ON m.id = i.id
+    ),
+    settled AS (
+        UPDATE outbox_message AS m
+        SET status = d.next_status,
+            attempts = d.attempts_after,
+            available_at = CASE WHEN d.next_status = 'pending'
+                                THEN now() + make_interval(secs => d.delay_after)
+                                ELSE m.available_at END,
+            claim_token = NULL,
+            lease_expires_at = NULL,
+            provider_message_id = COALESCE(d.provider_id, m.provider_message_id),
+            last_error = CASE WHEN d.outcome = 'delivered' THEN NULL
+                              ELSE COALESCE(d.error, m.last_error) END,
+            settled_at = CASE WHEN d.next_status = 'pending' THEN NULL ELSE now() END
+        FROM decided AS d
+        -- The fence: a sender whose lease was taken matches nothing here.
+        WHERE m.id = d.id AND m.claim_token = d.token AND m.status = 'claimed'
+        RETURNING m.id, m.status, m.claimed_at, d.outcome, d.attempts_after, d.error,
+                  d.provider_id, d.duration_ms
+    ),
+    logged AS (
+        INSERT INTO outbox_attempt
+            (message_id, attempt, outcome, error, provider_message_id, claimed_at, duration_ms)
+        SELECT id,
+               attempts_after + CASE WHEN outcome = 'deferred' THEN 1 ELSE 0 END,
+               CASE WHEN status = 'dead' THEN 'dead' ELSE outcome END,
+               error, provider_id, claimed_at, duration_ms
+        FROM settled
+    )
+    SELECT id, status FROM settled
+    """
+)
+
+
+def settle(
+    conn: sa.Connection, settlements: Sequence[Settlement], backoff: Backoff
+) -> dict[int, str]:
+    """Write every outcome of a batch and its attempt rows in one statement.
+
+    Returns {id: new status} for the rows that were still ours; any id absent
+    from the result had its lease taken, and nothing was written for it.
+    """
+    if not settlements:
+        return {}
+    unknown = {s.outcome for s in settlements} - set(SEND_OUTCOMES)
+    if unknown:
+        raise ValueError(f"unknown outcome(s): {sorted(unknown)}")
+    rows = conn.execute(
+        _SETTLE,
+        {
+            "ids": [s.id for s in settlements],
+            "tokens": [str(s.claim_token) for s in settlements],
+            "outcomes": [s.outcome for s in settlements],
+            "errors": [s.error for s in settlements],
+            "provider_ids": [s.provider_message_id for s in settlements],
+            "delays": [s.delay_seconds for s in settlements],
+            "durations": [s.duration_ms for s in settlements],
+            **_backoff_params(backoff),
+        },
+    ).all()
+    return {r.id: r.status for r in rows}
+
+
+# --- the reaper ------------------------------------------------------------
+
+LEASE_EXPIRED_ERROR = "lease expired: the sender did not settle in time"
+
+_REAP = sa.text(
+    f"""
+    WITH expired AS (
+        SELECT id FROM outbox_message
+        WHERE status = 'claimed' AND lease_expires_at < now()
+        ORDER BY lease_expires_at
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    ),
+    released AS (
+        UPDATE outbox_message AS m
+        SET status = CASE WHEN {_EXHAUSTED_SQL} THEN 'dead' ELSE 'pending' END,
+            attempts = m.attempts + 1,
+            available_at = now() + make_interval(secs => {_BACKOFF_SQL}),
+            claim_token = NULL,
+            lease_expires_at = NULL,
+            last_error = :error,
+            settled_at = CASE WHEN {_EXHAUSTED_SQL} THEN now() END
+        FROM expired AS e
+        WHERE m.id = e.id
+        RETURNING m.id, m.status, m.attempts, m.claimed_at
+    ),
+    logged AS (
+        INSERT INTO outbox_attempt (message_id, attempt, outcome, error, claimed_at)
+        SELECT id, attempts, CASE WHEN status = 'dead' THEN 'dead' ELSE 'expired' END,
+               :error, claimed_at
+        FROM released
+    )
+    SELECT id, status FROM released
+    """
+)
+
+
+def reap_expired(conn: sa.Connection, batch_size: int, backoff: Backoff) -> dict[int, str]:
+    """Release claims whose lease ran out: the attempt counts (invariant 5)."""
+    rows = conn.execute(
+        _REAP, {"batch_size": batch_size, "error": LEASE_EXPIRED_ERROR, **_backoff_params(backoff)}
+    ).all()
+    return {r.id: r.status for r in rows}
+
+
+_PRUNE = sa.text(
+    """
+    WITH doomed AS (
+        SELECT id FROM outbox_message
+        WHERE status = ANY(CAST(:statuses AS text[]))
+          AND settled_at < now() - make_interval(secs => :older_than_seconds)
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM outbox_message AS m USING doomed WHERE m.id = doomed.id
+    """
+)
+
+
+def prune(
+    conn: sa.Connection,
+    older_than_seconds: float,
+    batch_size: int,
+    statuses: Sequence[str] = TERMINAL_STATUSES,
+) -> int:
+    """Delete up to ``batch_size`` terminal rows settled before the window (attempts cascade)."""
+    bad = set(statuses) - set(TERMINAL_STATUSES)
+    if bad:
+        raise ValueError(f"only terminal rows can be pruned, not {sorted(bad)}")
+    result = conn.execute(
+        _PRUNE,
+        {
+            "statuses": list(statuses),
+            "older_than_seconds": float(older_than_seconds),
+            "batch_size": batch_size,
+        },
+    )
+    return result.rowcount
+
+
+_BACKLOG = sa.text(
+    """
+    SELECT
+      count(*) FILTER (WHERE status = 'pending') AS pending,
+      count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS due,
+      COALESCE(EXTRACT(EPOCH FROM now() - min(available_at)
+               FILTER (WHERE status = 'pending' AND available_at <= now())), 0)::float8
+          AS oldest_due_age,
+      count(*) FILTER (WHERE status = 'claimed') AS claimed,
+      count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at < now()) AS expired_claims
+    FROM outbox_message WHERE status IN ('pending', 'claimed')
+    """
+)
+_DEAD_COUNT = sa.text("SELECT count(*) FROM outbox_message WHERE status = 'dead' AND settled_at IS NOT NULL")
+
+
+def backlog(conn: sa.Connection) -> Backlog:
+    """Backlog figures for metrics and `outbox status`; served by the partial indexes."""
+    row = conn.execute(_BACKLOG).one()
+    dead = conn.execute(_DEAD_COUNT).scalar_one()
+    return Backlog(
+        pending=row.pending,
+        due=row.due,
+        oldest_due_age_seconds=float(row.oldest_due_age),
+        claimed=row.claimed,
+        expired_claims=row.expired_claims,
+        dead=dead,
+    )
+
+
+# --- operator transitions ---------------------------------------------------
+
+_CANCEL = sa.text(
+    """
+    UPDATE outbox_message SET status = 'cancelled', settled_at = now(),
+        last_error = COALESCE(:reason, last_error)
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'pending'
+    RETURNING id
+    """
+)
+
+
+def cancel(conn: sa.Connection, ids: Sequence[int], reason: str | None = None) -> set[int]:
+    """pending -> cancelled. Rows in any other state are left alone (returned ids say which)."""
+    rows = conn.execute(_CANCEL, {"ids": list(ids), "reason": reason}).all()
+    return {r.id for r in rows}
+
+
+_REDRIVE = sa.text(
+    """
+    UPDATE outbox_message SET status = 'pending', attempts = 0, available_at = now(),
+        settled_at = NULL
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND status IN ('dead', 'failed')
+    RETURNING id
+    """
+)
+
+
+def redrive(conn: sa.Connection, ids: Sequence[int]) -> set[int]:
+    """dead | failed -> pending with a fresh set of attempts; the history stays."""
+    rows = conn.execute(_REDRIVE, {"ids": list(ids)}).all()
+    return {r.id for r in rows}
+
+
+def payload_json(payload: Any) -> str:
+    """The canonical JSON text stored for a payload."""
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)

@@ -1,0 +1,102 @@
+"""Invariant 1: the claim is a compare-and-set; no row is ever claimed twice at once."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import sqlalchemy as sa
+from support import EMAIL
+
+import outbox
+from outbox import store
+
+
+def seed(engine: sa.Engine, n: int, **fields: object) -> list[int]:
+    with engine.begin() as conn:
+        return outbox.enqueue_many(
+            conn, [{"channel": "email", "payload": EMAIL, **fields} for _ in range(n)]
+        )
+
+
+def test_eight_concurrent_claimers_claim_every_row_exactly_once(engine: sa.Engine) -> None:
+    ids = seed(engine, 10_000)
+    claimed: list[list[int]] = [[] for _ in range(8)]
+    start = threading.Barrier(8)
+
+    def claimer(slot: int) -> None:
+        start.wait()
+        while True:
+            with engine.begin() as conn:
+                batch = store.claim(conn, 97, 120)
+            if not batch:
+                return
+            claimed[slot].extend(c.id for c in batch)
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = Counter(i for batch in claimed for i in batch)
+    assert sorted(every) == sorted(ids)
+    assert max(every.values()) == 1
+    assert sum(1 for batch in claimed if batch) > 1, "the claimers did not overlap at all"
+    with engine.connect() as conn:
+        tokens = conn.execute(
+            sa.text("SELECT count(DISTINCT claim_token), count(*) FROM outbox_message WHERE status = 'claimed'")
+        ).one()
+    assert tuple(tokens) == (10_000, 10_000)
+
+
+def test_claim_is_bounded_ordered_and_skips_rows_not_due(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        low = outbox.enqueue(conn, "email", EMAIL, priority=0)
+        high = outbox.enqueue(conn, "email", EMAIL, priority=9)
+        later = outbox.enqueue(conn, "email", EMAIL, priority=9, delay=60)
+        low2 = outbox.enqueue(conn, "email", EMAIL, priority=0)
+    with engine.begin() as conn:
+        first = store.claim(conn, 2, 30)
+        second = store.claim(conn, 10, 30)
+        third = store.claim(conn, 10, 30)
+    assert sorted(c.id for c in first) == sorted([high, low])
+    assert [c.id for c in second] == [low2]
+    assert third == []
+    assert later not in {c.id for c in first + second}
+    assert all(c.attempt == 1 for c in first)
+
+
+def test_claim_sets_the_lease_from_the_database_clock(engine: sa.Engine) -> None:
+    seed(engine, 1)
+    with engine.begin() as conn:
+        store.claim(conn, 10, 90)
+        lease, claimed_gap = conn.execute(
+            sa.text(
+                "SELECT EXTRACT(EPOCH FROM lease_expires_at - now()), "
+                "EXTRACT(EPOCH FROM now() - claimed_at) FROM outbox_message"
+            )
+        ).one()
+    assert float(lease) == 90.0 and float(claimed_gap) == 0.0  # same transaction: same now()
+
+
+def test_only_the_head_of_an_ordering_key_is_claimed(engine: sa.Engine) -> None:
+    a1, a2, a3 = seed(engine, 3, ordering_key="customer-a")
+    (b1,) = seed(engine, 1, ordering_key="customer-b")
+    (free,) = seed(engine, 1)
+    with engine.begin() as conn:
+        first = {c.id for c in store.claim(conn, 100, 30)}
+    assert first == {a1, b1, free}
+    with engine.begin() as conn:
+        assert store.claim(conn, 100, 30) == []  # a2 waits for a1 to finish
+        token = dict(conn.execute(sa.text("SELECT id, claim_token FROM outbox_message WHERE id = :id"), {"id": a1}).all())  # type: ignore[arg-type]
+        store.settle(conn, [store.Settlement(a1, token[a1], "delivered")], store.Backoff(1, 1, 3))
+    with engine.begin() as conn:
+        assert [c.id for c in store.claim(conn, 100, 30)] == [a2]
+    assert a3 > a2
+
+
+def test_channel_filter(engine: sa.Engine) -> None:
+    seed(engine, 3)
+    with engine.begin() as conn:
+        assert store.claim(conn, 10, 30, channels=["sms"]) == []
+        assert len(store.claim(conn, 10, 30, channels=["email"])) == 3

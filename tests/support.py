@@ -1,0 +1,119 @@
+"""Helpers shared by the tests (importable as ``support``)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+
+from outbox import channels
+from outbox.channels import Deadline, Message, Outcome, SchemaChannel
+from outbox.config import RelaySettings
+
+EMAIL = {
+    "from": "relay@example.com",
+    "to": ["someone@example.net"],
+    "subject": "Your order shipped",
+    "text": "It is on its way.",
+}
+
+
+class LambdaContext:
+    """The parts of the Lambda context the handlers use, with a real deadline."""
+
+    def __init__(self, timeout_seconds: float = 30.0, name: str = "test-function") -> None:
+        self._deadline = time.monotonic() + timeout_seconds
+        self.function_name = name
+        self.function_version = "$LATEST"
+        self.invoked_function_arn = f"arn:aws:lambda:us-east-1:123456789012:function:{name}"
+        self.memory_limit_in_mb = 256
+        self.aws_request_id = str(uuid.uuid4())
+        self.log_group_name = f"/aws/lambda/{name}"
+        self.log_stream_name = "test"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+def settings(**overrides: Any) -> RelaySettings:
+    base: dict[str, Any] = {
+        "batch_size": 100,
+        "lease_seconds": 120,
+        "max_attempts": 3,
+        "backoff_base_seconds": 1.0,
+        "backoff_cap_seconds": 60.0,
+        "poll_interval_seconds": 0.05,
+        "settle_margin_seconds": 0.5,
+    }
+    base.update(overrides)
+    return RelaySettings(**base)
+
+
+@dataclass
+class ScriptedChannel(SchemaChannel):
+    """A channel whose answers the test decides, recording every send it accepts."""
+
+    name: str = "scripted"
+    answers: list[Outcome | Exception | float] = field(default_factory=list)
+    sent: list[int] = field(default_factory=list)
+    schema = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
+
+    def send(self, message: Message, deadline: Deadline) -> Outcome:
+        answer: Outcome | Exception | float = self.answers.pop(0) if self.answers else Outcome.delivered()
+        if isinstance(answer, float):  # hang this long
+            time.sleep(answer)
+            answer = Outcome.delivered(f"late-{message.id}")
+        if isinstance(answer, Exception):
+            raise answer
+        if answer.kind == "delivered":
+            self.sent.append(message.id)
+            if answer.provider_message_id is None:
+                answer = Outcome.delivered(f"p-{message.id}")
+        return answer
+
+
+def install_channel(channel: Any) -> Any:
+    channels.register(channel.name, lambda: channel)
+    return channel
+
+
+def row(conn: sa.Connection, message_id: int) -> sa.Row[Any]:
+    return conn.execute(
+        sa.text("SELECT * FROM outbox_message WHERE id = :id"), {"id": message_id}
+    ).one()
+
+
+def attempts(conn: sa.Connection, message_id: int) -> list[sa.Row[Any]]:
+    return conn.execute(
+        sa.text("SELECT * FROM outbox_attempt WHERE message_id = :id ORDER BY id"),
+        {"id": message_id},
+    ).all()
+
+
+def statuses(engine: sa.Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        return dict(
+            conn.execute(sa.text("SELECT status, count(*) FROM outbox_message GROUP BY status")).all()  # type: ignore[arg-type]
+        )
+
+
+def expire_leases(engine: sa.Engine, ids: list[int] | None = None) -> None:
+    """Move leases into the past, as the database clock would after the lease ran out."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_message SET lease_expires_at = now() - interval '1 second', "
+                "claimed_at = now() - interval '10 minutes' "
+                "WHERE status = 'claimed' AND (CAST(:ids AS bigint[]) IS NULL OR id = ANY(CAST(:ids AS bigint[])))"
+            ),
+            {"ids": ids},
+        )
+
+
+def make_due(engine: sa.Engine) -> None:
+    """Pretend every backoff has passed."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outbox_message SET available_at = now() WHERE status = 'pending'"))
