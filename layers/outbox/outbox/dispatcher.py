@@ -72,7 +72,9 @@ def dispatch_once(
                 conn,
                 [
                     store.Settlement(
-                        c.id, c.claim_token, "failed",
+                        c.id,
+                        c.claim_token,
+                        "failed",
                         error=f"no function is configured for channel {c.channel!r}",
                     )
                     for c in unroutable
@@ -83,7 +85,10 @@ def dispatch_once(
         count("Failed", len(settled))
         log.error(
             "claimed rows of unroutable channels failed",
-            extra={"message_ids": sorted(settled), "channels": sorted({c.channel for c in unroutable})},
+            extra={
+                "message_ids": sorted(settled),
+                "channels": sorted({c.channel for c in unroutable}),
+            },
         )
 
     handoffs = chunk(routable, settings.handoff_chunk_size)
