@@ -188,3 +188,10 @@ def test_several_dispatchers_at_once_hand_off_each_row_once(engine: sa.Engine) -
     for t in threads:
         t.join()
     assert sorted(seen) == ids and set(seen.values()) == {1}
+
+
+def test_no_budget_still_makes_one_pass(engine: sa.Engine) -> None:
+    enqueue(engine, 3)
+    got: list[dict[str, Any]] = []
+    report = dispatcher.run(engine, CallableInvoker({"email": got.append}), settings(), lambda: 0.0)
+    assert report.batches == 1 and report.claimed == 3
