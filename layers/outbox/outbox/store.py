@@ -212,7 +212,9 @@ _CLAIM = """
     RETURNING m.id, m.channel, m.claim_token, m.attempts + 1 AS attempt
 """
 _CLAIM_ALL = sa.text(_CLAIM.format(channel_filter=""))
-_CLAIM_CHANNELS = sa.text(_CLAIM.format(channel_filter="AND m.channel = ANY(CAST(:channels AS text[]))"))
+_CLAIM_CHANNELS = sa.text(
+    _CLAIM.format(channel_filter="AND m.channel = ANY(CAST(:channels AS text[]))")
+)
 
 
 def claim(
@@ -245,7 +247,10 @@ _RELEASE = sa.text(
 
 
 def release(
-    conn: sa.Connection, claims: Iterable[tuple[int, uuid.UUID]], reason: str, delay_seconds: float = 0
+    conn: sa.Connection,
+    claims: Iterable[tuple[int, uuid.UUID]],
+    reason: str,
+    delay_seconds: float = 0,
 ) -> set[int]:
     """Give claims back without counting an attempt (a failed hand-off). Fenced."""
     pairs = list(claims)
@@ -489,7 +494,9 @@ _BACKLOG = sa.text(
     FROM outbox_message WHERE status IN ('pending', 'claimed')
     """
 )
-_DEAD_COUNT = sa.text("SELECT count(*) FROM outbox_message WHERE status = 'dead' AND settled_at IS NOT NULL")
+_DEAD_COUNT = sa.text(
+    "SELECT count(*) FROM outbox_message WHERE status = 'dead' AND settled_at IS NOT NULL"
+)
 
 
 def backlog(conn: sa.Connection) -> Backlog:

@@ -21,7 +21,7 @@ def client(service: str) -> Any:
         retries={"total_max_attempts": 1, "mode": "standard"},
         max_pool_connections=32,
     )
-    return boto3.client(service, config=config)
+    return boto3.client(service, config=config)  # type: ignore[call-overload]
 
 
 def error_code(exc: BaseException) -> str | None:

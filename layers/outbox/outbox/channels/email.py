@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import Deadline, Message, Outcome, SchemaChannel
-from . import aws
 from ..errors import ValidationError
+from . import Deadline, Message, Outcome, SchemaChannel, aws
 
 _ADDRESS = {"type": "string", "minLength": 3, "maxLength": 320, "pattern": "^[^@\\s]+@[^@\\s]+$"}
 _ADDRESSES = {"type": "array", "items": _ADDRESS, "maxItems": 50}
@@ -47,7 +46,9 @@ class EmailChannel(SchemaChannel):
 
     def __init__(self, client: Any = None, configuration_set: str | None = None) -> None:
         self._client = client
-        self.configuration_set = configuration_set or os.environ.get("SES_CONFIGURATION_SET") or None
+        self.configuration_set = (
+            configuration_set or os.environ.get("SES_CONFIGURATION_SET") or None
+        )
 
     @property
     def client(self) -> Any:
@@ -60,7 +61,9 @@ class EmailChannel(SchemaChannel):
             raise ValidationError("payload.text", "text or html is required")
         recipients = sum(len(payload.get(k, [])) for k in ("to", "cc", "bcc"))
         if recipients > _MAX_RECIPIENTS:
-            raise ValidationError("payload.to", f"{recipients} recipients; SES allows {_MAX_RECIPIENTS}")
+            raise ValidationError(
+                "payload.to", f"{recipients} recipients; SES allows {_MAX_RECIPIENTS}"
+            )
 
     def send(self, message: Message, deadline: Deadline) -> Outcome:
         p = message.payload
@@ -76,7 +79,9 @@ class EmailChannel(SchemaChannel):
                 "CcAddresses": p.get("cc", []),
                 "BccAddresses": p.get("bcc", []),
             },
-            "Content": {"Simple": {"Subject": {"Data": p["subject"], "Charset": "UTF-8"}, "Body": body}},
+            "Content": {
+                "Simple": {"Subject": {"Data": p["subject"], "Charset": "UTF-8"}, "Body": body}
+            },
         }
         if p.get("reply_to"):
             request["ReplyToAddresses"] = p["reply_to"]
