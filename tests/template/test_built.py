@@ -10,9 +10,7 @@ and runs this; without a build it is skipped.
 
 from __future__ import annotations
 
-import datetime
 import http.server
-import ipaddress
 import json
 import os
 import ssl
@@ -238,6 +236,7 @@ def load_event(name: str) -> dict[str, Any]:
 
 def head_revision() -> str:
     from alembic.script import ScriptDirectory
+
     from outbox import migrate
 
     directory = ScriptDirectory(str(migrate._MIGRATIONS))
@@ -282,7 +281,7 @@ def test_migrate_custom_resource_answers_cloudformation(
 ) -> None:
     """The Create event's answer is PUT to the (here: local, TLS) ResponseURL."""
     received: list[dict[str, Any]] = []
-    cert, key = _self_signed(tmp_path)
+    ca, chain, key = _self_signed(tmp_path)
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_PUT(self) -> None:
@@ -297,7 +296,7 @@ def test_migrate_custom_resource_answers_cloudformation(
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
+    context.load_cert_chain(chain, key)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -312,7 +311,7 @@ def test_migrate_custom_resource_answers_cloudformation(
             endpoint=moto_endpoint,
             tmp_path=tmp_path,
             times={},
-            extra_env={"SSL_CERT_FILE": str(cert)},
+            extra_env={"SSL_CERT_FILE": str(ca)},
         )
     finally:
         server.shutdown()
@@ -398,8 +397,9 @@ def test_email_function_delivers_its_event_through_ses(
     engine: sa.Engine, database_url: str, moto_endpoint: str, tmp_path: Path, import_times: Any
 ) -> None:
     """A claimed row with the event's id and token really goes out through moto's SES."""
-    import outbox
     from moto.ses.models import ses_backends
+
+    import outbox
     from outbox import store
     from support import EMAIL
 
@@ -484,41 +484,17 @@ def _zip(files: dict[str, str]) -> bytes:
     return buffer.getvalue()
 
 
-def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1, trusted by the runner through SSL_CERT_FILE."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+def _self_signed(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A server certificate for 127.0.0.1 and the CA the runner trusts (SSL_CERT_FILE)."""
+    import trustme
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    ca_path, chain_path, key_path = (tmp_path / n for n in ("ca.pem", "chain.pem", "key.pem"))
+    ca.cert_pem.write_to_path(str(ca_path))
+    cert.private_key_pem.write_to_path(str(key_path))
+    chain_path.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
+    return ca_path, chain_path, key_path
 
 
 def test_no_request_left_the_machine() -> None:
