@@ -31,6 +31,8 @@ SCHEDULER_INPUT = {
 # The one documented wildcard: SNS direct-to-phone publishing has no resource ARN.
 SMS_EXCEPTION = ("SmsFunction", "PublishSmsToPhoneNumbers")
 SMS_DENY_RESOURCE = "arn:aws:sns:*:*:*"
+# Phone-number actions, which have no resource ARN to grant them on.
+SMS_ACTIONS = {"sns:Publish", "sns:CheckIfPhoneNumberIsOptedOut"}
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +133,7 @@ def iam_violations(template: dict[str, Any]) -> list[str]:
                 continue
             if resource == "*":
                 actions = _strings(st.get("Action", []))
-                if (name, st.get("Sid")) != SMS_EXCEPTION or actions != ["sns:Publish"]:
+                if (name, st.get("Sid")) != SMS_EXCEPTION or not set(actions) <= SMS_ACTIONS:
                     found.append(f"{where}: Resource '*'")
                 continue
             fields = resource.split(":")
@@ -183,6 +185,8 @@ def secret_violations(template: dict[str, Any]) -> list[str]:
                 param = template["Parameters"].get(ref or "", {})
                 if not str(param.get("AllowedPattern", "")).startswith(ARN_PATTERN_PREFIX):
                     found.append(f"{where}: {key} is not a parameter constrained to an ARN")
+        if "INSECURE" in key:
+            found.append(f"{where}: {key} is for local development only")
         for branch in _branches(value):
             if isinstance(branch, str) and re.search(r"://[^/\s]*:[^@/\s]+@", branch):
                 found.append(f"{where}: {key} carries credentials in a URL")
@@ -436,15 +440,18 @@ def test_checks_catch_a_broken_template(template: dict[str, Any], tmp_path: Path
         {"Statement": [{"Effect": "Allow", "Action": "sqs:*", "Resource": "*"}]}
     )
     res["EmailFunction"]["Properties"]["Policies"].append("AmazonSESFullAccess")
-    res["SmsFunction"]["Properties"]["Policies"][1]["Statement"].pop()  # the Deny
-    assert len(iam_violations(bad)) == 4
+    sms = res["SmsFunction"]["Properties"]["Policies"][1]["Statement"]
+    sms.pop()  # the Deny
+    sms[0]["Action"].append("sns:CreateTopic")  # not a phone-number action
+    assert len(iam_violations(bad)) == 5
 
     res["WebhookFunction"]["Properties"]["Environment"]["Variables"]["WEBHOOK_SECRET"] = "hunter2"
     bad["Globals"]["Function"]["Environment"]["Variables"]["DB_SSLMODE"] = "require"
     bad["Globals"]["Function"]["Environment"]["Variables"]["DATABASE_URL"] = (
         "postgresql://u:pw@h/db"
     )
-    assert len(secret_violations(bad)) == 5
+    res["WebhookFunction"]["Properties"]["Environment"]["Variables"]["WEBHOOK_ALLOW_INSECURE"] = "1"
+    assert len(secret_violations(bad)) == 6
 
     res["PushFunction"]["Properties"]["EventInvokeConfig"]["MaximumRetryAttempts"] = 2
     del res["SqsFunction"]["Properties"]["EventInvokeConfig"]["DestinationConfig"]
