@@ -73,6 +73,11 @@ sam-check: $(STAMP) $(SAM_STAMP) $(RT312_STAMP)
 	if [ -z "$$py312" ]; then echo "sam build needs Python 3.12 on PATH (pyenv install 3.12)"; exit 1; fi; \
 	echo "sam build with $$py312"; \
 	PATH="$$(dirname "$$py312"):$$PATH" SAM_CLI_TELEMETRY=0 $(SAM) build --cached --parallel
+	@# Ship bytecode: /opt and /var/task are read-only in Lambda, so without it every
+	@# cold start compiles the layer again (about 3x slower imports). Hash-checked,
+	@# because zip packaging does not keep the sources' timestamps.
+	$(RT312)/bin/python -m compileall -q --invalidation-mode unchecked-hash \
+		.aws-sam/build/OutboxLayer/python .aws-sam/build/*Function
 	$(BIN)/pytest -m build tests/template/test_built.py
 
 bench: $(STAMP)
