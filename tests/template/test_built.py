@@ -118,7 +118,6 @@ def _function_dirs() -> dict[str, Path]:
 
 FUNCTIONS = _function_dirs()
 CHANNELS = sorted(set(FUNCTIONS) - {"dispatcher", "reaper", "migrate"})
-IMPORT_TIMES: dict[str, float] = {}
 
 
 # --- fixtures ---------------------------------------------------------------------
@@ -138,22 +137,6 @@ def moto_endpoint() -> Iterator[str]:
     yield f"http://{host}:{port}"
     server.stop()
     default_user_config["lambda"] = saved
-
-
-@pytest.fixture(scope="module")
-def import_times(request: pytest.FixtureRequest) -> Iterator[dict[str, float]]:
-    yield IMPORT_TIMES
-    plugins = request.config.pluginmanager
-    reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
-    if reporter is None or capture is None or not IMPORT_TIMES:
-        return
-    with capture.global_and_fixture_disabled():
-        reporter.write_line("")
-        shipped = any(LAYER.glob("outbox/__pycache__/*.cpython-312.pyc"))
-        bytecode = "with the shipped bytecode" if shipped else "without bytecode: compiles"
-        reporter.write_line(f"cold import of each built handler (Python 3.12, {bytecode}):")
-        for name, seconds in sorted(IMPORT_TIMES.items()):
-            reporter.write_line(f"  {name:<12} {seconds * 1000:7.0f} ms")
 
 
 def client(endpoint: str, service: str) -> Any:
