@@ -241,6 +241,8 @@ def schedule_violations(template: dict[str, Any]) -> list[str]:
                 found.append(f"{where}: scheduler retries are not off")
             if not p.get("DeadLetterConfig", {}).get("Arn"):
                 found.append(f"{where}: no dead-letter queue")
+            if not any("${AWS::StackName}" in n for n in _strings(p.get("Name", []))):
+                found.append(f"{where}: schedule name not unique per stack")
             try:
                 payload = json.loads(p.get("Input", ""))
             except ValueError:
@@ -465,7 +467,8 @@ def test_checks_catch_a_broken_template(template: dict[str, Any], tmp_path: Path
     event["RetryPolicy"]["MaximumRetryAttempts"] = 185
     del event["DeadLetterConfig"]
     event["Input"] = "{}"
-    assert len(schedule_violations(bad)) == 3
+    event["Name"] = "reaper"
+    assert len(schedule_violations(bad)) == 4
 
     (tmp_path / "functions" / "fax").mkdir(parents=True)
     (tmp_path / "functions" / "fax" / "app.py").write_text("")
