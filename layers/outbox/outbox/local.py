@@ -5,7 +5,8 @@
 * Database: ``DATABASE_URL`` when set; else the Postgres on 127.0.0.1:5432
   (a dedicated database ``outbox_demo``, recreated each run) when it answers;
   else an embedded Postgres (pgserver) in ``.local/pgdata``.
-  ``OUTBOX_LOCAL_DB=embedded`` (or ``local``) forces one of the last two.
+  ``OUTBOX_LOCAL_DB=embedded`` (or ``local``) forces one of the last two;
+  ``OUTBOX_LOCAL_DBNAME`` and ``OUTBOX_LOCAL_PGDATA`` change the name and folder.
 * AWS: an in-process moto server on 127.0.0.1 with fake credentials; SES has
   the sender domain verified. Channels other than email get their provider
   set up when they exist (SNS platform endpoint, Secrets Manager webhook
@@ -48,8 +49,8 @@ from .invoke import LambdaContext, load_module
 REPO = Path(__file__).resolve().parents[3]
 FUNCTIONS = REPO / "functions"
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
-DEMO_DATABASE = "outbox_demo"
-PGDATA = REPO / ".local" / "pgdata"
+DEMO_DATABASE = os.environ.get("OUTBOX_LOCAL_DBNAME") or "outbox_demo"
+PGDATA = Path(os.environ.get("OUTBOX_LOCAL_PGDATA") or REPO / ".local" / "pgdata")
 SENDER_DOMAIN = "shop.example.com"
 TIME_LIMIT_SECONDS = 60.0
 
@@ -337,7 +338,8 @@ def database(say: Callable[[str], None]) -> Iterator[str]:
     if forced == "local":
         raise SystemExit("OUTBOX_LOCAL_DB=local but no Postgres answers on 127.0.0.1:5432")
     PGDATA.mkdir(parents=True, exist_ok=True)
-    say(f"database: embedded Postgres (pgserver) in {PGDATA.relative_to(REPO)}")
+    shown = PGDATA.relative_to(REPO) if PGDATA.is_relative_to(REPO) else PGDATA
+    say(f"database: embedded Postgres (pgserver) in {shown}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset in containers
         import pgserver  # the embedded Postgres (dev extras)
