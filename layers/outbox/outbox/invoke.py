@@ -10,13 +10,15 @@ intrinsic (``!Ref``, ``!Sub``, ...) with nothing to resolve it is left unset.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
 import os
 import sys
 import time
 import traceback
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -240,8 +242,31 @@ def error_document(exc: BaseException) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _logs_to_stderr() -> Iterator[None]:
+    """Like `sam local invoke`: the function's logs go to stderr, so stdout
+    carries only the result. Log handlers bound to stdout are pointed at stderr
+    for the call (Powertools binds its handler to the stream at import)."""
+    stdout_streams = {id(sys.stdout), id(sys.__stdout__)}
+    moved: list[logging.StreamHandler[Any]] = []
+    loggers = [logging.getLogger(), *(
+        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    )]
+    for lg in loggers:
+        for h in lg.handlers:
+            if isinstance(h, logging.StreamHandler) and id(h.stream) in stdout_streams:
+                moved.append(h)
+    originals = [h.setStream(sys.stderr) for h in moved]
+    try:
+        yield
+    finally:
+        for h, stream in zip(moved, originals, strict=True):
+            h.setStream(stream)
+
+
 def invoke(spec: FunctionSpec, event: Any) -> InvokeResult:
-    """Set the environment, import the handler (its cold start) and call it once."""
+    """Set the environment, import the handler (its cold start) and call it once;
+    its stdout and logs go to stderr."""
     os.environ.update(spec.environment)
     os.environ.update(
         {
@@ -255,8 +280,10 @@ def invoke(spec: FunctionSpec, event: Any) -> InvokeResult:
     context = LambdaContext(spec.logical_id, spec.timeout_seconds, spec.memory_mb)
     outcome = InvokeResult()
     try:
-        handler = load_handler(spec)
-        outcome.result = handler(event, context)
+        with contextlib.redirect_stdout(sys.stderr):  # import-time prints, metrics
+            handler = load_handler(spec)
+            with _logs_to_stderr():
+                outcome.result = handler(event, context)
     except InvokeError:
         raise
     except Exception as exc:
