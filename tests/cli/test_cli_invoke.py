@@ -11,13 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import outbox
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
-from support import EMAIL, statuses
-
-import outbox
 from outbox.cli import cli
+from support import EMAIL, statuses
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[2]
@@ -43,7 +42,9 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     sys.path[:] = saved_path
 
 
-def invoke(project: Path, *args: str, event: Any = None, env: dict[str, str] | None = None) -> Result:
+def invoke(
+    project: Path, *args: str, event: Any = None, env: dict[str, str] | None = None
+) -> Result:
     if event is not None:
         (project / "event.json").write_text(json.dumps(event))
     return CliRunner().invoke(cli, ["invoke", *args], env=env)
@@ -51,11 +52,20 @@ def invoke(project: Path, *args: str, event: Any = None, env: dict[str, str] | N
 
 def test_probe_gets_handler_env_context_and_its_folder_first(project: Path) -> None:
     (project / "env.json").write_text(
-        json.dumps({"ProbeFunction": {"PROBE_FROM_ENV_FILE": "from-file"},
-                    "Parameters": {"MAX_ATTEMPTS": "9"}})
+        json.dumps(
+            {
+                "ProbeFunction": {"PROBE_FROM_ENV_FILE": "from-file"},
+                "Parameters": {"MAX_ATTEMPTS": "9"},
+            }
+        )
     )
     result = invoke(
-        project, "ProbeFunction", "event.json", "--env-vars", "env.json", event={"hello": "world"},
+        project,
+        "ProbeFunction",
+        "event.json",
+        "--env-vars",
+        "env.json",
+        event={"hello": "world"},
         env={"LEASE_SECONDS": "300"},
     )
     assert result.exit_code == 0, result.output
@@ -71,8 +81,10 @@ def test_probe_gets_handler_env_context_and_its_folder_first(project: Path) -> N
         "LEASE_SECONDS": "300",  # the shell, over the template's literal
     }
     assert "PROBE_UNRESOLVED" in result.stderr  # an intrinsic nothing resolved: said, left unset
-    assert out["lambda_env"] == {"AWS_LAMBDA_FUNCTION_NAME": "ProbeFunction",
-                                 "AWS_LAMBDA_FUNCTION_TIMEOUT": "7"}
+    assert out["lambda_env"] == {
+        "AWS_LAMBDA_FUNCTION_NAME": "ProbeFunction",
+        "AWS_LAMBDA_FUNCTION_TIMEOUT": "7",
+    }
     assert out["function_name"] == "ProbeFunction" and out["memory"] == 512
     assert 6000 < out["remaining_ms"] <= 7000  # the template's Timeout is the deadline
     assert len(out["request_id"]) == 36 and out["arn"].endswith(":function:ProbeFunction")
@@ -97,12 +109,19 @@ def test_real_reaper_and_dispatcher_against_the_database(
     assert json.loads(reaper.stdout)["backlog"]["pending"] == 3
     # The dispatcher would hand off to Lambda: with no function for a channel
     # in CHANNEL_FUNCTIONS, its rows fail as unroutable (nothing leaves the machine).
-    env_file.write_text(json.dumps({"Parameters": {"DATABASE_URL": database_url,
-                                                   "CHANNEL_FUNCTIONS": "{}"}}))
+    env_file.write_text(
+        json.dumps({"Parameters": {"DATABASE_URL": database_url, "CHANNEL_FUNCTIONS": "{}"}})
+    )
     # Not declared in the template: --env-vars ignores it (as SAM does), the
     # process environment reaches the handler as it is.
-    dispatcher = invoke(project, "DispatcherFunction", "event.json", "--env-vars", "env.json",
-                        env={"DISPATCH_BUDGET_SECONDS": "0.3"})
+    dispatcher = invoke(
+        project,
+        "DispatcherFunction",
+        "event.json",
+        "--env-vars",
+        "env.json",
+        env={"DISPATCH_BUDGET_SECONDS": "0.3"},
+    )
     assert dispatcher.exit_code == 0, dispatcher.output
     report = json.loads(dispatcher.stdout)
     assert report["claimed"] == 3 and report["unroutable"] == 3
@@ -115,14 +134,23 @@ def test_handler_exception_prints_traceback_and_error_document(project: Path) ->
     error = json.loads(result.stdout)
     assert error["errorType"] == "RuntimeError" and "kaboom" in error["errorMessage"]
     assert "Traceback" in result.stderr and "app.py" in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("Error: ProbeFunction raised RuntimeError")
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("Error: ProbeFunction raised RuntimeError")
+    )
 
 
 def test_handler_init_failure_names_the_setting(project: Path) -> None:
     (project / "env.json").write_text(json.dumps({"Parameters": {"DATABASE_URL": ""}}))
     result = invoke(
-        project, "ReaperFunction", "event.json", "--env-vars", "env.json",
-        event={}, env={"DATABASE_URL": None},  # type: ignore[dict-item]
+        project,
+        "ReaperFunction",
+        "event.json",
+        "--env-vars",
+        "env.json",
+        event={},
+        env={"DATABASE_URL": None},  # type: ignore[dict-item]
     )
     assert result.exit_code == 1
     assert "DATABASE_URL" in result.stderr and "ConfigError" in result.stdout
@@ -131,12 +159,21 @@ def test_handler_init_failure_names_the_setting(project: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["NoSuchFunction", "event.json"], "unknown function 'NoSuchFunction'; the template has: "
-                                           "DispatcherFunction, EmailFunction, ProbeFunction, ReaperFunction"),
+        (
+            ["NoSuchFunction", "event.json"],
+            "unknown function 'NoSuchFunction'; the template has: "
+            "DispatcherFunction, EmailFunction, ProbeFunction, ReaperFunction",
+        ),
         (["ProbeFunction", "missing.json"], "cannot read event file missing.json"),
         (["ProbeFunction", "bad.json"], "event file bad.json is not valid JSON"),
-        (["ProbeFunction", "event.json", "--env-vars", "missing.json"], "cannot read env vars file"),
-        (["ProbeFunction", "event.json", "--template", "nope.yaml"], "cannot read template nope.yaml"),
+        (
+            ["ProbeFunction", "event.json", "--env-vars", "missing.json"],
+            "cannot read env vars file",
+        ),
+        (
+            ["ProbeFunction", "event.json", "--template", "nope.yaml"],
+            "cannot read template nope.yaml",
+        ),
         (["ProbeFunction", "event.json", "--template", "bad.yaml"], "has no Resources"),
     ],
 )

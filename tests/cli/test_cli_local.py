@@ -18,7 +18,9 @@ def run_local(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "outbox.local"],
         env={**clean, "COLUMNS": "120", **env},
-        capture_output=True, text=True, timeout=180,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
 
 
@@ -39,7 +41,9 @@ def test_make_run_on_the_local_postgres(server_url: str) -> None:
     name = f"outbox_demo_{uuid.uuid4().hex[:8]}"
     host = make_url(server_url).host
     if host not in ("127.0.0.1", "localhost"):  # pragma: no cover - CI on another server
-        env = {"DATABASE_URL": make_url(server_url).set(database="postgres").render_as_string(False)}
+        env = {
+            "DATABASE_URL": make_url(server_url).set(database="postgres").render_as_string(False)
+        }
         line = "database: DATABASE_URL"
     else:
         env, line = {"OUTBOX_LOCAL_DBNAME": name}, f"database {name!r} (recreated)"
@@ -50,13 +54,17 @@ def test_make_run_on_the_local_postgres(server_url: str) -> None:
             engine = sa.create_engine(make_url(server_url).set(database=name))
             with engine.connect() as conn:
                 rows = conn.execute(
-                    sa.text("SELECT channel, status, count(*) FROM outbox_message "
-                            "GROUP BY 1, 2 ORDER BY 1, 2")
+                    sa.text(
+                        "SELECT channel, status, count(*) FROM outbox_message "
+                        "GROUP BY 1, 2 ORDER BY 1, 2"
+                    )
                 ).all()
             engine.dispose()
             assert [tuple(r) for r in rows] == [
-                ("email", "delivered", 24), ("email", "failed", 1),
-                ("flaky", "dead", 1), ("flaky", "delivered", 1),
+                ("email", "delivered", 24),
+                ("email", "failed", 1),
+                ("flaky", "dead", 1),
+                ("flaky", "delivered", 1),
             ]
     finally:
         admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")

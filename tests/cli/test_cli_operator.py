@@ -6,15 +6,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import outbox
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
-from support import EMAIL, attempts, expire_leases, make_due, row, settings, statuses
-
-import outbox
 from outbox import store
 from outbox.cli import cli, parse_duration
 from outbox.dispatcher import backoff_of
+from support import EMAIL, attempts, expire_leases, make_due, row, settings, statuses
 
 BACKOFF = backoff_of(settings())
 
@@ -32,8 +31,10 @@ def run(engine: sa.Engine, database_url: str) -> Any:
 def snapshot(engine: sa.Engine) -> list[tuple[Any, ...]]:
     with engine.connect() as conn:
         messages = conn.execute(
-            sa.text("SELECT id, status, attempts, available_at, settled_at, last_error "
-                    "FROM outbox_message ORDER BY id")
+            sa.text(
+                "SELECT id, status, attempts, available_at, settled_at, last_error "
+                "FROM outbox_message ORDER BY id"
+            )
         ).all()
         history = conn.execute(sa.text("SELECT * FROM outbox_attempt ORDER BY id")).all()
     return [tuple(r) for r in messages] + [tuple(r) for r in history]
@@ -51,7 +52,9 @@ def settle_all(engine: sa.Engine, outcome: str, error: str = "boom") -> list[int
     with engine.begin() as conn:
         claims = store.claim(conn, 1000, 60)
         store.settle(
-            conn, [store.Settlement(c.id, c.claim_token, outcome, error=error) for c in claims], BACKOFF
+            conn,
+            [store.Settlement(c.id, c.claim_token, outcome, error=error) for c in claims],
+            BACKOFF,
         )
     return [c.id for c in claims]
 
@@ -73,25 +76,49 @@ def test_migrate_is_idempotent_and_reports_the_revision(run: Any) -> None:
     assert json.loads(again.stdout) == {"revision": "0001"}
 
 
-def test_enqueue_inline_and_from_file_with_options(run: Any, engine: sa.Engine, tmp_path: Any) -> None:
-    first = run("enqueue", "--channel", "email", "--payload", json.dumps(EMAIL),
-                "--dedupe-key", "order-1", "--ordering-key", "customer-7", "--priority", "5",
-                "--delay", "10m", "--json")
+def test_enqueue_inline_and_from_file_with_options(
+    run: Any, engine: sa.Engine, tmp_path: Any
+) -> None:
+    first = run(
+        "enqueue",
+        "--channel",
+        "email",
+        "--payload",
+        json.dumps(EMAIL),
+        "--dedupe-key",
+        "order-1",
+        "--ordering-key",
+        "customer-7",
+        "--priority",
+        "5",
+        "--delay",
+        "10m",
+        "--json",
+    )
     assert first.exit_code == 0, first.output
     message_id = json.loads(first.stdout)["id"]
     with engine.connect() as conn:
         r = row(conn, message_id)
         due_in = conn.execute(
-            sa.text("SELECT EXTRACT(EPOCH FROM available_at - now()) FROM outbox_message WHERE id = :id"),
+            sa.text(
+                "SELECT EXTRACT(EPOCH FROM available_at - now()) FROM outbox_message WHERE id = :id"
+            ),
             {"id": message_id},
         ).scalar_one()
     assert (r.channel, r.dedupe_key, r.ordering_key, r.priority, r.payload) == (
-        "email", "order-1", "customer-7", 5, EMAIL)
+        "email",
+        "order-1",
+        "customer-7",
+        5,
+        EMAIL,
+    )
     assert 590 < float(due_in) <= 600
 
     payload_file = tmp_path / "payload.json"
     payload_file.write_text(json.dumps(EMAIL))
-    repeat = run("enqueue", "--channel", "email", "--payload", f"@{payload_file}", "--dedupe-key", "order-1")
+    repeat = run(
+        "enqueue", "--channel", "email", "--payload", f"@{payload_file}", "--dedupe-key", "order-1"
+    )
     assert repeat.exit_code == 0 and int(repeat.stdout) == message_id  # the dedupe key answered
     stdin = run("enqueue", "--channel", "email", "--payload", "@-", input=json.dumps(EMAIL))
     assert stdin.exit_code == 0, stdin.output
@@ -132,7 +159,10 @@ def test_status_counts_per_channel_and_status(run: Any, engine: sa.Engine) -> No
     data = json.loads(result.stdout)
     groups = {(g["channel"], g["status"]): g for g in data["channels"]}
     assert {k: g["count"] for k, g in groups.items()} == {
-        ("email", "failed"): 3, ("email", "pending"): 1, ("email", "claimed"): 1}
+        ("email", "failed"): 3,
+        ("email", "pending"): 1,
+        ("email", "claimed"): 1,
+    }
     assert groups[("email", "claimed")]["expired_claims"] == 1
     assert data["pending"] == 1 and data["expired_claims"] == 1 and data["claimed"] == 1
     assert data["oldest_due_age_seconds"] >= 0
@@ -168,7 +198,9 @@ def test_show_gives_the_row_and_its_attempt_history(run: Any, engine: sa.Engine)
     data = json.loads(result.stdout)
     assert data["message"]["status"] == "failed" and data["message"]["payload"] == EMAIL
     assert [(a["attempt"], a["outcome"], a["error"]) for a in data["attempts"]] == [
-        (1, "retry", "SES: Throttling"), (2, "failed", "MessageRejected")]
+        (1, "retry", "SES: Throttling"),
+        (2, "failed", "MessageRejected"),
+    ]
     text = run("show", str(message_id)).stdout
     assert "MessageRejected" in text and "Throttling" in text
     one_error_line(run("show", "999"), "no message with id 999")
@@ -202,18 +234,28 @@ def test_redrive_by_status_channel_and_since(run: Any, engine: sa.Engine) -> Non
     old = seed(engine, 2, max_attempts=1)
     settle_all(engine, "retry")
     with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE outbox_message SET settled_at = now() - interval '2 hours' "
-                             "WHERE id = ANY(:ids)"), {"ids": old})
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_message SET settled_at = now() - interval '2 hours' "
+                "WHERE id = ANY(:ids)"
+            ),
+            {"ids": old},
+        )
     recent = seed(engine, 3, max_attempts=1)
     settle_all(engine, "retry")
     failed = seed(engine, 1)
     settle_all(engine, "failed")
 
-    assert json.loads(run("redrive", "--status", "dead", "--channel", "sms", "--json").stdout)["count"] == 0
+    assert (
+        json.loads(run("redrive", "--status", "dead", "--channel", "sms", "--json").stdout)["count"]
+        == 0
+    )
     result = run("redrive", "--status", "dead", "--since", "1h", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["redriven"] == recent
-    both = json.loads(run("redrive", "--status", "dead,failed", "--channel", "email", "--json").stdout)
+    both = json.loads(
+        run("redrive", "--status", "dead,failed", "--channel", "email", "--json").stdout
+    )
     assert both["redriven"] == sorted(old + failed)
     assert statuses(engine) == {"pending": 6}
 
@@ -225,7 +267,9 @@ def test_cancel_only_pending_rows_all_or_nothing(run: Any, engine: sa.Engine) ->
         conn.execute(sa.text("UPDATE outbox_message SET priority = 9 WHERE id = :id"), {"id": done})
     with engine.begin() as conn:
         claims = store.claim(conn, 1, 60)  # the priority 9 row
-        store.settle(conn, [store.Settlement(claims[0].id, claims[0].claim_token, "delivered")], BACKOFF)
+        store.settle(
+            conn, [store.Settlement(claims[0].id, claims[0].claim_token, "delivered")], BACKOFF
+        )
     before = snapshot(engine)
     one_error_line(run("cancel", str(pending[0]), str(done)), f"{done} is delivered")
     one_error_line(run("cancel", str(pending[0]), "777"), "unknown message id(s): 777")
@@ -239,7 +283,9 @@ def test_cancel_only_pending_rows_all_or_nothing(run: Any, engine: sa.Engine) ->
     assert statuses(engine) == {"cancelled": 3, "delivered": 1}
 
 
-def test_prune_deletes_only_terminal_rows_older_than_the_window(run: Any, engine: sa.Engine) -> None:
+def test_prune_deletes_only_terminal_rows_older_than_the_window(
+    run: Any, engine: sa.Engine
+) -> None:
     old = seed(engine, 2)
     settle_all(engine, "failed")
     with engine.begin() as conn:
@@ -257,7 +303,8 @@ def test_prune_deletes_only_terminal_rows_older_than_the_window(run: Any, engine
     with engine.connect() as conn:
         left = conn.execute(sa.text("SELECT id FROM outbox_message ORDER BY id")).scalars().all()
         orphans = conn.execute(
-            sa.text("SELECT count(*) FROM outbox_attempt WHERE message_id = ANY(:ids)"), {"ids": old}
+            sa.text("SELECT count(*) FROM outbox_attempt WHERE message_id = ANY(:ids)"),
+            {"ids": old},
         ).scalar_one()
     assert left == recent + [pending] and orphans == 0
 
@@ -274,4 +321,11 @@ def test_commands_without_a_database_or_schema_say_so(database_url: str, engine:
 
 def test_durations() -> None:
     assert [parse_duration(t) for t in ("90", "45s", "30m", "12h", "7d", "2w", "1.5h")] == [
-        90, 45, 1800, 43200, 604800, 1209600, 5400]
+        90,
+        45,
+        1800,
+        43200,
+        604800,
+        1209600,
+        5400,
+    ]

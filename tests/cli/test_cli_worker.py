@@ -14,15 +14,14 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import outbox
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
-from support import EMAIL, ScriptedChannel, install_channel, settings, statuses
-
-import outbox
 from outbox.channels import Outcome
 from outbox.cli import cli
 from outbox.worker import Worker
+from support import EMAIL, ScriptedChannel, install_channel, settings, statuses
 
 
 def seed(engine: sa.Engine, n: int, channel: str, payload: Any) -> list[int]:
@@ -35,7 +34,9 @@ def test_two_workers_over_one_backlog_deliver_each_message_once(engine: sa.Engin
     ids = seed(engine, 400, "scripted", {"n": 1})
     config = settings(batch_size=15, send_concurrency=4)
     start = threading.Barrier(2)
-    workers = [Worker(engine, config, channels=["scripted"], reap_interval_seconds=3600) for _ in range(2)]
+    workers = [
+        Worker(engine, config, channels=["scripted"], reap_interval_seconds=3600) for _ in range(2)
+    ]
 
     def run(worker: Worker) -> None:
         start.wait()
@@ -132,7 +133,9 @@ def test_sigterm_mid_run_leaves_no_claimed_rows(
 ) -> None:
     import boto3
 
-    boto3.client("sesv2", endpoint_url=moto_endpoint).create_email_identity(EmailIdentity="example.com")
+    boto3.client("sesv2", endpoint_url=moto_endpoint).create_email_identity(
+        EmailIdentity="example.com"
+    )
     total = 3000
     seed(engine, total, "email", EMAIL)
     env = {
@@ -144,7 +147,10 @@ def test_sigterm_mid_run_leaves_no_claimed_rows(
     }
     worker = subprocess.Popen(
         [sys.executable, "-m", "outbox.cli", "worker", "--batch-size", "40", "--json"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 60
@@ -166,5 +172,7 @@ def test_sigterm_mid_run_leaves_no_claimed_rows(
     assert final["delivered"] + final.get("pending", 0) == total
     assert report["statuses"]["delivered"] == final["delivered"]
     with engine.connect() as conn:
-        expired = conn.execute(sa.text("SELECT count(*) FROM outbox_attempt WHERE outcome <> 'delivered'")).scalar_one()
+        expired = conn.execute(
+            sa.text("SELECT count(*) FROM outbox_attempt WHERE outcome <> 'delivered'")
+        ).scalar_one()
     assert expired == 0

@@ -48,7 +48,9 @@ def parse_duration(text: str) -> float:
 class Duration(click.ParamType):
     name = "duration"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
         if isinstance(value, int | float):
             return float(value)
         try:
@@ -333,8 +335,13 @@ def list_(statuses: tuple[str, ...], channels_: tuple[str, ...], limit: int, as_
         table.add_column(column, overflow="fold")
     for r in rows:
         table.add_row(
-            str(r.id), r.channel, r.status, str(r.attempts), str(r.priority),
-            r.created_at.isoformat(timespec="seconds"), r.last_error or "",
+            str(r.id),
+            r.channel,
+            r.status,
+            str(r.attempts),
+            str(r.priority),
+            r.created_at.isoformat(timespec="seconds"),
+            r.last_error or "",
         )
     console().print(table)
 
@@ -376,7 +383,10 @@ def print_message(message: Mapping[str, Any], history: Sequence[Mapping[str, Any
         attempts.add_column(column, overflow="fold")
     for a in history:
         attempts.add_row(
-            str(a["attempt"]), a["outcome"], a["error"] or "", a["provider_message_id"] or "",
+            str(a["attempt"]),
+            a["outcome"],
+            a["error"] or "",
+            a["provider_message_id"] or "",
             a["finished_at"].isoformat(timespec="seconds"),
             "" if a["duration_ms"] is None else str(a["duration_ms"]),
         )
@@ -401,7 +411,9 @@ def _locked_ids(conn: sa.Connection, ids: list[int], allowed: Sequence[str], ver
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--status", "statuses", multiple=True, help="Redrive every message in this status.")
 @click.option("--channel", "channels_", multiple=True, help="With --status: only these channels.")
-@click.option("--since", type=Duration(), default=None, help="With --status: settled this recently.")
+@click.option(
+    "--since", type=Duration(), default=None, help="With --status: settled this recently."
+)
 @json_option
 def redrive(
     ids: tuple[int, ...],
@@ -453,7 +465,9 @@ def _report(verb: str, ids: list[int], as_json: bool) -> None:
     if as_json:
         emit_json({verb: ids, "count": len(ids)})
     else:
-        click.echo(f"{verb} {len(ids)} message(s)" + (f": {', '.join(map(str, ids))}" if ids else ""))
+        click.echo(
+            f"{verb} {len(ids)} message(s)" + (f": {', '.join(map(str, ids))}" if ids else "")
+        )
 
 
 @cli.command()
@@ -558,7 +572,11 @@ def worker(
 @click.argument("event_file")
 @click.option("--env-vars", "env_vars_file", default=None, help="SAM-format env file (JSON).")
 @click.option(
-    "--template", "-t", "template_file", default="template.yaml", show_default=True,
+    "--template",
+    "-t",
+    "template_file",
+    default="template.yaml",
+    show_default=True,
     help="The SAM template.",
 )
 def invoke_(function: str, event_file: str, env_vars_file: str | None, template_file: str) -> None:
@@ -598,7 +616,9 @@ def invoke_(function: str, event_file: str, env_vars_file: str | None, template_
     if outcome.error is not None:
         click.echo(outcome.traceback or "", err=True, nl=False)
         click.echo(json.dumps(outcome.error))
-        fail(f"{spec.logical_id} raised {outcome.error['errorType']}: {outcome.error['errorMessage']}")
+        fail(
+            f"{spec.logical_id} raised {outcome.error['errorType']}: {outcome.error['errorMessage']}"
+        )
     click.echo(json.dumps(_jsonable(outcome.result), indent=2))
     if outcome.timed_out:
         fail(

@@ -139,7 +139,9 @@ def function_spec(
             if template["Resources"][candidate].get("Properties", {}).get("FunctionName") == name:
                 logical_id = candidate
     if logical_id is None:
-        raise InvokeError(f"unknown function {name!r}; the template has: {', '.join(known) or 'none'}")
+        raise InvokeError(
+            f"unknown function {name!r}; the template has: {', '.join(known) or 'none'}"
+        )
     shell = os.environ if shell is None else shell
     globals_ = (template.get("Globals") or {}).get("Function") or {}
     props = template["Resources"][logical_id].get("Properties") or {}
@@ -152,7 +154,9 @@ def function_spec(
         raise InvokeError(f"function {logical_id} has no usable Handler (got {handler!r})")
     code_dir = _local_dir(template_dir, prop("CodeUri", "."))
     if code_dir is None or not code_dir.is_dir():
-        raise InvokeError(f"function {logical_id}: CodeUri {prop('CodeUri')!r} is not a local folder")
+        raise InvokeError(
+            f"function {logical_id}: CodeUri {prop('CodeUri')!r} is not a local folder"
+        )
 
     timeout = prop("Timeout", DEFAULT_TIMEOUT_SECONDS)
     memory = prop("MemorySize", DEFAULT_MEMORY_MB)
@@ -184,7 +188,9 @@ def function_spec(
         ref = layer.get("Ref") if isinstance(layer, dict) else None
         resource = template["Resources"].get(ref) if isinstance(ref, str) else None
         if isinstance(resource, dict):
-            layer_dir = _local_dir(template_dir, (resource.get("Properties") or {}).get("ContentUri"))
+            layer_dir = _local_dir(
+                template_dir, (resource.get("Properties") or {}).get("ContentUri")
+            )
             if layer_dir is not None and layer_dir.is_dir():
                 layer_dirs.append(layer_dir)
     return FunctionSpec(
@@ -249,9 +255,14 @@ def _logs_to_stderr() -> Iterator[None]:
     for the call (Powertools binds its handler to the stream at import)."""
     stdout_streams = {id(sys.stdout), id(sys.__stdout__)}
     moved: list[logging.StreamHandler[Any]] = []
-    loggers = [logging.getLogger(), *(
-        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
-    )]
+    loggers = [
+        logging.getLogger(),
+        *(
+            lg
+            for lg in logging.Logger.manager.loggerDict.values()
+            if isinstance(lg, logging.Logger)
+        ),
+    ]
     for lg in loggers:
         for h in lg.handlers:
             if isinstance(h, logging.StreamHandler) and id(h.stream) in stdout_streams:

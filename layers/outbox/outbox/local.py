@@ -27,7 +27,6 @@ import hmac
 import json
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -139,16 +138,28 @@ def _email(demo: Demo) -> list[DemoMessage]:
     messages = [
         DemoMessage(
             "email",
-            {**order, "to": [f"customer{i}@example.net"], "text": f"Order {1000 + i} is on its way."},
+            {
+                **order,
+                "to": [f"customer{i}@example.net"],
+                "text": f"Order {1000 + i} is on its way.",
+            },
             "delivered",
-            options={"dedupe_key": f"order-{1000 + i}-shipped", "ordering_key": f"customer-{i % 3}"},
+            options={
+                "dedupe_key": f"order-{1000 + i}-shipped",
+                "ordering_key": f"customer-{i % 3}",
+            },
         )
         for i in range(24)
     ]
     messages.append(
         DemoMessage(
             "email",
-            {**order, "from": "noreply@unverified.example.org", "to": ["ada@example.net"], "text": "x"},
+            {
+                **order,
+                "from": "noreply@unverified.example.org",
+                "to": ["ada@example.net"],
+                "text": "x",
+            },
             "failed",
             note="SES rejects an unverified sender (MessageRejected): a permanent failure",
         )
@@ -159,18 +170,26 @@ def _email(demo: Demo) -> list[DemoMessage]:
 def _flaky(demo: Demo) -> list[DemoMessage]:
     return [
         DemoMessage(
-            "flaky", {"fail_times": 2, "note": "recovers"}, "delivered",
+            "flaky",
+            {"fail_times": 2, "note": "recovers"},
+            "delivered",
             note="two transient failures, then delivered (scripted demo channel)",
         ),
         DemoMessage(
-            "flaky", {"fail_times": 99, "note": "never recovers"}, "dead",
+            "flaky",
+            {"fail_times": 99, "note": "never recovers"},
+            "dead",
             note="transient failures until MAX_ATTEMPTS is spent: dead (scripted demo channel)",
         ),
     ]
 
 
 def _sms(demo: Demo) -> list[DemoMessage]:
-    return [DemoMessage("sms", {"phone_number": "+15555550100", "text": "Your code is 424242"}, "delivered")]
+    return [
+        DemoMessage(
+            "sms", {"phone_number": "+15555550100", "text": "Your code is 424242"}, "delivered"
+        )
+    ]
 
 
 def _push(demo: Demo) -> list[DemoMessage]:
@@ -184,7 +203,9 @@ def _push(demo: Demo) -> list[DemoMessage]:
     demo.resources.update(platform_application_arn=app, endpoint_arn=endpoint)
     return [
         DemoMessage(
-            "push", {"endpoint_arn": endpoint, "title": "Order shipped", "body": "On its way"}, "delivered"
+            "push",
+            {"endpoint_arn": endpoint, "title": "Order shipped", "body": "On its way"},
+            "delivered",
         )
     ]
 
@@ -284,7 +305,9 @@ class WebhookReceiver:
         signed = f"{lower.get('webhook-id')}.{lower.get('webhook-timestamp')}.".encode() + body
         key = b64decode(self.secret.removeprefix("whsec_"))
         expected = b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
-        return any(s.split(",", 1)[-1] == expected for s in lower.get("webhook-signature", "").split())
+        return any(
+            s.split(",", 1)[-1] == expected for s in lower.get("webhook-signature", "").split()
+        )
 
     def close(self) -> None:
         self.server.shutdown()
@@ -467,8 +490,11 @@ def main() -> int:
         in_play = sorted({m.channel for m in mix})
         out.print(
             f"enqueued {len(mix)} messages on {', '.join(in_play)}"
-            + (f" (the relay also has: {', '.join(sorted(available - set(in_play)))})"
-               if available - set(in_play) else "")
+            + (
+                f" (the relay also has: {', '.join(sorted(available - set(in_play)))})"
+                if available - set(in_play)
+                else ""
+            )
         )
 
         # The real handlers, with the environment set (their cold start reads it).
@@ -488,23 +514,33 @@ def main() -> int:
 
         ticks = reaps = 0
         with Progress(
-            TextColumn("[bold]draining"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=out,
+            TextColumn("[bold]draining"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+            console=out,
         ) as progress:
             task = progress.add_task("drain", total=len(ids), detail="")
             while True:
                 settled, counts = _progress(engine, ids)
                 progress.update(
-                    task, completed=settled,
+                    task,
+                    completed=settled,
                     detail=" ".join(f"{k} {v}" for k, v in sorted(counts.items())),
                 )
                 if settled == len(ids) or time.monotonic() - started > TIME_LIMIT_SECONDS:
                     break
                 ticks += 1
-                dispatcher({"execution_id": f"demo-dispatch-{ticks}"}, LambdaContext("outbox-dispatcher", 60))
+                dispatcher(
+                    {"execution_id": f"demo-dispatch-{ticks}"},
+                    LambdaContext("outbox-dispatcher", 60),
+                )
                 if ticks % 5 == 0:
                     reaps += 1
-                    reaper({"execution_id": f"demo-reap-{reaps}"}, LambdaContext("outbox-reaper", 60))
+                    reaper(
+                        {"execution_id": f"demo-reap-{reaps}"}, LambdaContext("outbox-reaper", 60)
+                    )
         reap = reaper({"execution_id": "demo-reap-final"}, LambdaContext("outbox-reaper", 60))
         reaps += 1
         out.print(
@@ -528,7 +564,9 @@ def _enqueue(engine: sa.Engine, mix: list[DemoMessage], out: Any) -> list[DemoMe
                 m.id = outbox.enqueue(conn, m.channel, m.payload, **m.options)
             kept.append(m)
         except outbox.ValidationError as exc:
-            out.print(f"[yellow]skipped a {m.channel} message: the demo payload does not fit ({exc})")
+            out.print(
+                f"[yellow]skipped a {m.channel} message: the demo payload does not fit ({exc})"
+            )
     return kept
 
 
@@ -543,7 +581,12 @@ def _progress(engine: sa.Engine, ids: list[int]) -> tuple[int, dict[str, int]]:
 
 
 def _report(
-    engine: sa.Engine, mix: list[DemoMessage], lam: LocalLambda, demo: Demo, out: Any, table_cls: Any,
+    engine: sa.Engine,
+    mix: list[DemoMessage],
+    lam: LocalLambda,
+    demo: Demo,
+    out: Any,
+    table_cls: Any,
     started: float,
 ) -> int:
     with engine.connect() as conn:
@@ -566,19 +609,26 @@ def _report(
     out.print(table)
 
     if retried is not None:
-        attempts = table_cls(title=f"attempt history of message {retried.id} ({retried.channel}: {retried.note})")
+        attempts = table_cls(
+            title=f"attempt history of message {retried.id} ({retried.channel}: {retried.note})"
+        )
         for column in ("attempt", "outcome", "error", "provider id", "ms"):
             attempts.add_column(column)
         for a in history:
             attempts.add_row(
-                str(a.attempt), a.outcome, a.error or "", a.provider_message_id or "",
+                str(a.attempt),
+                a.outcome,
+                a.error or "",
+                a.provider_message_id or "",
                 "" if a.duration_ms is None else str(a.duration_ms),
             )
         out.print(attempts)
 
     receiver = demo.resources.get("webhook_receiver")
     if receiver is not None:
-        out.print(f"webhook receiver: {len(receiver.received)} verified, {receiver.rejected} rejected")
+        out.print(
+            f"webhook receiver: {len(receiver.received)} verified, {receiver.rejected} rejected"
+        )
     for m in mix:
         if m.note:
             out.print(f"  message {m.id} ({m.channel}): {m.note} -> {final.get(m.id)}")
@@ -588,7 +638,9 @@ def _report(
     elapsed = time.monotonic() - started
     if wrong or lam.errors:
         for m in wrong:
-            out.print(f"[red]message {m.id} ({m.channel}) ended {final.get(m.id)}, expected {m.expect}")
+            out.print(
+                f"[red]message {m.id} ({m.channel}) ended {final.get(m.id)}, expected {m.expect}"
+            )
         out.print(f"[red]local run FAILED after {elapsed:.1f}s")
         return 1
     out.print(f"[green]local run OK: every message reached its expected state in {elapsed:.1f}s")
