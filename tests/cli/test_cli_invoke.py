@@ -11,10 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import outbox
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
+
+import outbox
 from outbox.cli import cli
 from support import EMAIL, statuses
 

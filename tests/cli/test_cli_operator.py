@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import outbox
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
+
+import outbox
 from outbox import store
 from outbox.cli import cli, parse_duration
 from outbox.dispatcher import backoff_of
@@ -306,7 +307,7 @@ def test_prune_deletes_only_terminal_rows_older_than_the_window(
             sa.text("SELECT count(*) FROM outbox_attempt WHERE message_id = ANY(:ids)"),
             {"ids": old},
         ).scalar_one()
-    assert left == recent + [pending] and orphans == 0
+    assert left == [*recent, pending] and orphans == 0
 
 
 def test_commands_without_a_database_or_schema_say_so(database_url: str, engine: sa.Engine) -> None:

@@ -14,10 +14,11 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-import outbox
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
+
+import outbox
 from outbox.channels import Outcome
 from outbox.cli import cli
 from outbox.worker import Worker

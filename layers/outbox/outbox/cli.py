@@ -62,10 +62,10 @@ class Duration(click.ParamType):
 class OneLineGroup(click.Group):
     """Errors come out as a single ``Error: ...`` line on stderr."""
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         standalone = kwargs.pop("standalone_mode", True)
         try:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]
         except click.ClickException as exc:
             if not standalone:
                 raise
@@ -83,10 +83,15 @@ class OneLineGroup(click.Group):
             sys.exit(130)
 
 
+class BadArgument(click.ClickException):
+    """A bad argument: exit 2, as click does for usage errors."""
+
+    exit_code = 2
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
-    error = click.ClickException(message)
-    error.exit_code = code
-    raise error
+    """Stop with one error line: 2 for bad arguments, 1 for everything else."""
+    raise (BadArgument if code == 2 else click.ClickException)(message)
 
 
 def json_option(f: F) -> F:
@@ -616,9 +621,8 @@ def invoke_(function: str, event_file: str, env_vars_file: str | None, template_
     if outcome.error is not None:
         click.echo(outcome.traceback or "", err=True, nl=False)
         click.echo(json.dumps(outcome.error))
-        fail(
-            f"{spec.logical_id} raised {outcome.error['errorType']}: {outcome.error['errorMessage']}"
-        )
+        error_type, message = outcome.error["errorType"], outcome.error["errorMessage"]
+        fail(f"{spec.logical_id} raised {error_type}: {message}")
     click.echo(json.dumps(_jsonable(outcome.result), indent=2))
     if outcome.timed_out:
         fail(

@@ -93,7 +93,7 @@ def load_template(path: Path) -> dict[str, Any]:
         elif isinstance(node, yaml.SequenceNode):
             value = loader.construct_sequence(node, deep=True)
         else:
-            value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
+            value = loader.construct_mapping(node, deep=True)
         return {suffix if suffix in ("Ref", "Condition") else f"Fn::{suffix}": value}
 
     Loader.add_multi_constructor("!", intrinsic)
