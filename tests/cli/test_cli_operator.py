@@ -14,7 +14,17 @@ import outbox
 from outbox import store
 from outbox.cli import cli, parse_duration
 from outbox.dispatcher import backoff_of
-from support import EMAIL, attempts, expire_leases, make_due, row, settings, statuses
+from support import (
+    EMAIL,
+    ScriptedChannel,
+    attempts,
+    expire_leases,
+    install_channel,
+    make_due,
+    row,
+    settings,
+    statuses,
+)
 
 BACKOFF = backoff_of(settings())
 
@@ -183,7 +193,9 @@ def test_list_filters_and_limits(run: Any, engine: sa.Engine) -> None:
     assert all("payload" not in m for m in only_failed)
     both = json.loads(run("list", "--status", "failed,pending", "--limit", "2", "--json").stdout)
     assert [m["id"] for m in both] == sorted(pending, reverse=True)[:2]
-    assert json.loads(run("list", "--channel", "sms", "--json").stdout) == []
+    install_channel(ScriptedChannel())
+    assert json.loads(run("list", "--channel", "scripted", "--json").stdout) == []
+    one_error_line(run("list", "--channel", "carrier-pigeon"), "unknown channel 'carrier-pigeon'")
     assert str(pending[0]) in run("list").stdout
     one_error_line(run("list", "--status", "lost"), "unknown status 'lost'")
     one_error_line(run("list", "--limit", "0"), "--limit")
@@ -247,10 +259,12 @@ def test_redrive_by_status_channel_and_since(run: Any, engine: sa.Engine) -> Non
     failed = seed(engine, 1)
     settle_all(engine, "failed")
 
-    assert (
-        json.loads(run("redrive", "--status", "dead", "--channel", "sms", "--json").stdout)["count"]
-        == 0
-    )
+    install_channel(ScriptedChannel())
+    before = snapshot(engine)
+    one_error_line(run("redrive", "--status", "dead", "--channel", "emial"), "unknown channel")
+    assert snapshot(engine) == before
+    none = run("redrive", "--status", "dead", "--channel", "scripted", "--json")
+    assert json.loads(none.stdout)["count"] == 0
     result = run("redrive", "--status", "dead", "--since", "1h", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["redriven"] == recent

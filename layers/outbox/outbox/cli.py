@@ -166,6 +166,17 @@ def _split(values: Sequence[str]) -> list[str]:
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
 
+def _channels(values: Sequence[str]) -> list[str] | None:
+    """Channel filters, each one the relay knows (checked before any query)."""
+    from . import channels as registry
+
+    wanted = _split(values)
+    unknown = sorted(set(wanted) - set(registry.names()))
+    if unknown:
+        fail(f"unknown channel {unknown[0]!r}; known: {', '.join(registry.names())}", 2)
+    return wanted or None
+
+
 def _check_ids(ids: Sequence[int]) -> list[int]:
     bad = [i for i in ids if i < 1]
     if bad:
@@ -331,7 +342,7 @@ def list_(statuses: tuple[str, ...], channels_: tuple[str, ...], limit: int, as_
     if bad:
         fail(f"unknown status {bad[0]!r}; choose from {', '.join(store.STATUSES)}", 2)
     with database() as engine, engine.connect() as conn:
-        rows = store.list_messages(conn, wanted or None, _split(channels_) or None, limit)
+        rows = store.list_messages(conn, wanted or None, _channels(channels_), limit)
     if as_json:
         emit_json([_row_dict(r) for r in rows])
         return
@@ -447,7 +458,7 @@ def redrive(
             _locked_ids(conn, wanted_ids, store.REDRIVABLE_STATUSES, "redrive")
             done = store.redrive(conn, wanted_ids)
         else:
-            done = store.redrive_matching(conn, wanted, _split(channels_) or None, since)
+            done = store.redrive_matching(conn, wanted, _channels(channels_), since)
     _report("redriven", sorted(done), as_json)
 
 
@@ -526,7 +537,6 @@ def worker(
     """
     import dataclasses
 
-    from . import channels as registry
     from .config import RelaySettings
     from .worker import Worker
 
@@ -536,11 +546,7 @@ def worker(
         fail(str(exc), 2)
     if batch_size is not None:
         settings = dataclasses.replace(settings, batch_size=batch_size)
-    wanted = _split([channels_]) if channels_ else None
-    if wanted:
-        unknown = sorted(set(wanted) - set(registry.names()))
-        if unknown:
-            fail(f"unknown channel {unknown[0]!r}; known: {', '.join(registry.names())}", 2)
+    wanted = _channels([channels_]) if channels_ else None
 
     stop = threading.Event()
 

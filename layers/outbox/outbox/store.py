@@ -15,6 +15,7 @@ Rules every statement here keeps (DESIGN.md, invariants 1-7):
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -566,6 +567,15 @@ def _check_statuses(statuses: Sequence[str] | None, allowed: Sequence[str] = STA
         raise ValueError(f"unknown status(es) {sorted(bad)}; choose from {', '.join(allowed)}")
 
 
+_CHANNEL_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")  # the table's CHECK constraint
+
+
+def _check_channels(channels: Sequence[str] | None) -> None:
+    bad = [c for c in channels or () if not isinstance(c, str) or not _CHANNEL_NAME.match(c)]
+    if bad:
+        raise ValueError(f"not a channel name: {bad[0]!r}")
+
+
 _CHANNEL_STATUS_COUNTS = sa.text(
     """
     SELECT channel, status, count(*) AS n,
@@ -622,6 +632,7 @@ def list_messages(
 ) -> list[sa.Row[Any]]:
     """The newest ``limit`` rows matching the filters (no payloads)."""
     _check_statuses(statuses)
+    _check_channels(channels)
     if not 1 <= limit <= 10_000:
         raise ValueError("limit must be between 1 and 10000")
     return list(
@@ -695,6 +706,7 @@ def redrive_matching(
     if not statuses:
         raise ValueError("at least one status is needed")
     _check_statuses(statuses, REDRIVABLE_STATUSES)
+    _check_channels(channels)
     rows = conn.execute(
         _REDRIVE_MATCHING,
         {
