@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,7 +164,7 @@ def test_handler_init_failure_names_the_setting(project: Path) -> None:
         (
             ["NoSuchFunction", "event.json"],
             "unknown function 'NoSuchFunction'; the template has: "
-            "DispatcherFunction, EmailFunction, ProbeFunction, ReaperFunction",
+            "DispatcherFunction, EmailFunction, ProbeFunction, ReaperFunction, SlowFunction",
         ),
         (["ProbeFunction", "missing.json"], "cannot read event file missing.json"),
         (["ProbeFunction", "bad.json"], "event file bad.json is not valid JSON"),
@@ -186,3 +187,32 @@ def test_bad_arguments_name_the_problem(project: Path, args: list[str], fragment
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], result.stderr
     assert result.stdout == ""
+
+
+def test_running_past_the_timeout_is_an_error(project: Path) -> None:
+    result = invoke(project, "SlowFunction", "event.json", event={})
+    assert result.exit_code == 1
+    assert json.loads(result.stdout) == {"remaining_ms": 0}  # the deadline passed
+    assert "past its 1s Timeout" in result.stderr
+
+
+def test_handlers_never_import_the_cli_or_dev_tools() -> None:
+    """The Lambda import path stays lean: no click, rich, moto, yaml or pgserver."""
+    code = (
+        "import sys, runpy\n"
+        "for role in ('dispatcher', 'reaper', 'email', 'migrate'):\n"
+        f"    sys.path.insert(0, '{REPO}/functions/' + role)\n"
+        f"    runpy.run_path('{REPO}/functions/' + role + '/app.py')\n"
+        "    sys.path.pop(0)\n"
+        "bad = sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'click', 'rich', 'moto', 'yaml', 'pgserver', 'outbox.cli'})\n"
+        "bad += [m for m in ('outbox.cli', 'outbox.local', 'outbox.worker', 'outbox.invoke') "
+        "if m in sys.modules]\n"
+        "print(bad)\n"
+    )
+    env = {**os.environ, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
