@@ -56,9 +56,11 @@ TIME_LIMIT_SECONDS = 60.0
 # The relay's settings for the demo: short backoff so retries happen within seconds.
 RELAY_ENV = {
     "BATCH_SIZE": "50",
-    "LEASE_SECONDS": "60",
-    "SENDER_TIMEOUT_SECONDS": "15",
-    "MAX_EVENT_AGE_SECONDS": "30",
+    # A short lease, so the claim of a lost hand-off expires within the demo;
+    # still longer than a sender may run plus an event may wait (invariant 4).
+    "LEASE_SECONDS": "5",
+    "SENDER_TIMEOUT_SECONDS": "3",
+    "MAX_EVENT_AGE_SECONDS": "1",
     "MAX_ATTEMPTS": "3",
     "BACKOFF_BASE_SECONDS": "0.2",
     "BACKOFF_CAP_SECONDS": "1",
@@ -112,6 +114,8 @@ class DemoMessage:
     expect: str  # the status it must end in
     note: str = ""
     options: dict[str, Any] = field(default_factory=dict)
+    lose_first_handoff: bool = False
+    show_history: bool = False
     id: int = 0
 
 
@@ -172,9 +176,19 @@ def _flaky(demo: Demo) -> list[DemoMessage]:
     return [
         DemoMessage(
             "flaky",
+            {"fail_times": 0, "note": "lost hand-off"},
+            "delivered",
+            note="its first hand-off is lost (a crashed function): the reaper takes the "
+            "claim back when the lease ends, the next attempt delivers",
+            lose_first_handoff=True,
+            show_history=True,
+        ),
+        DemoMessage(
+            "flaky",
             {"fail_times": 2, "note": "recovers"},
             "delivered",
             note="two transient failures, then delivered (scripted demo channel)",
+            show_history=True,
         ),
         DemoMessage(
             "flaky",
@@ -412,6 +426,10 @@ class LocalLambda:
     def __init__(self, handlers: dict[str, Any], timeout_seconds: float) -> None:
         self.handlers = handlers
         self.timeout_seconds = timeout_seconds
+        # Message ids whose first hand-off is lost, as if the function crashed
+        # before it settled: their claims stay until the reaper takes them back.
+        self.lose_once: set[int] = set()
+        self.lost: list[int] = []
         self.invocations = 0
         self.errors: list[str] = []
         self._lock = threading.Lock()
@@ -422,6 +440,14 @@ class LocalLambda:
                 self.invocations += 1
             # Lambda's Invoke serialises the payload: so do we.
             event = json.loads(json.dumps(event))
+            with self._lock:
+                lost = [m for m in event["messages"] if m["id"] in self.lose_once]
+                self.lose_once -= {m["id"] for m in lost}
+                self.lost.extend(m["id"] for m in lost)
+            if lost:
+                event["messages"] = [m for m in event["messages"] if m not in lost]
+                if not event["messages"]:
+                    return None
             context = LambdaContext(f"outbox-{channel}", self.timeout_seconds)
             try:
                 return self.handlers[channel](event, context)
@@ -511,12 +537,23 @@ def main() -> int:
             elif channel == "flaky":
                 handlers[channel] = _flaky_handler()
         lam = LocalLambda(handlers, float(RELAY_ENV["SENDER_TIMEOUT_SECONDS"]))
+        lam.lose_once = {m.id for m in mix if m.lose_first_handoff}
         sys.modules["outbox_fn_dispatcher"].runtime._invoker = CallableInvoker(
             {c: lam.target(c) for c in handlers}
         )
         ids = [m.id for m in mix]
 
-        ticks = reaps = 0
+        ticks = reaps = reclaimed = 0
+
+        def reap_tick(name: str) -> dict[str, Any]:
+            nonlocal reaps, reclaimed
+            reaps += 1
+            result: dict[str, Any] = reaper(
+                {"execution_id": f"demo-reap-{name}"}, LambdaContext("outbox-reaper", 60)
+            )
+            reclaimed += result["reclaimed"] + result["dead"]
+            return result
+
         with Progress(
             TextColumn("[bold]draining"),
             BarColumn(),
@@ -541,16 +578,13 @@ def main() -> int:
                     LambdaContext("outbox-dispatcher", 60),
                 )
                 if ticks % 5 == 0:
-                    reaps += 1
-                    reaper(
-                        {"execution_id": f"demo-reap-{reaps}"}, LambdaContext("outbox-reaper", 60)
-                    )
-        reap = reaper({"execution_id": "demo-reap-final"}, LambdaContext("outbox-reaper", 60))
-        reaps += 1
+                    reap_tick(str(ticks))
+        backlog = reap_tick("final")["backlog"]
         out.print(
-            f"{ticks} dispatcher ticks, {lam.invocations} channel-function invocations, "
-            f"{reaps} reaper ticks (last: reclaimed {reap['reclaimed']}, dead {reap['dead']}, "
-            f"pruned {reap['pruned']})"
+            f"{ticks} dispatcher ticks, {lam.invocations} channel-function invocations "
+            f"({len(lam.lost)} hand-off(s) lost on purpose), {reaps} reaper ticks "
+            f"(expired claims taken back: {reclaimed}; backlog now: pending "
+            f"{backlog['pending']}, claimed {backlog['claimed']})"
         )
         return _report(engine, mix, lam, demo, out, Table, started)
     return 1  # pragma: no cover
@@ -596,9 +630,7 @@ def _report(
     with engine.connect() as conn:
         groups = [g for g in store.channel_status_counts(conn)]
         final = store.statuses_of(conn, [m.id for m in mix])
-        retried = next((m for m in mix if m.expect == "delivered" and m.channel == "flaky"), None)
-        retried = retried or next((m for m in mix if m.expect == "dead"), None)
-        history = store.attempt_history(conn, retried.id) if retried else []
+        histories = {m.id: store.attempt_history(conn, m.id) for m in mix if m.show_history}
 
     shown = [s for s in store.STATUSES if any(g.status == s for g in groups)]
     table = table_cls(title="messages per channel and status")
@@ -612,13 +644,13 @@ def _report(
         table.add_row(channel, *(str(counts.get(s, "")) for s in shown))
     out.print(table)
 
-    if retried is not None:
-        attempts = table_cls(
-            title=f"attempt history of message {retried.id} ({retried.channel}: {retried.note})"
-        )
+    for m in mix:
+        if m.id not in histories:
+            continue
+        attempts = table_cls(title=f"attempt history of message {m.id} ({m.channel}: {m.note})")
         for column in ("attempt", "outcome", "error", "provider id", "ms"):
             attempts.add_column(column)
-        for a in history:
+        for a in histories[m.id]:
             attempts.add_row(
                 str(a.attempt),
                 a.outcome,
