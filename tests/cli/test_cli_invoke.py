@@ -93,8 +93,9 @@ def test_probe_gets_handler_env_context_and_its_folder_first(project: Path) -> N
 
 
 def test_function_found_by_its_function_name(project: Path) -> None:
-    result = invoke(project, "outbox-probe", "event.json", event=[1, 2])
+    result = invoke(project, "outbox-probe", "event.json", "--json", event=[1, 2])
     assert result.exit_code == 0, result.output
+    assert len(result.stdout.strip().splitlines()) == 1
     assert json.loads(result.stdout)["event"] == [1, 2]
 
 

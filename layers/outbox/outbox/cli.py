@@ -590,9 +590,14 @@ def worker(
     show_default=True,
     help="The SAM template.",
 )
-def invoke_(function: str, event_file: str, env_vars_file: str | None, template_file: str) -> None:
+@json_option
+def invoke_(
+    function: str, event_file: str, env_vars_file: str | None, template_file: str, as_json: bool
+) -> None:
     """Run FUNCTION of template.yaml in process with EVENT_FILE (- for stdin)
-    and print its JSON result: `sam local invoke` without Docker."""
+    and print its JSON result: `sam local invoke` without Docker.
+
+    The result is JSON either way; --json prints it on one line."""
     from . import invoke
 
     def read_json(path: str, what: str) -> Any:
@@ -629,7 +634,7 @@ def invoke_(function: str, event_file: str, env_vars_file: str | None, template_
         click.echo(json.dumps(outcome.error))
         error_type, message = outcome.error["errorType"], outcome.error["errorMessage"]
         fail(f"{spec.logical_id} raised {error_type}: {message}")
-    click.echo(json.dumps(_jsonable(outcome.result), indent=2))
+    click.echo(json.dumps(_jsonable(outcome.result), indent=None if as_json else 2))
     if outcome.timed_out:
         fail(
             f"{spec.logical_id} ran {outcome.duration_seconds:.2f}s, past its "
