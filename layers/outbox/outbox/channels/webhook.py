@@ -57,6 +57,7 @@ def parse_secrets(value: str | bytes) -> list[bytes]:
     keys = []
     for token in str(value).split():
         raw = token.removeprefix(SECRET_PREFIX)
+        raw += "=" * (-len(raw) % 4)  # unpadded base64 is common in whsec_ secrets
         try:
             key = base64.b64decode(raw, validate=True)
         except (binascii.Error, ValueError):
@@ -272,6 +273,8 @@ class WebhookChannel(SchemaChannel):
                     assert_same_host=False,
                     preload_content=False,
                 )
+            except urllib3.exceptions.NewConnectionError:  # (a ConnectTimeoutError subclass)
+                return Outcome.retry("connection failed (refused or unreachable)")
             except (urllib3.exceptions.TimeoutError, TimeoutError):
                 return Outcome.retry("timeout: no answer before the deadline")
             except urllib3.exceptions.SSLError:
