@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import outbox
 import sqlalchemy as sa
 import support
-
-import outbox
 from outbox import channels, sender, store
 from outbox.channels import Channel
 from outbox.handoff import HandOff

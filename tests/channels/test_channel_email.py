@@ -10,10 +10,9 @@ import pytest
 import sqlalchemy as sa
 from botocore.stub import Stubber
 from channel_support import ACCOUNT, REGION, deliver, settled
-from support import EMAIL
-
 from outbox.channels import Deadline, Message
 from outbox.channels.email import SUPPRESSED, EmailChannel
+from support import EMAIL
 
 
 def ses_backend() -> Any:
@@ -38,7 +37,7 @@ def test_end_to_end_email_with_a_configuration_set(
 
 
 def test_an_unverified_sender_is_rejected_and_failed(engine: sa.Engine, aws: None) -> None:
-    message_id, report = deliver(engine, "email", EMAIL)
+    message_id, _ = deliver(engine, "email", EMAIL)
     row, _ = settled(engine, message_id)
     assert (row.status, row.last_error) == ("failed", "MessageRejected: MessageRejected")
 

@@ -7,12 +7,11 @@ import json
 from typing import Any
 
 import boto3
+import outbox
 import pytest
 import sqlalchemy as sa
 from botocore.stub import Stubber
 from channel_support import REGION, deliver, settled
-
-import outbox
 from outbox.channels import Deadline, Message
 from outbox.channels.eventbridge import EventBridgeChannel
 
@@ -21,7 +20,10 @@ EVENT = {"source": "shop.orders", "detail_type": "OrderShipped", "detail": {"ord
 
 def bus_with_queue(bus: str) -> str:
     """A bus whose rule forwards shop.orders events to an SQS queue (its URL)."""
-    events, sqs = boto3.client("events", region_name=REGION), boto3.client("sqs", region_name=REGION)
+    events, sqs = (
+        boto3.client("events", region_name=REGION),
+        boto3.client("sqs", region_name=REGION),
+    )
     if bus != "default":
         events.create_event_bus(Name=bus)
     url = sqs.create_queue(QueueName=f"{bus}-tap")["QueueUrl"]

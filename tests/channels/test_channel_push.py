@@ -7,12 +7,11 @@ import json
 from typing import Any
 
 import boto3
+import outbox
 import pytest
 import sqlalchemy as sa
 from botocore.stub import Stubber
 from channel_support import ACCOUNT, REGION, deliver, settled
-
-import outbox
 from outbox.channels import Deadline, Message
 from outbox.channels.push import ENDPOINT_DISABLED, PushChannel, render
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import boto3
+import outbox
 import pytest
 import sqlalchemy as sa
 from botocore.stub import Stubber
 from channel_support import ACCOUNT, REGION, deliver, settled
-
-import outbox
 from outbox.channels import Deadline, Message
 from outbox.channels.sms import OPTED_OUT, SmsChannel
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import boto3
+import outbox
 import pytest
 import sqlalchemy as sa
 from botocore.stub import Stubber
 from channel_support import REGION, deliver, settled
-
-import outbox
 from outbox.channels import Deadline, Message
 from outbox.channels.sqs import DEFAULT_GROUP, SqsChannel
 
@@ -109,7 +108,10 @@ def test_errors_are_classified(code: str, status: int, kind: str) -> None:
 @pytest.mark.parametrize(
     ("payload", "field"),
     [
-        ({"queue_url": "https://sqs.us-east-1.amazonaws.com/1/q", "body": "x"}, "payload.queue_url"),
+        (
+            {"queue_url": "https://sqs.us-east-1.amazonaws.com/1/q", "body": "x"},
+            "payload.queue_url",
+        ),
         (
             {
                 "queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/q.fifo",

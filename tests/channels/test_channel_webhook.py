@@ -12,17 +12,16 @@ import json
 import socket
 from typing import Any
 
+import outbox
 import pytest
 import sqlalchemy as sa
 import support
 from channel_support import LocalCA, deliver, elapsed, loopback_resolver, receiver, settled
 from conftest import new_secret  # type: ignore[attr-defined]
-from standardwebhooks.webhooks import Webhook, WebhookVerificationError
-
-import outbox
 from outbox import store
 from outbox.channels import Deadline, Message
 from outbox.channels.webhook import MAX_RESPONSE_BYTES, WebhookChannel, retry_after
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 
 def channel_for(ca: LocalCA | None, secret_arn: str, **kw: Any) -> WebhookChannel:
@@ -145,7 +144,7 @@ def test_a_hanging_receiver_through_the_sender_runtime_leaves_the_row_pending(
     arn, _ = signing_secret
     channel = channel_for(None, arn)
     with receiver(None, hang_seconds=10) as rx:
-        (message_id, report), seconds = elapsed(
+        (message_id, _), seconds = elapsed(
             lambda: deliver(
                 engine, "webhook", payload(rx.url("/hang")), channel=channel, remaining=1.5
             )
@@ -217,9 +216,7 @@ def test_webhook_id_is_stable_across_attempts(
         verify(secret, request)
 
 
-def test_missing_or_malformed_secrets_fail_without_a_request(
-    local_ca: LocalCA, aws: None
-) -> None:
+def test_missing_or_malformed_secrets_fail_without_a_request(local_ca: LocalCA, aws: None) -> None:
     import boto3
 
     bad = boto3.client("secretsmanager").create_secret(

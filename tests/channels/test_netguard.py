@@ -11,7 +11,6 @@ import socket
 from typing import Any
 
 import pytest
-
 from outbox import netguard
 from outbox.channels import Deadline, Message
 from outbox.channels.webhook import WebhookChannel
