@@ -203,3 +203,21 @@ class _StaticSecrets:
 
     def get(self, name: str, max_age: int = 0) -> str:
         return self.value
+
+
+def test_a_redirect_to_a_private_address_is_never_followed() -> None:
+    """The receiver answers 301 to http://10.0.0.7/internal: the send fails and
+    no second request is made (the socket guard would also fail the test)."""
+    from channel_support import loopback_resolver, receiver
+
+    channel = WebhookChannel(
+        allow_insecure=True,
+        resolver=loopback_resolver(),
+        secrets=_StaticSecrets("whsec_" + "A" * 43 + "="),
+        default_secret_id="arn:secret",
+    )
+    with receiver(None) as rx:
+        payload = {"url": rx.url("/redirect"), "event_type": "e", "body": {}}
+        outcome = channel.send(Message(1, "webhook", payload, 1), Deadline(5))
+    assert (outcome.kind, outcome.error) == ("failed", "HTTP 301: redirect not followed")
+    assert [r.path for r in rx.requests] == ["/redirect"]
