@@ -202,7 +202,7 @@ def _handler(receiver: Receiver) -> type[http.server.BaseHTTPRequestHandler]:
             receiver.requests.append(
                 Received("POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body)
             )
-            path = self.path
+            path = self.path.split("?", 1)[0]
             if path == "/hang":
                 receiver.release.wait(receiver.hang_seconds)
                 self._answer(200)

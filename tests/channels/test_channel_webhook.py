@@ -310,3 +310,50 @@ def test_the_body_is_the_standard_webhooks_envelope(
     envelope = json.loads(rx.requests[0].body)
     assert set(envelope) == {"type", "timestamp", "data"}
     assert envelope["timestamp"].endswith("Z")
+
+
+def test_the_signing_secret_is_cached(local_ca: LocalCA) -> None:
+    # Stubber: exactly one GetSecretValue is answered; a second call would raise.
+    import boto3
+    from aws_lambda_powertools.utilities.parameters import SecretsProvider
+    from botocore.stub import Stubber
+
+    client = boto3.client("secretsmanager", region_name="us-east-1")
+    stub = Stubber(client)
+    secret = new_secret()
+    stub.add_response(
+        "get_secret_value",
+        {"ARN": "arn:aws:secretsmanager:us-east-1:123456789012:secret:s", "SecretString": secret},
+    )
+    channel = channel_for(local_ca, "s", secrets=SecretsProvider(boto3_client=client))
+    with stub, receiver(local_ca) as rx:
+        first = send(channel, rx.url("/ok", "webhook.test"), message_id=1)
+        second = send(channel, rx.url("/ok", "webhook.test"), message_id=2)
+    assert (first.kind, second.kind) == ("delivered", "delivered")
+    for request in rx.requests:
+        verify(secret, request)
+
+
+def test_nothing_secret_or_personal_reaches_the_logs(
+    engine: sa.Engine,
+    local_ca: LocalCA,
+    signing_secret: tuple[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    arn, secret = signing_secret
+    channel = channel_for(local_ca, arn)
+    caplog.set_level("DEBUG")
+    with receiver(local_ca) as rx:
+        for path in ("/ok", "/gone", "/redirect", "/unavailable"):
+            url = rx.url(path, "webhook.test") + "?token=s3cr3t-token"
+            deliver(engine, "webhook", payload(url), channel=channel)
+    # botocore's own DEBUG wire logs (off in Lambda, where the root logger is at
+    # WARNING) print whole responses; everything else is scanned at DEBUG.
+    text = "\n".join(
+        f"{r.getMessage()} {r.__dict__}"
+        for r in caplog.records
+        if not r.name.startswith("botocore")
+    )
+    assert "settled" in text
+    for needle in (secret, secret.removeprefix("whsec_"), "s3cr3t-token", "webhook.test", "é"):
+        assert needle not in text

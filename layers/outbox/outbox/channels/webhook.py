@@ -22,6 +22,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import logging
 import os
 import ssl
 import time
@@ -150,6 +151,10 @@ class WebhookChannel(SchemaChannel):
         self.max_response_bytes = max_response_bytes
         self._ssl_context = ssl_context
         self._secrets = secrets
+        # urllib3 logs each request line (path and query: where tokens hide) at DEBUG.
+        pool_log = logging.getLogger("urllib3.connectionpool")
+        if pool_log.level < logging.INFO:
+            pool_log.setLevel(logging.INFO)
 
     @property
     def ssl_context(self) -> ssl.SSLContext:
