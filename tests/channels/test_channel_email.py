@@ -151,3 +151,14 @@ def test_send_errors_are_classified(code: str, status: int, kind: str, delay: An
             Message(1, "email", EMAIL, 1), Deadline(5)
         )
     assert (outcome.kind, outcome.delay_seconds) == (kind, delay)
+
+
+def test_many_recipients_skip_the_suppression_lookups() -> None:
+    # Stubber: only send_email is answered; a lookup would raise.
+    client = boto3.client("sesv2", region_name=REGION)
+    stub = Stubber(client)
+    stub.add_response("send_email", {"MessageId": "m-3"})
+    payload = {**EMAIL, "to": [f"r{i}@example.net" for i in range(6)]}
+    with stub:
+        outcome = EmailChannel(client).send(Message(1, "email", payload, 1), Deadline(5))
+    assert outcome.provider_message_id == "m-3"

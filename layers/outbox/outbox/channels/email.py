@@ -4,7 +4,8 @@ Suppression: SES never delivers to an address on the account-level
 suppression list, yet ``SendEmail`` still answers with a message id (the
 drop shows up later as a bounce event). So, unless ``SES_SUPPRESSION_CHECK``
 is ``false``, the channel first asks ``GetSuppressedDestination`` for each
-recipient and records ``suppressed`` when every recipient is on the list. A
+recipient (of messages with at most ``MAX_SUPPRESSION_CHECKS`` of them) and
+records ``suppressed`` when every recipient is on the list. A
 check that fails (other than by throttling) lets the send go ahead: SES
 enforces the list itself, the check only makes the outcome honest.
 """
@@ -35,6 +36,8 @@ _PAUSED = {"SendingPausedException", "AccountSuspendedException"}
 _THROTTLE_DELAY_SECONDS = 5.0
 _PAUSED_DELAY_SECONDS = 300.0
 SUPPRESSED = "every recipient is on the SES suppression list"
+# Messages with more recipients than this skip the suppression lookups.
+MAX_SUPPRESSION_CHECKS = 5
 
 
 class EmailChannel(SchemaChannel):
@@ -86,7 +89,9 @@ class EmailChannel(SchemaChannel):
 
     def suppressed(self, payload: dict[str, Any]) -> Outcome | None:
         """``suppressed`` when every recipient is on the SES suppression list."""
-        recipients = {a for k in ("to", "cc", "bcc") for a in payload.get(k, [])}
+        recipients = {a.lower() for k in ("to", "cc", "bcc") for a in payload.get(k, [])}
+        if len(recipients) > MAX_SUPPRESSION_CHECKS:
+            return None  # one lookup per recipient is too dear; SES still enforces the list
         for address in sorted(recipients):
             try:
                 self.client.get_suppressed_destination(EmailAddress=address)
