@@ -3,9 +3,11 @@ runtime, a throwaway TLS CA, and local HTTP(S) receivers on 127.0.0.1."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import http.server
 import ipaddress
+import os
 import socket
 import ssl
 import threading
@@ -316,6 +318,11 @@ def loopback_resolver(calls: list[str] | None = None) -> Callable[[str, int], li
         return ["127.0.0.1"]
 
     return resolve
+
+
+def new_secret() -> str:
+    """A fresh Standard Webhooks signing secret."""
+    return "whsec_" + base64.b64encode(os.urandom(32)).decode()
 
 
 def elapsed(fn: Callable[[], Any]) -> tuple[Any, float]:

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import base64
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from channel_support import LocalCA, make_ca
+from channel_support import LocalCA, make_ca, new_secret
 
 
 @pytest.fixture(scope="session")
 def local_ca(tmp_path_factory: pytest.TempPathFactory) -> LocalCA:
     return make_ca(Path(tmp_path_factory.mktemp("tls")))
-
-
-def new_secret() -> str:
-    return "whsec_" + base64.b64encode(os.urandom(32)).decode()
 
 
 @pytest.fixture

@@ -16,8 +16,15 @@ import outbox
 import pytest
 import sqlalchemy as sa
 import support
-from channel_support import LocalCA, deliver, elapsed, loopback_resolver, receiver, settled
-from conftest import new_secret  # type: ignore[attr-defined]
+from channel_support import (
+    LocalCA,
+    deliver,
+    elapsed,
+    loopback_resolver,
+    new_secret,
+    receiver,
+    settled,
+)
 from outbox import store
 from outbox.channels import Deadline, Message
 from outbox.channels.webhook import MAX_RESPONSE_BYTES, WebhookChannel, retry_after
