@@ -65,8 +65,14 @@ def test_make_run_on_the_local_postgres(server_url: str) -> None:
             assert [tuple(r) for r in rows] == [
                 ("email", "delivered", 24),
                 ("email", "failed", 1),
+                ("eventbridge", "delivered", 1),
                 ("flaky", "dead", 1),
                 ("flaky", "delivered", 2),
+                ("push", "delivered", 1),
+                ("sms", "delivered", 1),
+                ("sms", "suppressed", 1),
+                ("sqs", "delivered", 1),
+                ("webhook", "delivered", 1),
             ]
     finally:
         admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")

@@ -201,9 +201,13 @@ def _flaky(demo: Demo) -> list[DemoMessage]:
 
 def _sms(demo: Demo) -> list[DemoMessage]:
     return [
+        DemoMessage("sms", {"to": "+15555550100", "message": "Your code is 424242"}, "delivered"),
         DemoMessage(
-            "sms", {"phone_number": "+15555550100", "text": "Your code is 424242"}, "delivered"
-        )
+            "sms",
+            {"to": "+15555550199", "message": "Your code is 424242"},
+            "suppressed",
+            note="the number opted out of SMS (moto: numbers ending in 99): suppressed",
+        ),
     ]
 
 
@@ -227,15 +231,17 @@ def _push(demo: Demo) -> list[DemoMessage]:
 def _webhook(demo: Demo) -> list[DemoMessage]:
     secret = "whsec_" + b64encode(os.urandom(24)).decode()
     arn = _client("secretsmanager", demo).create_secret(
-        Name="outbox-demo/webhook", SecretString=json.dumps({"signing_secret": secret})
+        Name="outbox-demo/webhook", SecretString=secret
     )["ARN"]
     receiver = WebhookReceiver(secret)
     demo.resources["webhook_receiver"] = receiver
-    demo.env.update(WEBHOOK_SECRET_ARN=arn)
+    # Local only: lets the webhook channel reach the receiver on 127.0.0.1 over
+    # plain http. Off by default, and never set in template.yaml.
+    demo.env.update(WEBHOOK_SECRET_ARN=arn, WEBHOOK_ALLOW_INSECURE="true")
     return [
         DemoMessage(
             "webhook",
-            {"url": receiver.url, "event": "order.shipped", "data": {"order": 1001}},
+            {"url": receiver.url, "event_type": "order.shipped", "body": {"order": 1001}},
             "delivered",
         )
     ]
@@ -256,7 +262,9 @@ def _eventbridge(demo: Demo) -> list[DemoMessage]:
 def _sqs(demo: Demo) -> list[DemoMessage]:
     url = _client("sqs", demo).create_queue(QueueName="outbox-demo")["QueueUrl"]
     demo.resources["queue_url"] = url
-    return [DemoMessage("sqs", {"queue_url": url, "body": {"order": 1003}}, "delivered")]
+    return [
+        DemoMessage("sqs", {"queue_url": url, "body": json.dumps({"order": 1003})}, "delivered")
+    ]
 
 
 # channel -> provider set-up returning the messages it contributes. A channel
