@@ -1,4 +1,4 @@
-"""EventBridge channel function: delivers claimed messages with PutEvents."""
+"""EventBridge channel function: publishes claimed messages as events with PutEvents."""
 
 from typing import Any
 

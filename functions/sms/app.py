@@ -1,4 +1,4 @@
-"""SMS channel function: delivers claimed messages through SNS direct publish."""
+"""SMS channel function: delivers claimed messages through SNS (phone numbers)."""
 
 from typing import Any
 

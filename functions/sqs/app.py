@@ -1,4 +1,4 @@
-"""SQS channel function: delivers claimed messages with SendMessage."""
+"""SQS channel function: delivers claimed messages to SQS queues (FIFO-aware)."""
 
 from typing import Any
 

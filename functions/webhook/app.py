@@ -1,4 +1,4 @@
-"""Webhook channel function: delivers claimed messages as signed HTTPS POSTs."""
+"""Webhook channel function: delivers claimed messages as signed HTTPS webhooks."""
 
 from typing import Any
 

@@ -128,6 +128,11 @@ ChannelFactory = Callable[[], Channel]
 # Built-in channels, by import path so a function imports only its own.
 _registry: dict[str, str | ChannelFactory] = {
     "email": "outbox.channels.email:EmailChannel",
+    "sms": "outbox.channels.sms:SmsChannel",
+    "push": "outbox.channels.push:PushChannel",
+    "webhook": "outbox.channels.webhook:WebhookChannel",
+    "eventbridge": "outbox.channels.eventbridge:EventBridgeChannel",
+    "sqs": "outbox.channels.sqs:SqsChannel",
 }
 _instances: dict[str, Channel] = {}
 
