@@ -107,7 +107,10 @@ def classify_status(status: int, headers: Any = None) -> Outcome:
         return Outcome.failed("HTTP 410: endpoint gone")
     if status in RETRY_STATUSES or 500 <= status < 600:
         delay = retry_after(headers.get("Retry-After") if headers is not None else None)
-        return Outcome.retry(f"HTTP {status}", delay)
+        if delay is not None:
+            # The receiver said when to come back: a deferral, no attempt counted.
+            return Outcome.deferred(f"HTTP {status} with Retry-After", delay)
+        return Outcome.retry(f"HTTP {status}")
     if 400 <= status < 500:
         return Outcome.failed(f"HTTP {status}")
     return Outcome.failed(f"HTTP {status}: unexpected status")
