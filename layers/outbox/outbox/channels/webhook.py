@@ -39,7 +39,6 @@ MAX_RESPONSE_BYTES = 64 * 1024
 SECRET_MAX_AGE_SECONDS = 300
 CONNECT_TIMEOUT_SECONDS = 5.0
 MAX_RETRY_AFTER_SECONDS = 3600.0
-THROTTLE_DELAY_SECONDS = 5.0
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 USER_AGENT = "outbox-relay-webhooks/1"
 SECRET_PREFIX = "whsec_"  # noqa: S105 (the Standard Webhooks secret prefix)
@@ -192,7 +191,9 @@ class WebhookChannel(SchemaChannel):
             if "ResourceNotFoundException" in codes:
                 raise SecretUnavailable(Outcome.failed(error)) from None
             if aws.is_throttling(codes):
-                raise SecretUnavailable(Outcome.deferred(error, THROTTLE_DELAY_SECONDS)) from None
+                raise SecretUnavailable(
+                    Outcome.deferred(error, aws.THROTTLE_DELAY_SECONDS)
+                ) from None
             raise SecretUnavailable(Outcome.retry(error)) from None
         try:
             return parse_secrets(value)
