@@ -103,7 +103,17 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         if "latency" in args.only:
             with dbs.fresh("latency") as url:
                 log("latency: producer + dispatcher loop ...")
-                cells.append({"name": "latency", **latency.run(url, args.latency_rate, args.latency_seconds)})
+                cells.append(
+                    {
+                        "name": "latency",
+                        **latency.run(
+                            url,
+                            args.latency_rate,
+                            args.latency_seconds,
+                            warmup=min(1.0, args.latency_seconds / 4),
+                        ),
+                    }
+                )
         if "enqueue" in args.only:
             cells += _enqueue(dbs, args)
         if "coldstart" in args.only:
@@ -276,9 +286,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = sys.stdout
     # The relay runs in this process too (growth, latency, enqueue): its JSON
     # log lines and metric blobs would bury the table.
-    common.quiet_process()
+    undo = common.quiet_process()
     started = time.monotonic()
-    cells = run(args)
+    try:
+        cells = run(args)
+    finally:
+        undo()
     cells[0]["seconds"] = round(time.monotonic() - started, 1)
     print(table(cells), file=out, flush=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import os
 import statistics
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,17 +56,29 @@ def register_channel() -> None:
     channels.register(CHANNEL, NoopChannel)
 
 
-def quiet_process() -> None:
+def quiet_process() -> Callable[[], None]:
     """Send the relay's JSON logs and metric blobs nowhere (they are still formatted,
-    as they would be in Lambda, but the terminal stays readable)."""
+    as they would be in Lambda, but the terminal stays readable). Returns an undo."""
     import logging
     import sys
 
-    devnull = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    import outbox.observability  # noqa: F401 - creates the "outbox" logger's handler
+
+    devnull = open(os.devnull, "w")  # noqa: SIM115 - closed by the undo
+    saved_stdout = sys.stdout
     sys.stdout = devnull
+    streams = []
     for handler in logging.getLogger("outbox").handlers:
         if isinstance(handler, logging.StreamHandler):
-            handler.setStream(devnull)
+            streams.append((handler, handler.setStream(devnull)))
+
+    def undo() -> None:
+        sys.stdout = saved_stdout
+        for handler, stream in streams:
+            handler.setStream(stream)
+        devnull.close()
+
+    return undo
 
 
 # --- payloads --------------------------------------------------------------------
