@@ -22,7 +22,9 @@ def _ints(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas: {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected numbers separated by commas: {text!r}"
+        ) from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError("expected positive numbers")
     return values
@@ -32,7 +34,9 @@ def _sections(text: str) -> list[str]:
     chosen = [s.strip() for s in text.split(",") if s.strip()]
     unknown = set(chosen) - set(SECTIONS)
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown section(s) {sorted(unknown)}; pick from {SECTIONS}")
+        raise argparse.ArgumentTypeError(
+            f"unknown section(s) {sorted(unknown)}; pick from {SECTIONS}"
+        )
     return chosen
 
 
@@ -42,7 +46,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description="The relay against a raw-SQL baseline on the same Postgres, in the same run.",
     )
     p.add_argument("--rows", type=int, default=20_000, help="pending rows per throughput cell")
-    p.add_argument("--batches", type=_ints, default=[10, 100, 1000], help="batch sizes, e.g. 10,100")
+    p.add_argument(
+        "--batches", type=_ints, default=[10, 100, 1000], help="batch sizes, e.g. 10,100"
+    )
     p.add_argument("--workers", type=_ints, default=[1, 4], help="worker process counts, e.g. 1,4")
     p.add_argument("--only", type=_sections, default=list(SECTIONS), help=f"sections: {SECTIONS}")
     p.add_argument("--growth-pending", type=int, default=10_000)
@@ -137,6 +143,10 @@ def _throughput(dbs: common.Databases, args: argparse.Namespace) -> list[dict[st
                     if left.get("delivered", 0) != args.rows:
                         raise RuntimeError(f"{kind} cell did not deliver every row: {left}")
             relay, base = measured["relay"], measured["baseline"]
+            log(
+                f"  relay {relay['rows_per_s']:.0f}/s, baseline {base['rows_per_s']:.0f}/s, "
+                f"ratio {relay['rows_per_s'] / base['rows_per_s']:.2f}"
+            )
             cells.append(
                 {
                     "name": "throughput",
@@ -256,7 +266,8 @@ def table(cells: list[dict[str, Any]]) -> str:
             )
         elif name.startswith("growth_"):
             lines.append(
-                f"{name:<12} pending={c['pending']} settled={c['settled']} busy={c['busy_day_rows']} "
+                f"{name:<12} pending={c['pending']} settled={c['settled']} "
+                f"busy={c['busy_day_rows']} "
                 f"claim p50={c['p50_ms']:.2f} ms p99={c['p99_ms']:.2f} ms "
                 f"(EXPLAIN: {c['plan_execution_ms']:.2f} ms, {c['plan_shared_buffers']} buffers)"
             )
@@ -276,7 +287,8 @@ def table(cells: list[dict[str, Any]]) -> str:
         elif name == "coldstart":
             lines.append(
                 f"{'cold start':<12} {c['handler']:<11} import {c['import_s'] * 1000:.0f} ms "
-                f"({c['modules']} modules; interpreter start {c['interpreter_start_s'] * 1000:.0f} ms)"
+                f"({c['modules']} modules; "
+                f"interpreter start {c['interpreter_start_s'] * 1000:.0f} ms)"
             )
     return "\n".join(lines)
 

@@ -7,14 +7,13 @@ import os
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
-
 from outbox.channels import Deadline, Message, Outcome, SchemaChannel
+from sqlalchemy.engine import make_url
 
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 CHANNEL = "bench"
@@ -30,7 +29,7 @@ class NoopChannel(SchemaChannel):
     """
 
     name = CHANNEL
-    schema = {
+    schema: Mapping[str, Any] = {
         "type": "object",
         "required": ["from", "to", "subject"],
         "properties": {
@@ -53,7 +52,7 @@ class NoopChannel(SchemaChannel):
 def register_channel() -> None:
     from outbox import channels
 
-    channels.register(CHANNEL, NoopChannel)
+    channels.register(CHANNEL, lambda: NoopChannel())
 
 
 def quiet_process() -> Callable[[], None]:
@@ -90,7 +89,7 @@ PAYLOAD_SQL = """
         'from', 'shop@example.com',
         'to', jsonb_build_array('customer' || g || '@example.net'),
         'subject', 'Your order ' || g || ' has shipped',
-        'text', left(repeat(md5(g::text) || ' ', 40), {min_text} + mod(g * 7919, {spread}))
+        'text', left(repeat(md5(g::text) || ' ', 40), {min_text} + mod(g::bigint * 7919, {spread})::int)
     )
 """
 
@@ -161,7 +160,8 @@ class Databases:
             conn.execute(sa.text(sql))
 
     def prepare_template(self) -> None:
-        """Create and migrate the template once; each cell copies it (CREATE DATABASE ... TEMPLATE)."""
+        """Create and migrate the template once; each cell copies it (CREATE DATABASE ...
+        TEMPLATE)."""
         from outbox import migrate
         from outbox.config import DatabaseSettings
         from outbox.db import create_engine

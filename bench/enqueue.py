@@ -49,7 +49,7 @@ def baseline(url: str, rows: int, per_tx: int) -> dict[str, Any]:
             values = ", ".join(f"(:c, CAST(:p{i} AS jsonb))" for i in range(len(chunk)))
             params = {f"p{i}": p for i, p in enumerate(chunk)}
             conn.run(
-                f"INSERT INTO outbox_message (channel, payload) VALUES {values}",  # noqa: S608
+                f"INSERT INTO outbox_message (channel, payload) VALUES {values}",
                 c=common.CHANNEL,
                 **params,
             )

@@ -61,8 +61,9 @@ def grow(url: str, settled: int, busy: int) -> dict[str, float]:
             )
             conn.execute(
                 sa.text(
-                    "UPDATE outbox_message SET status = 'claimed', claim_token = gen_random_uuid(), "
-                    "claimed_at = now(), lease_expires_at = now() + interval '2 minutes' "
+                    "UPDATE outbox_message SET status = 'claimed', "
+                    "claim_token = gen_random_uuid(), claimed_at = now(), "
+                    "lease_expires_at = now() + interval '2 minutes' "
                     "WHERE status = 'pending'"
                 )
             )
@@ -85,9 +86,7 @@ def grow(url: str, settled: int, busy: int) -> dict[str, float]:
     return timings
 
 
-def measure(
-    url: str, pending: int, batch: int, samples: int, *, vacuum: bool
-) -> dict[str, Any]:
+def measure(url: str, pending: int, batch: int, samples: int, *, vacuum: bool) -> dict[str, Any]:
     """Steady state around ``pending`` due rows: claim latency percentiles in ms."""
     from outbox import store
 

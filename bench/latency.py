@@ -48,7 +48,9 @@ def _producer(url: str, rate: float, seconds: float, per_tx: int, out: Any) -> N
         out.put({"error": f"{type(exc).__name__}: {exc}"})
 
 
-def run(url: str, rate: float = 100.0, seconds: float = 10.0, warmup: float = 1.0) -> dict[str, Any]:
+def run(
+    url: str, rate: float = 100.0, seconds: float = 10.0, warmup: float = 1.0
+) -> dict[str, Any]:
     from outbox import dispatcher, sender
     from outbox.config import RelaySettings
     from outbox.handoff import CallableInvoker
@@ -71,7 +73,10 @@ def run(url: str, rate: float = 100.0, seconds: float = 10.0, warmup: float = 1.
     # The first ``warmup`` seconds of messages are left out of the figures.
     stop_at = time.monotonic() + seconds + 2.0
     report = dispatcher.run(
-        engine, invoker, settings, lambda: stop_at - time.monotonic() + settings.poll_interval_seconds
+        engine,
+        invoker,
+        settings,
+        lambda: stop_at - time.monotonic() + settings.poll_interval_seconds,
     )
     produced = out.get(timeout=60)
     producer.join(timeout=10)

@@ -98,7 +98,6 @@ def _baseline_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
 def relay_parts(url: str, batch: int) -> tuple[Any, Any, Any, list[int]]:
     """The relay wired in process: (engine, invoker, settings, statement counter)."""
     import sqlalchemy as sa
-
     from outbox import sender
     from outbox.config import RelaySettings
     from outbox.handoff import CallableInvoker
@@ -199,7 +198,9 @@ def _get(queue: Any, procs: list[Any], timeout: float) -> Any:
                     raise RuntimeError("a benchmark worker died or hung") from None
 
 
-def run_cell(url: str, kind: str, batch: int, workers: int, timeout: float = 600.0) -> dict[str, Any]:
+def run_cell(
+    url: str, kind: str, batch: int, workers: int, timeout: float = 600.0
+) -> dict[str, Any]:
     """Drain the database with ``workers`` processes; rows per second over the whole run."""
     # fork: the parent holds no connections or threads here, and a forked
     # worker needs no importable __main__ (pytest, python -c, scripts all work).

@@ -21,8 +21,17 @@ def test_quick_run_writes_well_formed_cells(
     monkeypatch.setenv("DATABASE_URL", database_url)
     output = tmp_path / "results.json"
     args = [
-        "--quick", "--rows", "300", "--batches", "100", "--workers", "1",
-        "--latency-seconds", "1", "--output", str(output),
+        "--quick",
+        "--rows",
+        "300",
+        "--batches",
+        "100",
+        "--workers",
+        "1",
+        "--latency-seconds",
+        "1",
+        "--output",
+        str(output),
     ]
     assert bench_main.main(args) == 0
 
