@@ -130,6 +130,13 @@ def url_for(server: str, database: str) -> str:
     return make_url(server).set(database=database).render_as_string(hide_password=False)
 
 
+def no_delay(connection: Any) -> None:
+    """TCP_NODELAY on a pg8000 connection, as the relay's engine sets it (outbox.db)."""
+    from outbox.db import _no_delay
+
+    _no_delay(connection, None)
+
+
 def native_params(url: str) -> dict[str, Any]:
     """Keyword arguments for ``pg8000.native.Connection`` from a URL."""
     u = make_url(url)

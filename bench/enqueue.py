@@ -41,6 +41,7 @@ def baseline(url: str, rows: int, per_tx: int) -> dict[str, Any]:
 
     payloads = [json.dumps(common.python_payload(i), separators=(",", ":")) for i in range(rows)]
     conn = pg8000.native.Connection(**common.native_params(url))
+    common.no_delay(conn)  # the same socket setting as the relay's engine
     try:
         conn.run("INSERT INTO outbox_message (channel, payload) VALUES ('warm', '{}')")
         started = time.perf_counter()

@@ -76,6 +76,7 @@ def _baseline_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
     import pg8000.native
 
     conn = pg8000.native.Connection(**common.native_params(url))
+    common.no_delay(conn)  # the same socket setting as the relay's engine
     statements = [0]
 
     def step() -> int:
