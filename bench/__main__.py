@@ -50,6 +50,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--batches", type=_ints, default=[10, 100, 1000], help="batch sizes, e.g. 10,100"
     )
     p.add_argument("--workers", type=_ints, default=[1, 4], help="worker process counts, e.g. 1,4")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=2,
+        help="runs of each throughput cell, baseline and relay alternating; the best counts",
+    )
     p.add_argument("--only", type=_sections, default=list(SECTIONS), help=f"sections: {SECTIONS}")
     p.add_argument("--growth-pending", type=int, default=10_000)
     p.add_argument("--growth-settled", type=int, default=1_000_000)
@@ -79,6 +85,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.latency_rate = min(args.latency_rate, 50.0)
         args.enqueue_rows = min(args.enqueue_rows, 300)
         args.coldstart_repeats = 1
+        args.repeat = 1
     return args
 
 
@@ -134,14 +141,19 @@ def _throughput(dbs: common.Databases, args: argparse.Namespace) -> list[dict[st
     for workers in args.workers:
         for batch in args.batches:
             measured: dict[str, dict[str, Any]] = {}
-            for kind in ("baseline", "relay"):
-                with dbs.fresh(f"{kind}_{batch}_{workers}") as url:
-                    common.seed_pending(url, args.rows)
-                    log(f"throughput: {kind} batch={batch} workers={workers} ...")
-                    measured[kind] = throughput.run_cell(url, kind, batch, workers)
-                    left = common.count_status(url)
-                    if left.get("delivered", 0) != args.rows:
-                        raise RuntimeError(f"{kind} cell did not deliver every row: {left}")
+            for run_no in range(args.repeat):
+                for kind in ("baseline", "relay"):
+                    with dbs.fresh(f"{kind}_{batch}_{workers}") as url:
+                        common.seed_pending(url, args.rows)
+                        log(f"throughput: {kind} batch={batch} workers={workers} run {run_no + 1}")
+                        result = throughput.run_cell(url, kind, batch, workers)
+                        left = common.count_status(url)
+                        if left.get("delivered", 0) != args.rows:
+                            raise RuntimeError(f"{kind} cell did not deliver every row: {left}")
+                    # Best of the runs: interference from other work only ever slows a run.
+                    best = measured.get(kind)
+                    if best is None or result["rows_per_s"] > best["rows_per_s"]:
+                        measured[kind] = result
             relay, base = measured["relay"], measured["baseline"]
             log(
                 f"  relay {relay['rows_per_s']:.0f}/s, baseline {base['rows_per_s']:.0f}/s, "
@@ -156,6 +168,7 @@ def _throughput(dbs: common.Databases, args: argparse.Namespace) -> list[dict[st
                     "baseline_rows_per_s": round(base["rows_per_s"], 1),
                     "ratio": round(relay["rows_per_s"] / base["rows_per_s"], 3),
                     "rows": args.rows,
+                    "runs": args.repeat,
                     "statements_per_batch": round(relay["statements_per_batch"], 2),
                     "round_trips_per_batch": round(relay["round_trips_per_batch"], 2),
                     "baseline_statements_per_batch": round(base["statements_per_batch"], 2),
