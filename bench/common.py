@@ -89,7 +89,8 @@ PAYLOAD_SQL = """
         'from', 'shop@example.com',
         'to', jsonb_build_array('customer' || g || '@example.net'),
         'subject', 'Your order ' || g || ' has shipped',
-        'text', left(repeat(md5(g::text) || ' ', 40), {min_text} + mod(g::bigint * 7919, {spread})::int)
+        'text', left(repeat(md5(g::text) || ' ', 40),
+                     {min_text} + mod(g::bigint * 7919, {spread})::int)
     )
 """
 

@@ -88,7 +88,24 @@ def create_engine(settings: DatabaseSettings, *, pool_size: int = 1) -> sa.Engin
     if settings.secret_arn or settings.iam_user:
         _mint_credentials_per_connection(engine, settings)
     sa.event.listen(engine, "connect", _no_delay)
+    _commit_in_one_round_trip(engine)
     return engine
+
+
+def _commit_in_one_round_trip(engine: sa.Engine) -> None:
+    """pg8000 sends COMMIT through the extended protocol: parse, describe and
+    execute, three round trips. COMMIT takes no parameters, so send it as one
+    simple query: the same statement and errors, a third of the waiting."""
+
+    def do_commit(dbapi_connection: Any) -> None:
+        raw = getattr(dbapi_connection, "dbapi_connection", dbapi_connection)
+        execute_simple = getattr(raw, "execute_simple", None)
+        if execute_simple is None:  # not pg8000
+            raw.commit()
+        else:
+            execute_simple("commit")
+
+    engine.dialect.do_commit = do_commit  # type: ignore[method-assign]
 
 
 def _no_delay(dbapi_connection: Any, connection_record: Any) -> None:
