@@ -114,9 +114,16 @@ _EXHAUSTED_SQL = "m.attempts + 1 >= COALESCE(m.max_attempts, :default_max)"
 # text as one JSON document, and statement texts without their layout.
 
 
-def _array_literal(values: Iterable[int | uuid.UUID | str]) -> str:
-    """``{1,2,3}`` for ids or UUIDs (no element can need quoting); cast in SQL."""
-    return "{" + ",".join(str(v) for v in values) + "}"
+def _array_param(values: Iterable[Any]) -> str | list[Any]:
+    """``{1,2,3}`` for ints or UUIDs (no element can need quoting), cast in SQL.
+    Anything else goes as before, a list for the driver to escape (and for
+    Postgres to reject if it is no id or UUID)."""
+    items = list(values)
+    if all(
+        isinstance(v, uuid.UUID) or (isinstance(v, int) and not isinstance(v, bool)) for v in items
+    ):
+        return "{" + ",".join(str(v) for v in items) + "}"
+    return [v if isinstance(v, int) else str(v) for v in items]
 
 
 def _sql(text: str) -> sa.TextClause:
@@ -275,8 +282,8 @@ def release(
     rows = conn.execute(
         _RELEASE,
         {
-            "ids": _array_literal(i for i, _ in pairs),
-            "tokens": _array_literal(t for _, t in pairs),
+            "ids": _array_param(i for i, _ in pairs),
+            "tokens": _array_param(t for _, t in pairs),
             "reason": reason,
             "delay_seconds": float(delay_seconds),
         },
@@ -314,8 +321,8 @@ def load_claimed(
     rows = conn.execute(
         _LOAD_CLAIMED,
         {
-            "ids": _array_literal(i for i, _ in pairs),
-            "tokens": _array_literal(t for _, t in pairs),
+            "ids": _array_param(i for i, _ in pairs),
+            "tokens": _array_param(t for _, t in pairs),
             "channel": channel,
             "default_max": default_max_attempts,
         },
