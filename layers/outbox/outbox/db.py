@@ -11,6 +11,7 @@ connection behind RDS Proxy.
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 from typing import Any
 
@@ -86,7 +87,35 @@ def create_engine(settings: DatabaseSettings, *, pool_size: int = 1) -> sa.Engin
     )
     if settings.secret_arn or settings.iam_user:
         _mint_credentials_per_connection(engine, settings)
+    sa.event.listen(engine, "connect", _no_delay)
+    _commit_in_one_round_trip(engine)
     return engine
+
+
+def _commit_in_one_round_trip(engine: sa.Engine) -> None:
+    """pg8000 sends COMMIT through the extended protocol: parse, describe and
+    execute, three round trips. COMMIT takes no parameters, so send it as one
+    simple query: the same statement and errors, a third of the waiting."""
+
+    def do_commit(dbapi_connection: Any) -> None:
+        raw = getattr(dbapi_connection, "dbapi_connection", dbapi_connection)
+        execute_simple = getattr(raw, "execute_simple", None)
+        if execute_simple is None:  # not pg8000
+            raw.commit()
+        else:
+            execute_simple("commit")
+
+    engine.dialect.do_commit = do_commit  # type: ignore[method-assign]
+
+
+def _no_delay(dbapi_connection: Any, connection_record: Any) -> None:
+    """Turn off Nagle's algorithm, as libpq does. pg8000 leaves it on, and a
+    message that overflows its 8 KiB write buffer (a batch's parameters) then
+    goes out in two segments, the second held back until the server's delayed
+    ACK: about 40 ms lost on a statement that takes 3."""
+    sock = getattr(dbapi_connection, "_usock", None)
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def _mint_credentials_per_connection(engine: sa.Engine, settings: DatabaseSettings) -> None:

@@ -1,0 +1,329 @@
+"""``python -m bench``: run the benchmark cells, print a table, write bench/results.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import coldstart, common, enqueue, growth, latency, throughput
+
+SECTIONS = ("throughput", "growth", "latency", "enqueue", "coldstart")
+DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected numbers separated by commas: {text!r}"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError("expected positive numbers")
+    return values
+
+
+def _sections(text: str) -> list[str]:
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = set(chosen) - set(SECTIONS)
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown section(s) {sorted(unknown)}; pick from {SECTIONS}"
+        )
+    return chosen
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="The relay against a raw-SQL baseline on the same Postgres, in the same run.",
+    )
+    p.add_argument("--rows", type=int, default=20_000, help="pending rows per throughput cell")
+    p.add_argument(
+        "--batches", type=_ints, default=[10, 100, 1000], help="batch sizes, e.g. 10,100"
+    )
+    p.add_argument("--workers", type=_ints, default=[1, 4], help="worker process counts, e.g. 1,4")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=2,
+        help="runs of each throughput cell, baseline and relay alternating; the best counts",
+    )
+    p.add_argument("--only", type=_sections, default=list(SECTIONS), help=f"sections: {SECTIONS}")
+    p.add_argument("--growth-pending", type=int, default=10_000)
+    p.add_argument("--growth-settled", type=int, default=1_000_000)
+    p.add_argument("--growth-busy", type=int, default=200_000, help="rows of a busy day's churn")
+    p.add_argument("--growth-samples", type=int, default=300, help="claims timed per table")
+    p.add_argument("--latency-rate", type=float, default=100.0, help="messages per second")
+    p.add_argument("--latency-seconds", type=float, default=10.0)
+    p.add_argument("--enqueue-rows", type=int, default=20_000)
+    p.add_argument("--enqueue-per-tx", type=int, default=100)
+    p.add_argument("--coldstart-repeats", type=int, default=3)
+    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="where to write the JSON")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a seconds-long smoke run: few rows, batch 100, 1 worker, small growth",
+    )
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rows = min(args.rows, 500)
+        args.batches = [100] if args.batches == [10, 100, 1000] else args.batches
+        args.workers = [1] if args.workers == [1, 4] else args.workers
+        args.growth_pending = min(args.growth_pending, 300)
+        args.growth_settled = min(args.growth_settled, 2_000)
+        args.growth_busy = min(args.growth_busy, 1_000)
+        args.growth_samples = min(args.growth_samples, 10)
+        args.latency_seconds = min(args.latency_seconds, 2.0)
+        args.latency_rate = min(args.latency_rate, 50.0)
+        args.enqueue_rows = min(args.enqueue_rows, 300)
+        args.coldstart_repeats = 1
+        args.repeat = 1
+    return args
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every chosen section; returns the list of cells."""
+    server = common.server_url()
+    dbs = common.Databases(server)
+    cells: list[dict[str, Any]] = [
+        {
+            "name": "meta",
+            "command": "make bench  # python -m bench " + " ".join(sys.argv[1:]),
+            "python": platform.python_version(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "rows": args.rows,
+        }
+    ]
+    try:
+        dbs.prepare_template()
+        if "throughput" in args.only:
+            cells += _throughput(dbs, args)
+        if "growth" in args.only:
+            cells += _growth(dbs, args)
+        if "latency" in args.only:
+            with dbs.fresh("latency") as url:
+                log("latency: producer + dispatcher loop ...")
+                cells.append(
+                    {
+                        "name": "latency",
+                        **latency.run(
+                            url,
+                            args.latency_rate,
+                            args.latency_seconds,
+                            warmup=min(1.0, args.latency_seconds / 4),
+                        ),
+                    }
+                )
+        if "enqueue" in args.only:
+            cells += _enqueue(dbs, args)
+        if "coldstart" in args.only:
+            cells += _coldstart(dbs, args)
+    finally:
+        dbs.close()
+    return cells
+
+
+def _throughput(dbs: common.Databases, args: argparse.Namespace) -> list[dict[str, Any]]:
+    cells = []
+    for workers in args.workers:
+        for batch in args.batches:
+            measured: dict[str, dict[str, Any]] = {}
+            for run_no in range(args.repeat):
+                for kind in ("baseline", "relay"):
+                    with dbs.fresh(f"{kind}_{batch}_{workers}") as url:
+                        common.seed_pending(url, args.rows)
+                        log(f"throughput: {kind} batch={batch} workers={workers} run {run_no + 1}")
+                        result = throughput.run_cell(url, kind, batch, workers)
+                        left = common.count_status(url)
+                        if left.get("delivered", 0) != args.rows:
+                            raise RuntimeError(f"{kind} cell did not deliver every row: {left}")
+                    # Best of the runs: interference from other work only ever slows a run.
+                    best = measured.get(kind)
+                    if best is None or result["rows_per_s"] > best["rows_per_s"]:
+                        measured[kind] = result
+            relay, base = measured["relay"], measured["baseline"]
+            log(
+                f"  relay {relay['rows_per_s']:.0f}/s, baseline {base['rows_per_s']:.0f}/s, "
+                f"ratio {relay['rows_per_s'] / base['rows_per_s']:.2f}"
+            )
+            cells.append(
+                {
+                    "name": "throughput",
+                    "batch": batch,
+                    "workers": workers,
+                    "rows_per_s": round(relay["rows_per_s"], 1),
+                    "baseline_rows_per_s": round(base["rows_per_s"], 1),
+                    "ratio": round(relay["rows_per_s"] / base["rows_per_s"], 3),
+                    "rows": args.rows,
+                    "runs": args.repeat,
+                    "statements_per_batch": round(relay["statements_per_batch"], 2),
+                    "round_trips_per_batch": round(relay["round_trips_per_batch"], 2),
+                    "baseline_statements_per_batch": round(base["statements_per_batch"], 2),
+                    "baseline_round_trips_per_batch": round(base["round_trips_per_batch"], 2),
+                }
+            )
+    # Scaling: rows/s with the most workers over rows/s with one, relay and baseline.
+    by_key = {(c["batch"], c["workers"]): c for c in cells}
+    lo, hi = min(args.workers), max(args.workers)
+    if hi > lo:
+        for batch in args.batches:
+            one, many = by_key[(batch, lo)], by_key[(batch, hi)]
+            relay_scale = many["rows_per_s"] / one["rows_per_s"]
+            base_scale = many["baseline_rows_per_s"] / one["baseline_rows_per_s"]
+            cells.append(
+                {
+                    "name": "scaling",
+                    "batch": batch,
+                    "workers": hi,
+                    "relay_speedup": round(relay_scale, 3),
+                    "baseline_speedup": round(base_scale, 3),
+                    "ratio": round(relay_scale / base_scale, 3),
+                }
+            )
+    return cells
+
+
+def _growth(dbs: common.Databases, args: argparse.Namespace) -> list[dict[str, Any]]:
+    cells = []
+    for table in ("fresh", "grown"):
+        with dbs.fresh(f"growth_{table}") as url:
+            extra: dict[str, Any] = {}
+            if table == "grown":
+                log(f"growth: {args.growth_settled} settled rows + {args.growth_busy} busy ...")
+                extra = growth.grow(url, args.growth_settled, args.growth_busy)
+            log(f"growth: claim latency on the {table} table ...")
+            figures = growth.measure(
+                url, args.growth_pending, 100, args.growth_samples, vacuum=table == "fresh"
+            )
+            cells.append(
+                {
+                    "name": f"growth_{table}",
+                    "pending": args.growth_pending,
+                    "settled": args.growth_settled if table == "grown" else 0,
+                    "busy_day_rows": args.growth_busy if table == "grown" else 0,
+                    "batch": 100,
+                    **figures,
+                    **{k: round(v, 2) for k, v in extra.items()},
+                }
+            )
+    fresh, grown = cells
+    cells.append(
+        {
+            "name": "growth",
+            "p50_ratio": round(grown["p50_ms"] / fresh["p50_ms"], 3) if fresh["p50_ms"] else None,
+            "p99_ratio": round(grown["p99_ms"] / fresh["p99_ms"], 3) if fresh["p99_ms"] else None,
+        }
+    )
+    return cells
+
+
+def _enqueue(dbs: common.Databases, args: argparse.Namespace) -> list[dict[str, Any]]:
+    measured = {}
+    for kind, fn in (("baseline", enqueue.baseline), ("relay", enqueue.relay)):
+        with dbs.fresh(f"enqueue_{kind}") as url:
+            log(f"enqueue: {kind} ...")
+            measured[kind] = fn(url, args.enqueue_rows, args.enqueue_per_tx)
+    return [
+        {
+            "name": "enqueue",
+            "batch": args.enqueue_per_tx,
+            "workers": 1,
+            "rows_per_s": round(measured["relay"]["rows_per_s"], 1),
+            "baseline_rows_per_s": round(measured["baseline"]["rows_per_s"], 1),
+            "ratio": round(measured["relay"]["rows_per_s"] / measured["baseline"]["rows_per_s"], 3),
+            "rows": args.enqueue_rows,
+        }
+    ]
+
+
+def _coldstart(dbs: common.Databases, args: argparse.Namespace) -> list[dict[str, Any]]:
+    log("cold start: importing each handler in fresh interpreters ...")
+    with dbs.fresh("coldstart") as url:
+        figures = coldstart.measure(url, args.coldstart_repeats)
+    interpreter = coldstart.interpreter_start_s()
+    return [
+        {"name": "coldstart", **f, "interpreter_start_s": round(interpreter, 4)} for f in figures
+    ]
+
+
+def table(cells: list[dict[str, Any]]) -> str:
+    lines = []
+    for c in cells:
+        name = c["name"]
+        if name == "throughput":
+            lines.append(
+                f"{'throughput':<12} batch={c['batch']:<5} workers={c['workers']:<2} "
+                f"relay={c['rows_per_s']:>9.0f}/s baseline={c['baseline_rows_per_s']:>9.0f}/s "
+                f"ratio={c['ratio']:.2f}  stmts/batch={c['statements_per_batch']:.1f} "
+                f"round trips/batch={c['round_trips_per_batch']:.1f} "
+                f"(baseline {c['baseline_round_trips_per_batch']:.1f})"
+            )
+        elif name == "scaling":
+            lines.append(
+                f"{'scaling':<12} batch={c['batch']:<5} workers={c['workers']:<2} "
+                f"relay x{c['relay_speedup']:.2f} baseline x{c['baseline_speedup']:.2f} "
+                f"ratio={c['ratio']:.2f}"
+            )
+        elif name.startswith("growth_"):
+            lines.append(
+                f"{name:<12} pending={c['pending']} settled={c['settled']} "
+                f"busy={c['busy_day_rows']} "
+                f"claim p50={c['p50_ms']:.2f} ms p99={c['p99_ms']:.2f} ms "
+                f"(EXPLAIN: {c['plan_execution_ms']:.2f} ms, {c['plan_shared_buffers']} buffers)"
+            )
+        elif name == "growth":
+            lines.append(f"{'growth':<12} grown/fresh p50 x{c['p50_ratio']} p99 x{c['p99_ratio']}")
+        elif name == "latency":
+            lines.append(
+                f"{'latency':<12} {c['rate_per_s']:.0f} msg/s for {c['seconds']:.0f} s: "
+                f"enqueue->delivered p50={c['p50_ms']:.0f} ms p99={c['p99_ms']:.0f} ms "
+                f"({c['delivered']} delivered, {c['not_delivered']} not)"
+            )
+        elif name == "enqueue":
+            lines.append(
+                f"{'enqueue':<12} per tx={c['batch']:<5} enqueue_many={c['rows_per_s']:>9.0f}/s "
+                f"raw INSERT={c['baseline_rows_per_s']:>9.0f}/s ratio={c['ratio']:.2f}"
+            )
+        elif name == "coldstart":
+            lines.append(
+                f"{'cold start':<12} {c['handler']:<11} import {c['import_s'] * 1000:.0f} ms "
+                f"({c['modules']} modules; "
+                f"interpreter start {c['interpreter_start_s'] * 1000:.0f} ms)"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = sys.stdout
+    # The relay runs in this process too (growth, latency, enqueue): its JSON
+    # log lines and metric blobs would bury the table.
+    undo = common.quiet_process()
+    started = time.monotonic()
+    try:
+        cells = run(args)
+    finally:
+        undo()
+    cells[0]["seconds"] = round(time.monotonic() - started, 1)
+    print(table(cells), file=out, flush=True)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(cells, indent=1) + "\n")
+    log(f"wrote {args.output} ({cells[0]['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

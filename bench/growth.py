@@ -1,0 +1,141 @@
+"""Growth: claim latency on a fresh table against the same backlog on a grown one.
+
+Both runs hold ``pending`` due rows and run the same steady loop: claim one
+batch with the real ``store.claim`` (timed), settle it as delivered with the
+real ``store.settle``, and enqueue as many new rows, so the backlog stays put.
+
+* fresh: a new database, the pending rows, VACUUM ANALYZE.
+* grown: the same, plus ``settled`` delivered rows and the dead tuples of a
+  busy day (``busy`` rows that went pending -> claimed -> delivered in bulk
+  updates, leaving their dead versions and dead entries at the head of the
+  claim index), and no VACUUM between any of it and the measurement:
+  only what the migration ships (partial indexes, autovacuum settings) helps.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import sqlalchemy as sa
+
+from . import common
+
+_INSERT = (
+    "INSERT INTO outbox_message (channel, payload, status, available_at, created_at, "
+    "claimed_at, settled_at, attempts, provider_message_id) "
+    "SELECT :channel, {payload}, :status, now() - interval '1 day' + g * interval '50 ms', "
+    "now() - interval '1 day' + g * interval '50 ms', "
+    "CASE WHEN :status = 'delivered' THEN now() - interval '1 day' + g * interval '51 ms' END, "
+    "CASE WHEN :status = 'delivered' THEN now() - interval '1 day' + g * interval '52 ms' END, "
+    "CASE WHEN :status = 'delivered' THEN 1 ELSE 0 END, "
+    "CASE WHEN :status = 'delivered' THEN 'p-' || g END "
+    "FROM generate_series(1, :rows) AS g"
+)
+
+
+def grow(url: str, settled: int, busy: int) -> dict[str, float]:
+    """Add ``settled`` delivered rows and a busy day's churn of ``busy`` rows; no VACUUM."""
+    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    timings: dict[str, float] = {}
+    try:
+        with engine.connect() as conn:
+            started = time.perf_counter()
+            conn.execute(
+                sa.text(_INSERT.format(payload=common.payload_sql(180, 300))),
+                {"channel": common.CHANNEL, "status": "delivered", "rows": settled},
+            )
+            timings["settled_insert_s"] = time.perf_counter() - started
+            started = time.perf_counter()
+            # A busy day: rows enqueued as pending, claimed, then delivered. Each
+            # step leaves a dead version behind, and the claim index keeps the
+            # entries of rows that are no longer pending until a vacuum.
+            conn.execute(
+                sa.text(
+                    "INSERT INTO outbox_message (channel, payload, available_at) "
+                    f"SELECT :channel, {common.payload_sql(180, 300)}, "
+                    "now() - interval '12 hours' + g * interval '10 ms' "
+                    "FROM generate_series(1, :rows) AS g"
+                ),
+                {"channel": common.CHANNEL, "rows": busy},
+            )
+            conn.execute(
+                sa.text(
+                    "UPDATE outbox_message SET status = 'claimed', "
+                    "claim_token = gen_random_uuid(), claimed_at = now(), "
+                    "lease_expires_at = now() + interval '2 minutes' "
+                    "WHERE status = 'pending'"
+                )
+            )
+            conn.execute(
+                sa.text(
+                    "UPDATE outbox_message SET status = 'delivered', claim_token = NULL, "
+                    "lease_expires_at = NULL, attempts = 1, settled_at = now() "
+                    "WHERE status = 'claimed'"
+                )
+            )
+            timings["busy_day_s"] = time.perf_counter() - started
+            dead = conn.execute(
+                sa.text(
+                    "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'outbox_message'"
+                )
+            ).scalar()
+            timings["dead_tuples_reported"] = float(dead or 0)
+    finally:
+        engine.dispose()
+    return timings
+
+
+def measure(url: str, pending: int, batch: int, samples: int, *, vacuum: bool) -> dict[str, Any]:
+    """Steady state around ``pending`` due rows: claim latency percentiles in ms."""
+    from outbox import store
+
+    common.register_channel()
+    engine = common.engine_for(url)
+    backoff = store.Backoff(2.0, 900.0, 5)
+    latencies: list[float] = []
+    try:
+        common.seed_pending(url, pending, vacuum=vacuum)
+        for _ in range(samples):
+            with engine.begin() as conn:
+                started = time.perf_counter()
+                claims = store.claim(conn, batch, 120)
+                latencies.append((time.perf_counter() - started) * 1000)
+            if not claims:
+                raise RuntimeError("the backlog ran dry during the growth measurement")
+            with engine.begin() as conn:
+                store.settle(
+                    conn,
+                    [store.Settlement(c.id, c.claim_token, "delivered") for c in claims],
+                    backoff,
+                )
+                # Keep the backlog where it was: as many new rows as were settled.
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO outbox_message (channel, payload) "
+                        f"SELECT :channel, {common.payload_sql()} "
+                        "FROM generate_series(1, :rows) AS g"
+                    ),
+                    {"channel": common.CHANNEL, "rows": len(claims)},
+                )
+        with engine.connect() as conn:
+            plan = conn.execute(
+                sa.text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store._CLAIM_ALL.text),
+                {"batch_size": batch, "lease_seconds": 120.0},
+            ).scalar()
+            conn.rollback()  # EXPLAIN ANALYZE ran the UPDATE: undo it
+    finally:
+        engine.dispose()
+    top = plan[0] if isinstance(plan, list) else {}
+    return {
+        "samples": len(latencies),
+        "p50_ms": common.percentile(latencies, 50),
+        "p99_ms": common.percentile(latencies, 99),
+        "max_ms": max(latencies) if latencies else 0.0,
+        "plan_execution_ms": top.get("Execution Time", 0.0),
+        "plan_shared_buffers": _buffers(top.get("Plan", {})),
+    }
+
+
+def _buffers(node: dict[str, Any]) -> int:
+    return int(node.get("Shared Hit Blocks", 0)) + int(node.get("Shared Read Blocks", 0))

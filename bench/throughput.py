@@ -1,0 +1,244 @@
+"""Throughput: claim -> deliver -> settle, the relay against raw SQL on the same driver.
+
+Every cell starts from a freshly created, vacuumed database holding ``rows``
+due pending rows, and runs ``workers`` processes that drain it. A worker
+connects and warms up first; the clock starts when all of them are ready and
+stops when the last one finds nothing left to claim.
+
+* baseline: pg8000 directly, autocommit: one SKIP LOCKED claim CTE, then one
+  fenced ``= ANY(array)`` UPDATE that settles the batch as delivered.
+* relay: the real dispatcher path (``dispatcher.dispatch_once`` ->
+  ``store.claim``), the hand-off event (``HandOff.to_event``, JSON-encoded as
+  the Lambda invoke would, then ``HandOff.from_event`` inside the sender), and
+  the real ``sender.run``: fenced re-read, the no-op provider, one batched
+  fenced settle that writes the attempt rows.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import common
+
+LEASE_SECONDS = 120
+
+BASELINE_CLAIM = """
+    WITH due AS (
+        SELECT id FROM outbox_message
+        WHERE status = 'pending' AND available_at <= now()
+        ORDER BY priority DESC, available_at, id
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE outbox_message AS m
+    SET status = 'claimed', claim_token = gen_random_uuid(), claimed_at = now(),
+        lease_expires_at = now() + make_interval(secs => :lease)
+    FROM due
+    WHERE m.id = due.id AND m.status = 'pending'
+    RETURNING m.id, m.claim_token
+"""
+
+BASELINE_SETTLE = """
+    UPDATE outbox_message
+    SET status = 'delivered', attempts = attempts + 1, claim_token = NULL,
+        lease_expires_at = NULL, settled_at = now()
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND claim_token = ANY(CAST(:tokens AS uuid[]))
+      AND status = 'claimed'
+"""
+
+
+class RoundTrips:
+    """Counts pg8000's socket flushes in this process: each is one request/response exchange."""
+
+    count = 0
+
+    @classmethod
+    def install(cls) -> None:
+        import pg8000.core
+
+        real = pg8000.core._flush
+        if getattr(real, "_counted", False):
+            return
+
+        def counted(sock: Any) -> None:
+            cls.count += 1
+            real(sock)
+
+        counted._counted = True  # type: ignore[attr-defined]
+        pg8000.core._flush = counted
+
+
+def _baseline_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[], None]]:
+    import pg8000.native
+
+    conn = pg8000.native.Connection(**common.native_params(url))
+    common.no_delay(conn)  # the same socket setting as the relay's engine
+    statements = [0]
+
+    def step() -> int:
+        rows = conn.run(BASELINE_CLAIM, batch=batch, lease=float(LEASE_SECONDS))
+        statements[0] += 1
+        if not rows:
+            return 0
+        conn.run(
+            BASELINE_SETTLE,
+            ids=[r[0] for r in rows],
+            tokens=[str(r[1]) for r in rows],
+        )
+        statements[0] += 1
+        return len(rows)
+
+    step.statements = statements  # type: ignore[attr-defined]
+    return step, conn.close
+
+
+def relay_parts(url: str, batch: int) -> tuple[Any, Any, Any, list[int]]:
+    """The relay wired in process: (engine, invoker, settings, statement counter)."""
+    import sqlalchemy as sa
+
+    from outbox import sender
+    from outbox.config import RelaySettings
+    from outbox.handoff import CallableInvoker
+
+    common.register_channel()
+    engine = common.engine_for(url)
+    statements = [0]
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def _count(*args: Any) -> None:
+        statements[0] += 1
+
+    settings = RelaySettings(
+        batch_size=batch,
+        handoff_chunk_size=batch,  # one hand-off (one sender invocation) per claimed batch
+        lease_seconds=LEASE_SECONDS,
+    )
+
+    def remaining() -> float:
+        return 60.0
+
+    def send(event: dict[str, Any]) -> None:
+        # What the async Lambda invoke does to the event: JSON on the wire.
+        wire = json.loads(json.dumps(event, separators=(",", ":")))
+        sender.run(engine, wire, settings, remaining, channel_name=common.CHANNEL)
+
+    invoker = CallableInvoker({common.CHANNEL: send})
+    return engine, invoker, settings, statements
+
+
+def _relay_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[], None]]:
+    from outbox import dispatcher
+
+    engine, invoker, settings, statements = relay_parts(url, batch)
+
+    def step() -> int:
+        report = dispatcher.dispatch_once(engine, invoker, settings)
+        if report.claimed and report.handed_off != report.claimed:
+            raise RuntimeError(f"hand-off lost claims: {report}")
+        return report.claimed
+
+    step.statements = statements  # type: ignore[attr-defined]
+    return step, engine.dispose
+
+
+STEPPERS = {"baseline": _baseline_stepper, "relay": _relay_stepper}
+
+
+def _worker(kind: str, url: str, batch: int, ready: Any, go: Any, out: Any) -> None:
+    try:
+        common.quiet_process()
+        RoundTrips.install()
+        step, close = STEPPERS[kind](url, batch)
+        ready.put(True)
+        go.wait()
+        # Warm-up happened before the barrier: the connection, imports, the
+        # statement caches and the channel's compiled validator.
+        trips0, started = RoundTrips.count, time.monotonic()
+        done = batches = 0
+        trips_before_empty = RoundTrips.count
+        while True:
+            trips_before_empty = RoundTrips.count
+            n = step()
+            if n == 0:
+                break
+            done += n
+            batches += 1
+        finished = time.monotonic()
+        out.put(
+            {
+                "rows": done,
+                "batches": batches,
+                "started": started,
+                "finished": finished,
+                "statements": step.statements[0],  # type: ignore[attr-defined]
+                "round_trips": trips_before_empty - trips0,
+            }
+        )
+        close()
+    except BaseException as exc:  # report, never hang the parent
+        out.put({"error": f"{type(exc).__name__}: {exc}"})
+        ready.put(False)
+
+
+def _get(queue: Any, procs: list[Any], timeout: float) -> Any:
+    """queue.get, but give up early when a worker died without a word."""
+    import queue as queue_module
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return queue.get(timeout=0.5)
+        except queue_module.Empty:
+            if time.monotonic() > deadline or not all(p.is_alive() for p in procs):
+                try:
+                    return queue.get(timeout=1)
+                except queue_module.Empty:
+                    raise RuntimeError("a benchmark worker died or hung") from None
+
+
+def run_cell(
+    url: str, kind: str, batch: int, workers: int, timeout: float = 600.0
+) -> dict[str, Any]:
+    """Drain the database with ``workers`` processes; rows per second over the whole run."""
+    # fork: the parent holds no connections or threads here, and a forked
+    # worker needs no importable __main__ (pytest, python -c, scripts all work).
+    ctx = mp.get_context("fork")
+    ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [
+        ctx.Process(target=_worker, args=(kind, url, batch, ready, go, out), daemon=True)
+        for _ in range(workers)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        for _ in procs:
+            if not _get(ready, procs, 120):
+                break
+        go.set()
+        results = [_get(out, procs, timeout) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    errors = [r["error"] for r in results if "error" in r]
+    if errors:
+        raise RuntimeError(f"{kind} worker failed: {errors[0]}")
+    rows = sum(r["rows"] for r in results)
+    batches = sum(r["batches"] for r in results)
+    # Claims that came back empty end each worker's loop: count them apart.
+    elapsed = max(r["finished"] for r in results) - min(r["started"] for r in results)
+    statements = sum(r["statements"] for r in results) - workers  # minus the final empty claims
+    trips = sum(r["round_trips"] for r in results)
+    return {
+        "rows": rows,
+        "seconds": elapsed,
+        "rows_per_s": rows / elapsed if elapsed > 0 else 0.0,
+        "batches": batches,
+        "statements_per_batch": statements / batches if batches else 0.0,
+        "round_trips_per_batch": trips / batches if batches else 0.0,
+    }

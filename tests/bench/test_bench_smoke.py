@@ -1,0 +1,60 @@
+"""The benchmark harness still runs end to end (a tiny quick mode; no timing asserts)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+# bench/ sits at the repository root, next to tests/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+bench_main = importlib.import_module("bench.__main__")
+
+
+def test_quick_run_writes_well_formed_cells(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The harness creates its own databases on the same server as the test database.
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    output = tmp_path / "results.json"
+    args = [
+        "--quick",
+        "--rows",
+        "300",
+        "--batches",
+        "100",
+        "--workers",
+        "1",
+        "--latency-seconds",
+        "1",
+        "--output",
+        str(output),
+    ]
+    assert bench_main.main(args) == 0
+
+    cells = json.loads(output.read_text())
+    assert isinstance(cells, list)
+    by_name: dict[str, list[dict]] = {}
+    for cell in cells:
+        by_name.setdefault(cell["name"], []).append(cell)
+
+    (throughput,) = by_name["throughput"]
+    for key in ("name", "batch", "workers", "rows_per_s", "baseline_rows_per_s", "ratio"):
+        assert key in throughput
+    assert (throughput["batch"], throughput["workers"]) == (100, 1)
+    for key in ("rows_per_s", "baseline_rows_per_s", "ratio", "statements_per_batch"):
+        assert throughput[key] > 0
+    # The relay's statements per batch: claim, fenced load, settle.
+    assert throughput["statements_per_batch"] == 3
+
+    (enqueue,) = by_name["enqueue"]
+    assert enqueue["rows_per_s"] > 0 and enqueue["baseline_rows_per_s"] > 0 and enqueue["ratio"] > 0
+    fresh, grown = by_name["growth_fresh"][0], by_name["growth_grown"][0]
+    assert fresh["p50_ms"] > 0 and grown["p99_ms"] > 0
+    (latency,) = by_name["latency"]
+    assert latency["delivered"] > 0 and latency["p50_ms"] > 0
+    assert {c["handler"] for c in by_name["coldstart"]} >= {"dispatcher", "email", "reaper"}
+    assert all(c["import_s"] > 0 for c in by_name["coldstart"])
