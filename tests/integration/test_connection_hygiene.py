@@ -54,3 +54,23 @@ def test_a_full_cycle_sends_no_pinning_statement(
     relay.dispose()
     assert len(sent) > 5
     assert [s for s in sent if PINNING.match(s)] == []
+
+
+def test_a_connection_dropped_while_idle_is_replaced_before_use(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a thawed Lambda meets: its pooled connection died while it was frozen."""
+    from outbox import db
+
+    monkeypatch.setattr(db, "PING_AFTER_IDLE_SECONDS", 0.0)
+    relay = create_engine(DatabaseSettings(url=database_url, sslmode="disable"))
+    with relay.connect() as conn:
+        first_pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+    admin = sa.create_engine(database_url)
+    with admin.connect() as conn:
+        conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": first_pid})
+    admin.dispose()
+    with relay.connect() as conn:  # no error: the idle check found the dead socket
+        second_pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+    assert second_pid != first_pid
+    relay.dispose()

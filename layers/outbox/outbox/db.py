@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -80,7 +81,9 @@ def create_engine(settings: DatabaseSettings, *, pool_size: int = 1) -> sa.Engin
         connect_args=connect_args,
         pool_size=pool_size,
         max_overflow=0 if pool_size == 1 else pool_size,
-        pool_pre_ping=True,
+        # No ping on every checkout (a round trip per transaction); see
+        # _ping_when_idle for the check that replaces it.
+        pool_pre_ping=False,
         # Below RDS Proxy's default idle client timeout, and short enough that a
         # rotated secret or an expired IAM token is picked up on reconnect.
         pool_recycle=600,
@@ -88,8 +91,34 @@ def create_engine(settings: DatabaseSettings, *, pool_size: int = 1) -> sa.Engin
     if settings.secret_arn or settings.iam_user:
         _mint_credentials_per_connection(engine, settings)
     sa.event.listen(engine, "connect", _no_delay)
+    _ping_when_idle(engine)
     _commit_in_one_round_trip(engine)
     return engine
+
+
+# A connection idle longer than this is checked before use: a Lambda thawed
+# after minutes, or RDS Proxy closing idle clients, leaves a dead socket.
+PING_AFTER_IDLE_SECONDS = 1.0
+
+
+def _ping_when_idle(engine: sa.Engine) -> None:
+    """SQLAlchemy's pre-ping, but only for a connection that sat idle: the
+    dispatcher's loop and a sender's back-to-back transactions skip the round trip."""
+
+    @sa.event.listens_for(engine, "checkin")
+    def _idle_from(dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def _check(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        idle_since = record.info.get("idle_since")
+        if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE_SECONDS:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            # The pool discards this connection and checks out a fresh one.
+            raise sa.exc.DisconnectionError() from exc
 
 
 def _commit_in_one_round_trip(engine: sa.Engine) -> None:

@@ -12,6 +12,7 @@ attempt counted) rather than left to expire (invariant 4).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -138,21 +139,26 @@ def run(
         report.lease_lost.extend(lost)
         count("LeaseLost", len(lost))
         log.warning("lease lost before settle; outcome abandoned", extra={"message_ids": lost})
+    # One line per batch, not per message: ids by status, errors by id.
+    ids_by_status: dict[str, list[int]] = {}
+    errors: dict[int, str] = {}
     for s in settlements:
         status = statuses.get(s.id)
         if status is None:
             continue
         key = "deferred" if s.outcome == "deferred" else status
         report.statuses[key] += 1
+        ids_by_status.setdefault(key, []).append(s.id)
+        if s.error:
+            errors[s.id] = s.error
+    if ids_by_status:
         log.info(
             "settled",
             extra={
-                "message_id": s.id,
                 "channel": handoff.channel,
-                "outcome": s.outcome,
-                "status": status,
-                "error": s.error,
-                "duration_ms": s.duration_ms,
+                "message_ids": ids_by_status,
+                "errors": errors,
+                "max_duration_ms": max((s.duration_ms or 0) for s in settlements),
             },
         )
     for key, n in report.statuses.items():
@@ -170,13 +176,14 @@ def _send_all(
     given up (its outcome is unknown, so it counts as a retry)."""
     # Even one row goes through the pool: only a waiting caller can give up
     # on a provider call that hangs past its deadline.
-    pool = ThreadPoolExecutor(max_workers=min(concurrency, len(rows)), thread_name_prefix="send")
+    pool = _pool(concurrency)
     futures: dict[int, Future[tuple[Outcome, int]]] = {
         r.id: pool.submit(_send_one, channel, r, deadlines[r.id]) for r in rows
     }
     latest = max(d.remaining() for d in deadlines.values())
     wait(futures.values(), timeout=latest, return_when=ALL_COMPLETED)
     results: dict[int, tuple[Outcome, int]] = {}
+    stuck = False
     for row_id, future in futures.items():
         if future.done():
             results[row_id] = future.result()
@@ -184,6 +191,30 @@ def _send_all(
             results[row_id] = (Outcome.deferred(NOT_STARTED), 0)
         else:
             results[row_id] = (Outcome.retry(DEADLINE_EXCEEDED), 0)
-    # Do not wait for calls stuck past their deadline; they hold no claim now.
-    pool.shutdown(wait=False, cancel_futures=True)
+            stuck = True
+    if stuck:
+        # Do not wait for calls stuck past their deadline (they hold no claim
+        # now), and do not let them occupy the threads of the next batch.
+        _retire_pool(concurrency, pool)
     return results
+
+
+# The send threads outlive a batch: a warm Lambda (or a worker) reuses them
+# instead of starting new ones for every hand-off.
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _pool(size: int) -> ThreadPoolExecutor:
+    with _pools_lock:
+        pool = _pools.get(size)
+        if pool is None:
+            pool = _pools[size] = ThreadPoolExecutor(max_workers=size, thread_name_prefix="send")
+        return pool
+
+
+def _retire_pool(size: int, pool: ThreadPoolExecutor) -> None:
+    with _pools_lock:
+        if _pools.get(size) is pool:
+            del _pools[size]
+    pool.shutdown(wait=False)  # other callers' queued sends still run
