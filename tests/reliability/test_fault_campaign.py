@@ -8,8 +8,10 @@ The quick version runs in the default test run; the long one is
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import logscan
 import pytest
 
 from reliability import campaign
@@ -33,6 +35,16 @@ def test_quick_fault_campaign_loses_nothing_and_covers_every_kill_point(
     assert all(r.statuses.get("delivered", 0) > 0 for r in reports)
     assert sum(r.terminated_backends for r in reports) > 0
     assert any(r.duplicates for r in reports) or any(r.kills for r in reports)
+    # The relay processes' own structured logs leak nothing either.
+    lines = [
+        json.loads(line)
+        for log in tmp_path.glob("run-*.log")
+        for line in log.read_text().splitlines()
+        if line.startswith("{")
+    ]
+    assert lines
+    leaks = [(leak, line["message"]) for line in lines for leak in logscan.find_leaks(line)]
+    assert not leaks, leaks[:5]
 
 
 @pytest.mark.slow
