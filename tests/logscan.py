@@ -44,7 +44,9 @@ FORBIDDEN_KEYS = {
 
 EMAIL_RE = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 PHONE_RE = re.compile(r"(?<![\w.])\+[1-9]\d{7,14}\b")
-UUID_RE = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
+UUID_RE = re.compile(
+    r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+)
 SECRET_RES = (
     re.compile(r"AKIA[0-9A-Z]{16}"),
     re.compile(r"://[^/\s:@]+:[^/\s@]+@"),  # a URL with a password in it
@@ -57,9 +59,7 @@ _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 def secret_values(env: dict[str, str] | None = None) -> list[str]:
     env = dict(os.environ) if env is None else env
     return [
-        v
-        for k, v in env.items()
-        if re.search(r"SECRET|PASSWORD|TOKEN|PRIVATE", k) and len(v) >= 6
+        v for k, v in env.items() if re.search(r"SECRET|PASSWORD|TOKEN|PRIVATE", k) and len(v) >= 6
     ]
 
 

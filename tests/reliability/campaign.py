@@ -45,11 +45,11 @@ TESTS_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TESTS_DIR))
 
 import support  # noqa: E402
-
 from outbox import channels, dispatcher, migrate, reaper, sender  # noqa: E402
 from outbox.config import DatabaseSettings  # noqa: E402
 from outbox.db import create_engine  # noqa: E402
 from outbox.handoff import CallableInvoker  # noqa: E402
+
 from reliability import driver, harness  # noqa: E402
 
 STATEMENT_TIMEOUT_MS = 1000
@@ -126,7 +126,8 @@ def seed_messages(engine: sa.Engine, rng: random.Random, n: int) -> list[int]:
     messages = []
     for i in range(n):
         script = [
-            rng.choices(BEHAVIOURS, BEHAVIOUR_WEIGHTS)[0] for _ in range(rng.choice([0, 0, 1, 2, 3]))
+            rng.choices(BEHAVIOURS, BEHAVIOUR_WEIGHTS)[0]
+            for _ in range(rng.choice([0, 0, 1, 2, 3]))
         ]
         message: dict[str, Any] = {
             "channel": harness.CHANNEL,
@@ -196,7 +197,9 @@ class Chaos(threading.Thread):
                 time.sleep(STATEMENT_TIMEOUT_MS / 1000 * 0.6)
 
 
-def spawn(role: str, url: str, until: float, point: str | None, seed: int, log: Any) -> subprocess.Popen[bytes]:
+def spawn(
+    role: str, url: str, until: float, point: str | None, seed: int, log: Any
+) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env.update(
         {
@@ -252,7 +255,7 @@ def run_processes(
         try:
             while time.time() < until:
                 time.sleep(0.1)
-                for i, (role, proc) in enumerate(list(procs)):
+                for role, proc in list(procs):
                     if proc.poll() is not None:
                         procs.remove((role, proc))
                         if time.time() < until - 1.5:
@@ -301,7 +304,9 @@ def drain(url: str, aux: sa.Engine) -> None:
                 pass
             with engine.connect() as conn:
                 left = conn.execute(
-                    sa.text("SELECT count(*) FROM outbox_message WHERE status IN ('pending', 'claimed')")
+                    sa.text(
+                        "SELECT count(*) FROM outbox_message WHERE status IN ('pending', 'claimed')"
+                    )
                 ).scalar_one()
             if not left:
                 break
@@ -325,12 +330,16 @@ def check(url: str, report: RunReport, default_max: int) -> None:
             return [tuple(r) for r in conn.execute(sa.text(sql), params).all()]
 
         report.statuses = dict(
-            conn.execute(sa.text("SELECT status, count(*) FROM outbox_message GROUP BY status")).all()  # type: ignore[arg-type]
+            conn.execute(
+                sa.text("SELECT status, count(*) FROM outbox_message GROUP BY status")
+            ).all()  # type: ignore[arg-type]
         )
         total = sum(report.statuses.values())
         if total != report.messages:
             v.append(f"lost messages: {report.messages} enqueued, {total} in the table")
-        if bad := ids("SELECT id, status FROM outbox_message WHERE status IN ('pending', 'claimed')"):
+        if bad := ids(
+            "SELECT id, status FROM outbox_message WHERE status IN ('pending', 'claimed')"
+        ):
             v.append(f"not terminal: {bad}")
         if bad := ids(
             "SELECT m.id, m.status, count(a.id) FROM outbox_message m LEFT JOIN outbox_attempt a "
@@ -353,7 +362,8 @@ def check(url: str, report: RunReport, default_max: int) -> None:
         if bad := ids(
             "SELECT message_id, old_token, writer_token, new_status FROM rel_transitions "
             "WHERE writer_token IS DISTINCT FROM old_token AND "
-            "(writer_token IS NOT NULL OR NOT lease_expired OR new_status NOT IN ('pending', 'dead'))"
+            "(writer_token IS NOT NULL OR NOT lease_expired "
+            "OR new_status NOT IN ('pending', 'dead'))"
         ):
             v.append(f"writes with a stale claim token: {bad}")
         if bad := ids(
@@ -538,8 +548,10 @@ def main() -> None:
         seed=args.seed,
     )
     bad = sum(len(r.violations) for r in reports)
-    print(f"campaign: {len(reports)} runs, {bad} violations, kill points never hit: "
-          f"{sorted(missing_points(reports)) or 'none'}")
+    print(
+        f"campaign: {len(reports)} runs, {bad} violations, kill points never hit: "
+        f"{sorted(missing_points(reports)) or 'none'}"
+    )
     raise SystemExit(1 if bad else 0)
 
 

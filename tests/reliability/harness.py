@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-
 from outbox import store
 from outbox.channels import Deadline, Message, Outcome, SchemaChannel
 from outbox.handoff import HandOff
@@ -201,7 +200,7 @@ class FakeProvider(SchemaChannel):
     send it accepts is committed to ``rel_accepts`` before it answers."""
 
     name = CHANNEL
-    schema = {
+    schema = {  # noqa: RUF012
         "type": "object",
         "required": ["n"],
         "properties": {"n": {"type": "integer"}, "script": {"type": "array"}},
@@ -245,7 +244,9 @@ class FakeProvider(SchemaChannel):
         return Outcome.delivered(f"fake-{message.id}-{calls_before}")
 
 
-def install_wrappers(recorder: Recorder, killer: Killer | None, lease_seconds: float) -> Callable[[], None]:
+def install_wrappers(
+    recorder: Recorder, killer: Killer | None, lease_seconds: float
+) -> Callable[[], None]:
     """Wrap the store's fenced writes: tell the audit trigger which token each
     writer holds, record lost leases and abandoned calls, and host the kill
     points inside the settle. Returns a function that undoes the wrapping."""

@@ -9,18 +9,17 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import outbox
 import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import EMAIL, LambdaContext, ScriptedChannel, install_channel, expire_leases
-
-import outbox
 from outbox import ConfigError, ValidationError, channels, dispatcher, sender, store
 from outbox.channels import SchemaChannel
 from outbox.handoff import CallableInvoker, HandOff
 from outbox.producer import MAX_KEY_LENGTH, MAX_PAYLOAD_BYTES
 from outbox.runtime import Runtime
+from support import EMAIL, LambdaContext, ScriptedChannel, expire_leases, install_channel
 
 
 def snapshot(engine: sa.Engine) -> tuple[list[Any], list[Any]]:
@@ -38,6 +37,7 @@ def runtime(relay_env: dict[str, str]) -> Iterator[Runtime]:
     if rt._engine is not None:
         rt._engine.dispose()
 
+
 FUZZ = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -45,7 +45,7 @@ FUZZ = settings(
 
 class AnyJson(SchemaChannel):
     name = "anyjson"
-    schema = {"type": "object"}
+    schema = {"type": "object"}  # noqa: RUF012
 
 
 # Text Postgres can store: no NUL, no lone surrogates.
@@ -305,7 +305,8 @@ def insert_raw(conn: sa.Connection, channel: str, payload_json: str) -> int:
     return int(
         conn.execute(
             sa.text(
-                "INSERT INTO outbox_message (channel, payload) VALUES (:c, CAST(:p AS jsonb)) RETURNING id"
+                "INSERT INTO outbox_message (channel, payload) "
+                "VALUES (:c, CAST(:p AS jsonb)) RETURNING id"
             ),
             {"c": channel, "p": payload_json},
         ).scalar_one()
@@ -344,7 +345,9 @@ def test_corrupt_rows_fail_alone_and_the_rest_of_the_batch_is_delivered(
     with engine.connect() as conn:
         rows = {
             r.id: r
-            for r in conn.execute(sa.text("SELECT id, status, last_error FROM outbox_message")).all()
+            for r in conn.execute(
+                sa.text("SELECT id, status, last_error FROM outbox_message")
+            ).all()
         }
     assert sorted(scripted.sent) == sorted(good)
     assert all(rows[i].status == "delivered" for i in good)
@@ -375,18 +378,100 @@ BAD_HANDOFFS: list[tuple[Any, str]] = [
     ({"version": 1, "channel": "email", "messages": []}, "event.messages"),
     ({"version": 1, "channel": "email", "messages": {"id": 1}}, "event.messages"),
     ({"version": 1, "channel": "email", "messages": [1]}, "event.messages[0]"),
-    ({"version": 1, "channel": "email", "messages": [{"attempt": 1, "claim_token": str(uuid.uuid4())}]}, "event.messages[0].id"),
-    ({"version": 1, "channel": "email", "messages": [{"id": "1", "attempt": 1, "claim_token": str(uuid.uuid4())}]}, "event.messages[0].id"),
-    ({"version": 1, "channel": "email", "messages": [{"id": True, "attempt": 1, "claim_token": str(uuid.uuid4())}]}, "event.messages[0].id"),
-    ({"version": 1, "channel": "email", "messages": [{"id": -3, "attempt": 1, "claim_token": str(uuid.uuid4())}]}, "event.messages[0].id"),
-    ({"version": 1, "channel": "email", "messages": [{"id": 1.0, "attempt": 1, "claim_token": str(uuid.uuid4())}]}, "event.messages[0].id"),
-    ({"version": 1, "channel": "email", "messages": [{"id": 1, "claim_token": str(uuid.uuid4())}]}, "event.messages[0].attempt"),
-    ({"version": 1, "channel": "email", "messages": [{"id": 1, "attempt": 0, "claim_token": str(uuid.uuid4())}]}, "event.messages[0].attempt"),
-    ({"version": 1, "channel": "email", "messages": [{"id": 1, "attempt": 1}]}, "event.messages[0].claim_token"),
-    ({"version": 1, "channel": "email", "messages": [{"id": 1, "attempt": 1, "claim_token": "not-a-uuid"}]}, "event.messages[0].claim_token"),
-    ({"version": 1, "channel": "email", "messages": [{"id": 1, "attempt": 1, "claim_token": 12}]}, "event.messages[0].claim_token"),
-    ({"version": 1, "channel": "email", "messages": [{"id": i + 1, "attempt": 1, "claim_token": str(uuid.uuid4())} for i in range(5000)]}, "event.messages"),
-    ({"version": 1, "channel": "sms", "messages": [{"id": 1, "attempt": 1, "claim_token": str(uuid.uuid4())}]}, "event.channel"),
+    (
+        {
+            "version": 1,
+            "channel": "email",
+            "messages": [{"attempt": 1, "claim_token": str(uuid.uuid4())}],
+        },
+        "event.messages[0].id",
+    ),
+    (
+        {
+            "version": 1,
+            "channel": "email",
+            "messages": [{"id": "1", "attempt": 1, "claim_token": str(uuid.uuid4())}],
+        },
+        "event.messages[0].id",
+    ),
+    (
+        {
+            "version": 1,
+            "channel": "email",
+            "messages": [{"id": True, "attempt": 1, "claim_token": str(uuid.uuid4())}],
+        },
+        "event.messages[0].id",
+    ),
+    (
+        {
+            "version": 1,
+            "channel": "email",
+            "messages": [{"id": -3, "attempt": 1, "claim_token": str(uuid.uuid4())}],
+        },
+        "event.messages[0].id",
+    ),
+    (
+        {
+            "version": 1,
+            "channel": "email",
+            "messages": [{"id": 1.0, "attempt": 1, "claim_token": str(uuid.uuid4())}],
+        },
+        "event.messages[0].id",
+    ),
+    (
+        {
+            "version": 1,
+            "channel": "email",
+            "messages": [{"id": 1, "claim_token": str(uuid.uuid4())}],
+        },
+        "event.messages[0].attempt",
+    ),
+    (
+        {
+            "version": 1,
+            "channel": "email",
+            "messages": [{"id": 1, "attempt": 0, "claim_token": str(uuid.uuid4())}],
+        },
+        "event.messages[0].attempt",
+    ),
+    (
+        {"version": 1, "channel": "email", "messages": [{"id": 1, "attempt": 1}]},
+        "event.messages[0].claim_token",
+    ),
+    (
+        {
+            "version": 1,
+            "channel": "email",
+            "messages": [{"id": 1, "attempt": 1, "claim_token": "not-a-uuid"}],
+        },
+        "event.messages[0].claim_token",
+    ),
+    (
+        {
+            "version": 1,
+            "channel": "email",
+            "messages": [{"id": 1, "attempt": 1, "claim_token": 12}],
+        },
+        "event.messages[0].claim_token",
+    ),
+    (
+        {
+            "version": 1,
+            "channel": "email",
+            "messages": [
+                {"id": i + 1, "attempt": 1, "claim_token": str(uuid.uuid4())} for i in range(5000)
+            ],
+        },
+        "event.messages",
+    ),
+    (
+        {
+            "version": 1,
+            "channel": "sms",
+            "messages": [{"id": 1, "attempt": 1, "claim_token": str(uuid.uuid4())}],
+        },
+        "event.channel",
+    ),
 ]
 
 
@@ -426,7 +511,10 @@ def test_unknown_tokens_and_ids_change_nothing(
         "version": 1,
         "channel": "email",
         "messages": [
-            *({"id": c.id, "claim_token": str(uuid.uuid4()), "attempt": c.attempt} for c in claimed_world),
+            *(
+                {"id": c.id, "claim_token": str(uuid.uuid4()), "attempt": c.attempt}
+                for c in claimed_world
+            ),
             {"id": 999_999, "claim_token": str(uuid.uuid4()), "attempt": 1},
             {"id": 2**62, "claim_token": str(claimed_world[0].claim_token), "attempt": 1},
         ],
@@ -512,8 +600,14 @@ BAD_CONFIG: list[tuple[dict[str, str], str]] = [
     ({"CHANNEL_FUNCTIONS": '["email"]'}, "CHANNEL_FUNCTIONS"),
     ({"CHANNEL_FUNCTIONS": '{"email": ""}'}, "CHANNEL_FUNCTIONS"),
     # Invariant 4: the lease must outlive the sender's run and the event's queue time.
-    ({"LEASE_SECONDS": "60", "SENDER_TIMEOUT_SECONDS": "30", "MAX_EVENT_AGE_SECONDS": "60"}, "LEASE_SECONDS"),
-    ({"LEASE_SECONDS": "90", "SENDER_TIMEOUT_SECONDS": "30", "MAX_EVENT_AGE_SECONDS": "60"}, "LEASE_SECONDS"),
+    (
+        {"LEASE_SECONDS": "60", "SENDER_TIMEOUT_SECONDS": "30", "MAX_EVENT_AGE_SECONDS": "60"},
+        "LEASE_SECONDS",
+    ),
+    (
+        {"LEASE_SECONDS": "90", "SENDER_TIMEOUT_SECONDS": "30", "MAX_EVENT_AGE_SECONDS": "60"},
+        "LEASE_SECONDS",
+    ),
     ({"DB_SECRET_ARN": "arn:aws:secretsmanager:us-east-1:123456789012:secret:x"}, "DB_SECRET_ARN"),
     ({"DATABASE_URL": "", "DB_IAM_USER": "relay"}, "DB_HOST"),
     ({"DB_SSLMODE": "prefer"}, "DB_SSLMODE"),

@@ -10,15 +10,14 @@ import itertools
 import uuid
 from dataclasses import dataclass
 
+import outbox
 import sqlalchemy as sa
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
-from support import expire_leases
-
-import outbox
 from outbox import channels, store
 from outbox.channels import SchemaChannel
+from support import expire_leases
 
 DEFAULT_MAX = 3
 # Backoff of zero: a retried row is due at once, so the model need not know the clock.
@@ -28,7 +27,7 @@ TERMINAL = {"delivered", "failed", "dead", "suppressed", "cancelled"}
 
 class ModelChannel(SchemaChannel):
     name = "model"
-    schema = {"type": "object"}
+    schema = {"type": "object"}  # noqa: RUF012
 
 
 @dataclass
@@ -65,7 +64,9 @@ class OutboxModel(RuleBasedStateMachine):
     def _heads(self) -> list[Row]:
         def blocked(r: Row) -> bool:
             return r.ordering_key is not None and any(
-                p.ordering_key == r.ordering_key and p.id < r.id and p.status in ("pending", "claimed")
+                p.ordering_key == r.ordering_key
+                and p.id < r.id
+                and p.status in ("pending", "claimed")
                 for p in self.rows.values()
             )
 

@@ -4,11 +4,10 @@ strings are stored and compared literally, and the tables survive."""
 
 from __future__ import annotations
 
-import sqlalchemy as sa
-from support import ScriptedChannel, install_channel
-
 import outbox
+import sqlalchemy as sa
 from outbox import store
+from support import ScriptedChannel, install_channel
 
 HOSTILE = [
     "'; DROP TABLE outbox_message; --",
@@ -30,7 +29,7 @@ HOSTILE = [
     "a,b",
     '{"a": 1}',
     "}",
-    "ʼ; DROP TABLE outbox_message; --",  # U+02BC, a quote look-alike
+    "\u02bc; DROP TABLE outbox_message; --",  # a quote look-alike
     "\u2019 OR 1=1",
     "😀'; SELECT pg_sleep(10); --",
     "\t\n\r",
@@ -83,13 +82,12 @@ def test_hostile_strings_are_stored_and_compared_literally(engine: sa.Engine) ->
     with engine.begin() as conn:
         again = outbox.enqueue_many(
             conn,
-            [
-                {"channel": "scripted", "payload": {"n": 0}, "dedupe_key": s}
-                for s in HOSTILE
-            ],
+            [{"channel": "scripted", "payload": {"n": 0}, "dedupe_key": s} for s in HOSTILE],
         )
         assert again == ids
-        near = outbox.enqueue(conn, "scripted", {"n": 0}, dedupe_key="'; drop table outbox_message; --")
+        near = outbox.enqueue(
+            conn, "scripted", {"n": 0}, dedupe_key="'; drop table outbox_message; --"
+        )
         assert near not in ids
     tables_intact(engine)
 
