@@ -62,7 +62,9 @@ class ScriptedChannel(SchemaChannel):
     schema = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
 
     def send(self, message: Message, deadline: Deadline) -> Outcome:
-        answer: Outcome | Exception | float = self.answers.pop(0) if self.answers else Outcome.delivered()
+        answer: Outcome | Exception | float = (
+            self.answers.pop(0) if self.answers else Outcome.delivered()
+        )
         if isinstance(answer, float):  # hang this long
             time.sleep(answer)
             answer = Outcome.delivered(f"late-{message.id}")
@@ -96,7 +98,9 @@ def attempts(conn: sa.Connection, message_id: int) -> list[sa.Row[Any]]:
 def statuses(engine: sa.Engine) -> dict[str, int]:
     with engine.connect() as conn:
         return dict(
-            conn.execute(sa.text("SELECT status, count(*) FROM outbox_message GROUP BY status")).all()  # type: ignore[arg-type]
+            conn.execute(
+                sa.text("SELECT status, count(*) FROM outbox_message GROUP BY status")
+            ).all()  # type: ignore[arg-type]
         )
 
 
@@ -116,4 +120,6 @@ def expire_leases(engine: sa.Engine, ids: list[int] | None = None) -> None:
 def make_due(engine: sa.Engine) -> None:
     """Pretend every backoff has passed."""
     with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE outbox_message SET available_at = now() WHERE status = 'pending'"))
+        conn.execute(
+            sa.text("UPDATE outbox_message SET available_at = now() WHERE status = 'pending'")
+        )

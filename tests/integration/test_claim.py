@@ -6,10 +6,10 @@ import threading
 from collections import Counter
 
 import sqlalchemy as sa
-from support import EMAIL
 
 import outbox
 from outbox import store
+from support import EMAIL
 
 
 def seed(engine: sa.Engine, n: int, **fields: object) -> list[int]:
@@ -44,7 +44,9 @@ def test_eight_concurrent_claimers_claim_every_row_exactly_once(engine: sa.Engin
     assert sum(1 for batch in claimed if batch) > 1, "the claimers did not overlap at all"
     with engine.connect() as conn:
         tokens = conn.execute(
-            sa.text("SELECT count(DISTINCT claim_token), count(*) FROM outbox_message WHERE status = 'claimed'")
+            sa.text(
+                "SELECT count(DISTINCT claim_token), count(*) FROM outbox_message WHERE status = 'claimed'"
+            )
         ).one()
     assert tuple(tokens) == (10_000, 10_000)
 
@@ -88,7 +90,11 @@ def test_only_the_head_of_an_ordering_key_is_claimed(engine: sa.Engine) -> None:
     assert first == {a1, b1, free}
     with engine.begin() as conn:
         assert store.claim(conn, 100, 30) == []  # a2 waits for a1 to finish
-        token = dict(conn.execute(sa.text("SELECT id, claim_token FROM outbox_message WHERE id = :id"), {"id": a1}).all())  # type: ignore[arg-type]
+        token = dict(
+            conn.execute(
+                sa.text("SELECT id, claim_token FROM outbox_message WHERE id = :id"), {"id": a1}
+            ).all()
+        )  # type: ignore[arg-type]
         store.settle(conn, [store.Settlement(a1, token[a1], "delivered")], store.Backoff(1, 1, 3))
     with engine.begin() as conn:
         assert [c.id for c in store.claim(conn, 100, 30)] == [a2]

@@ -6,10 +6,10 @@ from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
-from support import EMAIL, row
 
 import outbox
 from outbox import ValidationError
+from support import EMAIL, row
 
 
 def count(engine: sa.Engine) -> int:
@@ -22,7 +22,13 @@ def test_enqueue_writes_a_pending_row_in_the_callers_transaction(engine: sa.Engi
         message_id = outbox.enqueue(conn, "email", EMAIL, priority=5, max_attempts=7)
     with engine.connect() as conn:
         r = row(conn, message_id)
-    assert (r.channel, r.status, r.priority, r.max_attempts, r.attempts) == ("email", "pending", 5, 7, 0)
+    assert (r.channel, r.status, r.priority, r.max_attempts, r.attempts) == (
+        "email",
+        "pending",
+        5,
+        7,
+        0,
+    )
     assert r.payload == EMAIL
 
 
@@ -67,7 +73,9 @@ def test_delay_sets_available_at_from_the_database_clock(engine: sa.Engine) -> N
     with engine.begin() as conn:
         message_id = outbox.enqueue(conn, "email", EMAIL, delay=timedelta(minutes=5))
         ahead = conn.execute(
-            sa.text("SELECT EXTRACT(EPOCH FROM available_at - now()) FROM outbox_message WHERE id = :id"),
+            sa.text(
+                "SELECT EXTRACT(EPOCH FROM available_at - now()) FROM outbox_message WHERE id = :id"
+            ),
             {"id": message_id},
         ).scalar_one()
     assert 299 <= float(ahead) <= 300
@@ -109,7 +117,10 @@ def test_enqueue_many_names_the_bad_message_and_writes_none(engine: sa.Engine) -
     with engine.begin() as conn, pytest.raises(ValidationError) as caught:
         outbox.enqueue_many(
             conn,
-            [{"channel": "email", "payload": EMAIL}, {"channel": "email", "payload": {**EMAIL, "to": "x"}}],
+            [
+                {"channel": "email", "payload": EMAIL},
+                {"channel": "email", "payload": {**EMAIL, "to": "x"}},
+            ],
         )
     assert caught.value.field == "messages[1].payload.to"
     assert count(engine) == 0

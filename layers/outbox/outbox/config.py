@@ -65,8 +65,15 @@ class DatabaseSettings:
         url = env.get("DATABASE_URL") or None
         secret_arn = env.get("DB_SECRET_ARN") or None
         iam_user = env.get("DB_IAM_USER") or None
-        chosen = [n for n, v in (("DATABASE_URL", url), ("DB_SECRET_ARN", secret_arn),
-                                 ("DB_IAM_USER", iam_user)) if v]
+        chosen = [
+            n
+            for n, v in (
+                ("DATABASE_URL", url),
+                ("DB_SECRET_ARN", secret_arn),
+                ("DB_IAM_USER", iam_user),
+            )
+            if v
+        ]
         if not chosen:
             raise ConfigError("DATABASE_URL", "set DATABASE_URL, DB_SECRET_ARN or DB_IAM_USER")
         if len(chosen) > 1:

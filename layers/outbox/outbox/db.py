@@ -97,6 +97,8 @@ def _mint_credentials_per_connection(engine: sa.Engine, settings: DatabaseSettin
         else:
             import boto3
 
+            # from_env guarantees both with DB_IAM_USER
+            assert settings.host is not None and settings.iam_user is not None
             client = boto3.client("rds")
             cparams["password"] = client.generate_db_auth_token(
                 DBHostname=settings.host, Port=settings.port, DBUsername=settings.iam_user

@@ -72,7 +72,9 @@ def dispatch_once(
                 conn,
                 [
                     store.Settlement(
-                        c.id, c.claim_token, "failed",
+                        c.id,
+                        c.claim_token,
+                        "failed",
                         error=f"no function is configured for channel {c.channel!r}",
                     )
                     for c in unroutable
@@ -83,7 +85,10 @@ def dispatch_once(
         count("Failed", len(settled))
         log.error(
             "claimed rows of unroutable channels failed",
-            extra={"message_ids": sorted(settled), "channels": sorted({c.channel for c in unroutable})},
+            extra={
+                "message_ids": sorted(settled),
+                "channels": sorted({c.channel for c in unroutable}),
+            },
         )
 
     handoffs = chunk(routable, settings.handoff_chunk_size)
@@ -145,12 +150,10 @@ def run(
     """
     total = DispatchReport()
     margin = settings.poll_interval_seconds
-    while time_left() > margin:
+    while True:  # at least one pass, even with no budget to spare
         report = dispatch_once(engine, invoker, settings, channels)
         total.add(report)
-        if report.claimed >= settings.batch_size:
-            continue  # more is waiting: claim again at once
-        if until_empty and report.claimed == 0:
-            break
-        sleep(min(settings.poll_interval_seconds, max(0.0, time_left() - margin)))
-    return total
+        if time_left() <= margin or (until_empty and report.claimed == 0):
+            return total
+        if report.claimed < settings.batch_size:  # caught up: poll briefly
+            sleep(min(settings.poll_interval_seconds, max(0.0, time_left() - margin)))

@@ -32,9 +32,7 @@ class ReapReport:
     backlog: store.Backlog | None = None
 
 
-def run(
-    engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], float]
-) -> ReapReport:
+def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], float]) -> ReapReport:
     report = ReapReport()
     backoff = backoff_of(settings)
     while time_left() > _MIN_TIME_FOR_A_BATCH:

@@ -52,7 +52,9 @@ class SendReport:
     statuses: Counter[str] = field(default_factory=Counter)
 
 
-def _send_one(channel: Channel, row: store.ClaimedMessage, deadline: Deadline) -> tuple[Outcome, int]:
+def _send_one(
+    channel: Channel, row: store.ClaimedMessage, deadline: Deadline
+) -> tuple[Outcome, int]:
     started = time.monotonic()
     if deadline.expired():
         return Outcome.deferred(NOT_STARTED), 0
@@ -60,7 +62,9 @@ def _send_one(channel: Channel, row: store.ClaimedMessage, deadline: Deadline) -
         channel.validate(row.payload)
     except ValidationError as exc:
         return Outcome.failed(f"invalid payload: {exc}"), 0
-    message = Message(row.id, row.channel, row.payload, row.attempt, row.dedupe_key, row.ordering_key)
+    message = Message(
+        row.id, row.channel, row.payload, row.attempt, row.dedupe_key, row.ordering_key
+    )
     try:
         outcome = channel.send(message, deadline)
     except Exception as exc:  # a channel bug or an unclassified provider error

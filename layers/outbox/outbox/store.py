@@ -15,6 +15,7 @@ Rules every statement here keeps (DESIGN.md, invariants 1-7):
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -229,7 +230,9 @@ _CLAIM = """
     RETURNING m.id, m.channel, m.claim_token, m.attempts + 1 AS attempt
 """
 _CLAIM_ALL = sa.text(_CLAIM.format(channel_filter=""))
-_CLAIM_CHANNELS = sa.text(_CLAIM.format(channel_filter="AND m.channel = ANY(CAST(:channels AS text[]))"))
+_CLAIM_CHANNELS = sa.text(
+    _CLAIM.format(channel_filter="AND m.channel = ANY(CAST(:channels AS text[]))")
+)
 
 
 def claim(
@@ -262,7 +265,10 @@ _RELEASE = sa.text(
 
 
 def release(
-    conn: sa.Connection, claims: Iterable[tuple[int, uuid.UUID]], reason: str, delay_seconds: float = 0
+    conn: sa.Connection,
+    claims: Iterable[tuple[int, uuid.UUID]],
+    reason: str,
+    delay_seconds: float = 0,
 ) -> set[int]:
     """Give claims back without counting an attempt (a failed hand-off). Fenced."""
     pairs = list(claims)
@@ -506,7 +512,9 @@ _BACKLOG = sa.text(
     FROM outbox_message WHERE status IN ('pending', 'claimed')
     """
 )
-_DEAD_COUNT = sa.text("SELECT count(*) FROM outbox_message WHERE status = 'dead' AND settled_at IS NOT NULL")
+_DEAD_COUNT = sa.text(
+    "SELECT count(*) FROM outbox_message WHERE status = 'dead' AND settled_at IS NOT NULL"
+)
 
 
 def backlog(conn: sa.Connection) -> Backlog:
@@ -560,3 +568,168 @@ def redrive(conn: sa.Connection, ids: Sequence[int]) -> set[int]:
 def payload_json(payload: Any) -> str:
     """The canonical JSON text stored for a payload."""
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+# --- operator read queries and filtered redrive (the `outbox` CLI) ----------
+# Filters are checked against closed sets before they reach a statement, and
+# every value travels as a bound parameter.
+
+STATUSES = ("pending", "claimed", "delivered", "failed", "dead", "suppressed", "cancelled")
+REDRIVABLE_STATUSES = ("dead", "failed")
+
+
+def _check_statuses(statuses: Sequence[str] | None, allowed: Sequence[str] = STATUSES) -> None:
+    bad = set(statuses or ()) - set(allowed)
+    if bad:
+        raise ValueError(f"unknown status(es) {sorted(bad)}; choose from {', '.join(allowed)}")
+
+
+_CHANNEL_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")  # the table's CHECK constraint
+
+
+def _check_channels(channels: Sequence[str] | None) -> None:
+    bad = [c for c in channels or () if not isinstance(c, str) or not _CHANNEL_NAME.match(c)]
+    if bad:
+        raise ValueError(f"not a channel name: {bad[0]!r}")
+
+
+_CHANNEL_STATUS_COUNTS = sa.text(
+    """
+    SELECT channel, status, count(*) AS n,
+           COALESCE(EXTRACT(EPOCH FROM now() - min(available_at)
+                    FILTER (WHERE status = 'pending' AND available_at <= now())), 0)::float8
+               AS oldest_due_age,
+           count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at < now())
+               AS expired_claims
+    FROM outbox_message GROUP BY channel, status ORDER BY channel, status
+    """
+)
+
+
+@dataclass(frozen=True)
+class ChannelStatusCount:
+    channel: str
+    status: str
+    count: int
+    oldest_due_age_seconds: float
+    expired_claims: int
+
+
+def channel_status_counts(conn: sa.Connection) -> list[ChannelStatusCount]:
+    """Messages per (channel, status), with the age of the oldest due pending
+    row and the number of claims past their lease in each group."""
+    return [
+        ChannelStatusCount(r.channel, r.status, r.n, float(r.oldest_due_age), r.expired_claims)
+        for r in conn.execute(_CHANNEL_STATUS_COUNTS).all()
+    ]
+
+
+_MESSAGE_COLUMNS = """
+    id, channel, status, priority, attempts, max_attempts, dedupe_key, ordering_key,
+    provider_message_id, last_error, claim_token, created_at, available_at, claimed_at,
+    lease_expires_at, settled_at
+"""
+
+_LIST_MESSAGES = sa.text(
+    f"""
+    SELECT {_MESSAGE_COLUMNS} FROM outbox_message
+    WHERE (CAST(:statuses AS text[]) IS NULL OR status = ANY(CAST(:statuses AS text[])))
+      AND (CAST(:channels AS text[]) IS NULL OR channel = ANY(CAST(:channels AS text[])))
+    ORDER BY id DESC
+    LIMIT :limit
+    """
+)
+
+
+def list_messages(
+    conn: sa.Connection,
+    statuses: Sequence[str] | None = None,
+    channels: Sequence[str] | None = None,
+    limit: int = 50,
+) -> list[sa.Row[Any]]:
+    """The newest ``limit`` rows matching the filters (no payloads)."""
+    _check_statuses(statuses)
+    _check_channels(channels)
+    if not 1 <= limit <= 10_000:
+        raise ValueError("limit must be between 1 and 10000")
+    return list(
+        conn.execute(
+            _LIST_MESSAGES,
+            {
+                "statuses": list(statuses) if statuses else None,
+                "channels": list(channels) if channels else None,
+                "limit": limit,
+            },
+        ).all()
+    )
+
+
+_GET_MESSAGE = sa.text(f"SELECT {_MESSAGE_COLUMNS}, payload FROM outbox_message WHERE id = :id")
+_ATTEMPT_HISTORY = sa.text(
+    """
+    SELECT attempt, outcome, error, provider_message_id, claimed_at, finished_at, duration_ms
+    FROM outbox_attempt WHERE message_id = :id ORDER BY id
+    """
+)
+
+
+def get_message(conn: sa.Connection, message_id: int) -> sa.Row[Any] | None:
+    """One row, payload included, or None."""
+    return conn.execute(_GET_MESSAGE, {"id": message_id}).one_or_none()
+
+
+def attempt_history(conn: sa.Connection, message_id: int) -> list[sa.Row[Any]]:
+    """The attempts of one message, oldest first."""
+    return list(conn.execute(_ATTEMPT_HISTORY, {"id": message_id}).all())
+
+
+_STATUSES_OF = sa.text(
+    """
+    SELECT id, status FROM outbox_message WHERE id = ANY(CAST(:ids AS bigint[]))
+    ORDER BY id FOR UPDATE
+    """
+)
+
+
+def statuses_of(conn: sa.Connection, ids: Sequence[int]) -> dict[int, str]:
+    """{id: status} of the given rows that exist, locked until the transaction
+    ends, so an operator command can check every id before changing any."""
+    if not ids:
+        return {}
+    return {r.id: r.status for r in conn.execute(_STATUSES_OF, {"ids": list(ids)}).all()}
+
+
+_REDRIVE_MATCHING = sa.text(
+    """
+    UPDATE outbox_message SET status = 'pending', attempts = 0, available_at = now(),
+        settled_at = NULL
+    WHERE status = ANY(CAST(:statuses AS text[]))
+      AND (CAST(:channels AS text[]) IS NULL OR channel = ANY(CAST(:channels AS text[])))
+      AND (CAST(:since_seconds AS float8) IS NULL
+           OR settled_at >= now() - make_interval(secs => CAST(:since_seconds AS float8)))
+    RETURNING id
+    """
+)
+
+
+def redrive_matching(
+    conn: sa.Connection,
+    statuses: Sequence[str],
+    channels: Sequence[str] | None = None,
+    since_seconds: float | None = None,
+) -> set[int]:
+    """dead | failed -> pending for every row matching the filters (settled
+    within the last ``since_seconds`` when given); the history stays."""
+    if not statuses:
+        raise ValueError("at least one status is needed")
+    _check_statuses(statuses, REDRIVABLE_STATUSES)
+    _check_channels(channels)
+    rows = conn.execute(
+        _REDRIVE_MATCHING,
+        {
+            "statuses": list(statuses),
+            "channels": list(channels) if channels else None,
+            "since_seconds": None if since_seconds is None else float(since_seconds),
+        },
+    ).all()
+    return {r.id for r in rows}

@@ -104,13 +104,16 @@ class SchemaChannel:
         if cls.__dict__.get("_validator") is None:
             import fastjsonschema
 
-            cls._validator = staticmethod(fastjsonschema.compile(dict(self.schema)))  # type: ignore[assignment]
+            cls._validator = staticmethod(fastjsonschema.compile(dict(self.schema)))
         try:
             cls._validator(payload)  # type: ignore[misc]
         except Exception as exc:  # fastjsonschema.JsonSchemaValueException
-            path = getattr(exc, "name", "data") or "data"
-            field = "payload" + str(path)[4:]  # "data.to[0]" -> "payload.to[0]"
-            raise ValidationError(field, getattr(exc, "message", str(exc))) from None
+            path = str(getattr(exc, "name", "data") or "data")
+            field = "payload" + path[4:]  # "data.to[0]" -> "payload.to[0]"
+            problem = str(getattr(exc, "message", exc))
+            if problem.startswith(path):  # "data.to[0] must match ..." -> "must match ..."
+                problem = problem[len(path) :].strip()
+            raise ValidationError(field, problem) from None
         self.check(payload)
 
     def check(self, payload: Any) -> None:
@@ -125,6 +128,11 @@ ChannelFactory = Callable[[], Channel]
 # Built-in channels, by import path so a function imports only its own.
 _registry: dict[str, str | ChannelFactory] = {
     "email": "outbox.channels.email:EmailChannel",
+    "sms": "outbox.channels.sms:SmsChannel",
+    "push": "outbox.channels.push:PushChannel",
+    "webhook": "outbox.channels.webhook:WebhookChannel",
+    "eventbridge": "outbox.channels.eventbridge:EventBridgeChannel",
+    "sqs": "outbox.channels.sqs:SqsChannel",
 }
 _instances: dict[str, Channel] = {}
 
@@ -150,6 +158,6 @@ def get(name: str) -> Channel:
     if isinstance(factory, str):
         module_name, _, attr = factory.partition(":")
         factory = getattr(importlib.import_module(module_name), attr)
-    channel = factory()  # type: ignore[operator]
+    channel = factory()
     _instances[name] = channel
     return channel

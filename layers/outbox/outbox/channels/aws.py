@@ -21,7 +21,7 @@ def client(service: str) -> Any:
         retries={"total_max_attempts": 1, "mode": "standard"},
         max_pool_connections=32,
     )
-    return boto3.client(service, config=config)
+    return boto3.client(service, config=config)  # type: ignore[call-overload]
 
 
 def error_code(exc: BaseException) -> str | None:
@@ -38,3 +38,27 @@ def describe(exc: BaseException) -> str:
     text (provider messages can echo addresses or payload fragments)."""
     code = error_code(exc)
     return f"{type(exc).__name__}: {code}" if code else type(exc).__name__
+
+
+def error_codes(exc: BaseException) -> set[str]:
+    """Every code an AWS error answers to: ``Code`` and, for the JSON-protocol
+    services that keep their old query codes (SQS), ``QueryErrorCode`` too."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return set()
+    error = response.get("Error", {})
+    return {str(error[k]) for k in ("Code", "QueryErrorCode") if error.get(k)}
+
+
+def is_throttling(codes: set[str]) -> bool:
+    """Whether an AWS answer means "slow down" (the account's rate, not the message)."""
+    return any("Throttl" in c or c in _THROTTLING_CODES for c in codes)
+
+
+_THROTTLING_CODES = {
+    "TooManyRequestsException",
+    "RequestLimitExceeded",
+    "SlowDown",
+    "ProvisionedThroughputExceededException",
+    "LimitExceededException",
+}

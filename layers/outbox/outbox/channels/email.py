@@ -1,13 +1,23 @@
-"""Email through Amazon SES v2 ``SendEmail``."""
+"""Email through Amazon SES v2 ``SendEmail``.
+
+Suppression: SES never delivers to an address on the account-level
+suppression list, yet ``SendEmail`` still answers with a message id (the
+drop shows up later as a bounce event). So, unless ``SES_SUPPRESSION_CHECK``
+is ``false``, the channel first asks ``GetSuppressedDestination`` for each
+recipient (of messages with at most ``MAX_SUPPRESSION_CHECKS`` of them) and
+records ``suppressed`` when every recipient is on the list. A
+check that fails (other than by throttling) lets the send go ahead: SES
+enforces the list itself, the check only makes the outcome honest.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
-from . import Deadline, Message, Outcome, SchemaChannel
-from . import aws
 from ..errors import ValidationError
+from . import Deadline, Message, Outcome, SchemaChannel, aws
 
 _ADDRESS = {"type": "string", "minLength": 3, "maxLength": 320, "pattern": "^[^@\\s]+@[^@\\s]+$"}
 _ADDRESSES = {"type": "array", "items": _ADDRESS, "maxItems": 50}
@@ -25,11 +35,14 @@ _THROTTLED = {"TooManyRequestsException", "LimitExceededException", "Throttling"
 _PAUSED = {"SendingPausedException", "AccountSuspendedException"}
 _THROTTLE_DELAY_SECONDS = 5.0
 _PAUSED_DELAY_SECONDS = 300.0
+SUPPRESSED = "every recipient is on the SES suppression list"
+# Messages with more recipients than this skip the suppression lookups.
+MAX_SUPPRESSION_CHECKS = 5
 
 
 class EmailChannel(SchemaChannel):
     name = "email"
-    schema = {
+    schema: Mapping[str, Any] = {
         "type": "object",
         "required": ["from", "to", "subject"],
         "additionalProperties": False,
@@ -45,9 +58,19 @@ class EmailChannel(SchemaChannel):
         },
     }
 
-    def __init__(self, client: Any = None, configuration_set: str | None = None) -> None:
+    def __init__(
+        self,
+        client: Any = None,
+        configuration_set: str | None = None,
+        check_suppression: bool | None = None,
+    ) -> None:
         self._client = client
-        self.configuration_set = configuration_set or os.environ.get("SES_CONFIGURATION_SET") or None
+        self.configuration_set = (
+            configuration_set or os.environ.get("SES_CONFIGURATION_SET") or None
+        )
+        if check_suppression is None:
+            check_suppression = os.environ.get("SES_SUPPRESSION_CHECK", "true").lower() != "false"
+        self.check_suppression = check_suppression
 
     @property
     def client(self) -> Any:
@@ -60,10 +83,33 @@ class EmailChannel(SchemaChannel):
             raise ValidationError("payload.text", "text or html is required")
         recipients = sum(len(payload.get(k, [])) for k in ("to", "cc", "bcc"))
         if recipients > _MAX_RECIPIENTS:
-            raise ValidationError("payload.to", f"{recipients} recipients; SES allows {_MAX_RECIPIENTS}")
+            raise ValidationError(
+                "payload.to", f"{recipients} recipients; SES allows {_MAX_RECIPIENTS}"
+            )
+
+    def suppressed(self, payload: dict[str, Any]) -> Outcome | None:
+        """``suppressed`` when every recipient is on the SES suppression list."""
+        recipients = {a.lower() for k in ("to", "cc", "bcc") for a in payload.get(k, [])}
+        if len(recipients) > MAX_SUPPRESSION_CHECKS:
+            return None  # one lookup per recipient is too dear; SES still enforces the list
+        for address in sorted(recipients):
+            try:
+                self.client.get_suppressed_destination(EmailAddress=address)
+            except Exception as exc:
+                codes = aws.error_codes(exc)
+                if "NotFoundException" in codes:
+                    return None  # this one is not suppressed: send
+                if aws.is_throttling(codes):
+                    return Outcome.deferred(aws.describe(exc), _THROTTLE_DELAY_SECONDS)
+                return None  # cannot tell: SES enforces the list itself
+        return Outcome.suppressed(SUPPRESSED)
 
     def send(self, message: Message, deadline: Deadline) -> Outcome:
         p = message.payload
+        if self.check_suppression:
+            outcome = self.suppressed(p)
+            if outcome is not None:
+                return outcome
         body: dict[str, Any] = {}
         if "text" in p:
             body["Text"] = {"Data": p["text"], "Charset": "UTF-8"}
@@ -76,7 +122,9 @@ class EmailChannel(SchemaChannel):
                 "CcAddresses": p.get("cc", []),
                 "BccAddresses": p.get("bcc", []),
             },
-            "Content": {"Simple": {"Subject": {"Data": p["subject"], "Charset": "UTF-8"}, "Body": body}},
+            "Content": {
+                "Simple": {"Subject": {"Data": p["subject"], "Charset": "UTF-8"}, "Body": body}
+            },
         }
         if p.get("reply_to"):
             request["ReplyToAddresses"] = p["reply_to"]

@@ -78,7 +78,8 @@ def upgrade() -> None:
         """
         CREATE TABLE outbox_attempt (
             id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            message_id          bigint      NOT NULL REFERENCES outbox_message (id) ON DELETE CASCADE,
+            message_id          bigint      NOT NULL
+                                REFERENCES outbox_message (id) ON DELETE CASCADE,
             attempt             integer     NOT NULL,
             outcome             text        NOT NULL CHECK (outcome IN
                 ('delivered', 'retry', 'failed', 'dead', 'suppressed', 'deferred', 'expired')),

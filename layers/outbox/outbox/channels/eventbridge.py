@@ -1,0 +1,103 @@
+"""Domain events through Amazon EventBridge ``PutEvents`` (one entry per message).
+
+``PutEvents`` answers 200 even when the entry was refused; the entry's
+``ErrorCode`` is the real answer and is always classified, never ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import ValidationError
+from . import Deadline, Message, Outcome, SchemaChannel, aws
+
+DEFAULT_BUS = "default"
+THROTTLE_DELAY_SECONDS = 5.0
+MAX_ENTRY_BYTES = 256 * 1024
+# Per-entry codes AWS documents as retryable; every other entry code is final.
+_ENTRY_RETRY = {"InternalFailure"}
+# Whole-call errors that sending again cannot fix.
+_CALL_FAILED = {"ValidationException", "ResourceNotFoundException", "InvalidArgument"}
+
+
+class EventBridgeChannel(SchemaChannel):
+    name = "eventbridge"
+    schema: Mapping[str, Any] = {
+        "type": "object",
+        "required": ["source", "detail_type", "detail"],
+        "additionalProperties": False,
+        "properties": {
+            "source": {"type": "string", "minLength": 1, "maxLength": 256},
+            "detail_type": {"type": "string", "minLength": 1, "maxLength": 128},
+            "detail": {"type": "object"},
+            "event_bus": {"type": "string", "minLength": 1, "maxLength": 1600},
+            "resources": {
+                "type": "array",
+                "maxItems": 10,
+                "items": {"type": "string", "minLength": 1, "maxLength": 2048},
+            },
+        },
+    }
+
+    def __init__(self, client: Any = None, event_bus: str | None = None) -> None:
+        self._client = client
+        self.event_bus = event_bus or os.environ.get("EVENT_BUS_NAME") or DEFAULT_BUS
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = aws.client("events")
+        return self._client
+
+    def check(self, payload: dict[str, Any]) -> None:
+        if payload["source"].startswith("aws."):
+            raise ValidationError("payload.source", "the aws. prefix is reserved for AWS services")
+
+    def entry(self, payload: dict[str, Any]) -> dict[str, Any]:
+        entry = {
+            "Source": payload["source"],
+            "DetailType": payload["detail_type"],
+            "Detail": json.dumps(payload["detail"], separators=(",", ":"), ensure_ascii=False),
+            "EventBusName": payload.get("event_bus") or self.event_bus,
+        }
+        if payload.get("resources"):
+            entry["Resources"] = payload["resources"]
+        return entry
+
+    def send(self, message: Message, deadline: Deadline) -> Outcome:
+        try:
+            response = self.client.put_events(Entries=[self.entry(message.payload)])
+        except Exception as exc:
+            return classify_error(exc)
+        entries = response.get("Entries") or []
+        first = entries[0] if entries else {}
+        code = first.get("ErrorCode")
+        if response.get("FailedEntryCount", 0) == 0 and not code and first.get("EventId"):
+            return Outcome.delivered(first["EventId"])
+        return classify_entry(code)
+
+
+def classify_entry(code: str | None) -> Outcome:
+    error = f"entry refused: {code or 'no event id returned'}"
+    if code is None:
+        return Outcome.retry(error)
+    if aws.is_throttling({code}):
+        return Outcome.deferred(error, THROTTLE_DELAY_SECONDS)
+    if code in _ENTRY_RETRY:
+        return Outcome.retry(error)
+    # InvalidArgument, MalformedDetail, AccessDeniedException, RedactionFailure,
+    # NotAuthorizedForSourceException, NotAuthorizedForDetailTypeException, ...
+    return Outcome.failed(error)
+
+
+def classify_error(exc: BaseException) -> Outcome:
+    codes = aws.error_codes(exc)
+    error = aws.describe(exc)
+    if aws.is_throttling(codes):
+        return Outcome.deferred(error, THROTTLE_DELAY_SECONDS)
+    if codes & _CALL_FAILED:
+        return Outcome.failed(error)
+    return Outcome.retry(error)

@@ -1,0 +1,308 @@
+"""Signed webhooks over HTTPS, following the Standard Webhooks specification.
+
+Every request carries ``webhook-id`` (``msg_<outbox id>``: the same on every
+retry of a message, the receiver's idempotency key), ``webhook-timestamp``
+(Unix seconds) and ``webhook-signature`` (``v1,<base64 HMAC-SHA256 of
+"id.timestamp.body">``, one per secret, space-separated, while a secret is
+being rotated). The body is ``{"type": event_type, "timestamp": ..., "data": body}``.
+
+The signing secret lives in Secrets Manager (the payload's ``secret_id``, else
+the function's ``WEBHOOK_SECRET_ARN``) as one or more whitespace-separated
+``whsec_<base64>`` values, read through Powertools Parameters (cached) and
+never logged. The destination passes the SSRF guard (``outbox.netguard``):
+resolved once, checked, and connected to by address while TLS still verifies
+the certificate for the host name. Redirects are never followed and at most
+``MAX_RESPONSE_BYTES`` of a response body are read.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import logging
+import os
+import ssl
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from .. import netguard
+from ..errors import ValidationError
+from . import Deadline, Message, Outcome, SchemaChannel, aws
+
+MAX_RESPONSE_BYTES = 64 * 1024
+SECRET_MAX_AGE_SECONDS = 300
+CONNECT_TIMEOUT_SECONDS = 5.0
+MAX_RETRY_AFTER_SECONDS = 3600.0
+THROTTLE_DELAY_SECONDS = 5.0
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+USER_AGENT = "outbox-relay-webhooks/1"
+SECRET_PREFIX = "whsec_"  # noqa: S105 (the Standard Webhooks secret prefix)
+
+
+def webhook_id(message_id: int) -> str:
+    """Stable for every attempt of one outbox message."""
+    return f"msg_{message_id}"
+
+
+def parse_secrets(value: str | bytes) -> list[bytes]:
+    """The signing keys in a secret value: ``whsec_<base64>`` tokens separated
+    by whitespace (several during a rotation). Errors never echo the value."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    keys = []
+    for token in str(value).split():
+        raw = token.removeprefix(SECRET_PREFIX)
+        raw += "=" * (-len(raw) % 4)  # unpadded base64 is common in whsec_ secrets
+        try:
+            key = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("signing secret is not whsec_<base64>") from None
+        if len(key) < 16:
+            raise ValueError("signing secret is shorter than 16 bytes")
+        keys.append(key)
+    if not keys:
+        raise ValueError("signing secret is empty")
+    return keys
+
+
+def signature(keys: list[bytes], msg_id: str, timestamp: int, body: str) -> str:
+    signed = f"{msg_id}.{timestamp}.{body}".encode()
+    return " ".join(
+        "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+        for key in keys
+    )
+
+
+def retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (seconds or an HTTP date), capped."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        seconds = float(value)
+    else:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
+
+
+def classify_status(status: int, headers: Any = None) -> Outcome:
+    """What an HTTP status means for the message."""
+    if 200 <= status < 300:
+        return Outcome.delivered()
+    if 300 <= status < 400:
+        return Outcome.failed(f"HTTP {status}: redirect not followed")
+    if status == 410:
+        return Outcome.failed("HTTP 410: endpoint gone")
+    if status in RETRY_STATUSES or 500 <= status < 600:
+        delay = retry_after(headers.get("Retry-After") if headers is not None else None)
+        return Outcome.retry(f"HTTP {status}", delay)
+    if 400 <= status < 500:
+        return Outcome.failed(f"HTTP {status}")
+    return Outcome.failed(f"HTTP {status}: unexpected status")
+
+
+class SecretUnavailable(Exception):
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.error)
+        self.outcome = outcome
+
+
+class WebhookChannel(SchemaChannel):
+    name = "webhook"
+    schema: Mapping[str, Any] = {
+        "type": "object",
+        "required": ["url", "event_type", "body"],
+        "additionalProperties": False,
+        "properties": {
+            "url": {"type": "string", "minLength": 8, "maxLength": 2048},
+            "event_type": {"type": "string", "minLength": 1, "maxLength": 256},
+            "body": {"type": "object"},
+            "secret_id": {"type": "string", "minLength": 1, "maxLength": 2048},
+        },
+    }
+
+    def __init__(
+        self,
+        *,
+        allow_insecure: bool | None = None,
+        default_secret_id: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        resolver: netguard.Resolver | None = None,
+        secrets: Any = None,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+    ) -> None:
+        if allow_insecure is None:
+            allow_insecure = os.environ.get("WEBHOOK_ALLOW_INSECURE", "").lower() == "true"
+        self.allow_insecure = allow_insecure
+        self.default_secret_id = default_secret_id or os.environ.get("WEBHOOK_SECRET_ARN") or None
+        self.resolver = resolver
+        self.max_response_bytes = max_response_bytes
+        self._ssl_context = ssl_context
+        self._secrets = secrets
+        # urllib3 logs each request line (path and query: where tokens hide) at DEBUG.
+        pool_log = logging.getLogger("urllib3.connectionpool")
+        if pool_log.level < logging.INFO:
+            pool_log.setLevel(logging.INFO)
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext:
+        if self._ssl_context is None:
+            context = ssl.create_default_context()
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            self._ssl_context = context
+        return self._ssl_context
+
+    @property
+    def secrets(self) -> Any:
+        if self._secrets is None:
+            from aws_lambda_powertools.utilities.parameters import SecretsProvider
+
+            self._secrets = SecretsProvider(boto3_client=aws.client("secretsmanager"))
+        return self._secrets
+
+    def check(self, payload: dict[str, Any]) -> None:
+        try:
+            netguard.check_url(payload["url"], allow_insecure=self.allow_insecure)
+        except netguard.ForbiddenDestination as exc:
+            raise ValidationError("payload.url", str(exc)) from None
+
+    def signing_keys(self, secret_id: str) -> list[bytes]:
+        try:
+            value = self.secrets.get(secret_id, max_age=SECRET_MAX_AGE_SECONDS)
+        except Exception as exc:
+            # Powertools wraps the botocore error; classify the original.
+            cause = exc.__cause__ or exc.__context__ or exc
+            codes = aws.error_codes(cause)
+            error = f"signing secret unavailable ({aws.describe(cause)})"
+            if "ResourceNotFoundException" in codes:
+                raise SecretUnavailable(Outcome.failed(error)) from None
+            if aws.is_throttling(codes):
+                raise SecretUnavailable(Outcome.deferred(error, THROTTLE_DELAY_SECONDS)) from None
+            raise SecretUnavailable(Outcome.retry(error)) from None
+        try:
+            return parse_secrets(value)
+        except ValueError as exc:
+            raise SecretUnavailable(Outcome.failed(str(exc))) from None
+
+    def send(self, message: Message, deadline: Deadline) -> Outcome:
+        p = message.payload
+        secret_id = p.get("secret_id") or self.default_secret_id
+        if not secret_id:
+            return Outcome.failed("no signing secret: set payload.secret_id or WEBHOOK_SECRET_ARN")
+        try:
+            keys = self.signing_keys(secret_id)
+        except SecretUnavailable as exc:
+            return exc.outcome
+        try:
+            target = netguard.resolve(
+                p["url"], allow_insecure=self.allow_insecure, resolver=self.resolver
+            )
+        except netguard.ForbiddenDestination as exc:
+            return Outcome.failed(f"destination refused: {exc}")
+        except OSError as exc:
+            return Outcome.retry(f"DNS lookup failed ({type(exc).__name__})")
+
+        msg_id = webhook_id(message.id)
+        timestamp = int(time.time())
+        body = json.dumps(
+            {
+                "type": p["event_type"],
+                "timestamp": datetime.fromtimestamp(timestamp, UTC)
+                .isoformat()
+                .replace("+00:00", "Z"),
+                "data": p["body"],
+            },
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+        headers = {
+            "Host": target.host_header,
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            "webhook-id": msg_id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": signature(keys, msg_id, timestamp, body),
+        }
+        outcome = self._post(target, headers, body.encode("utf-8"), deadline)
+        if outcome.kind == "delivered":
+            return Outcome.delivered(msg_id)
+        return outcome
+
+    def _post(
+        self, target: netguard.Target, headers: dict[str, str], body: bytes, deadline: Deadline
+    ) -> Outcome:
+        import urllib3
+
+        remaining = deadline.remaining()
+        if remaining <= 0:
+            return Outcome.deferred("deadline near: not started")
+        timeout = urllib3.Timeout(connect=min(remaining, CONNECT_TIMEOUT_SECONDS), read=remaining)
+        pool: urllib3.HTTPConnectionPool
+        if target.scheme == "https":
+            # Connect to the checked address; SNI and the certificate check use the name.
+            pool = urllib3.HTTPSConnectionPool(
+                target.address,
+                target.port,
+                timeout=timeout,
+                maxsize=1,
+                retries=False,
+                ssl_context=self.ssl_context,
+                server_hostname=target.hostname,
+                assert_hostname=target.hostname,
+            )
+        else:
+            pool = urllib3.HTTPConnectionPool(
+                target.address, target.port, timeout=timeout, maxsize=1, retries=False
+            )
+        try:
+            try:
+                response = pool.urlopen(
+                    "POST",
+                    target.path,
+                    body=body,
+                    headers=headers,
+                    redirect=False,
+                    retries=False,
+                    assert_same_host=False,
+                    preload_content=False,
+                )
+            except urllib3.exceptions.NewConnectionError:  # (a ConnectTimeoutError subclass)
+                return Outcome.retry("connection failed (refused or unreachable)")
+            except (urllib3.exceptions.TimeoutError, TimeoutError):
+                return Outcome.retry("timeout: no answer before the deadline")
+            except urllib3.exceptions.SSLError:
+                return Outcome.retry("TLS handshake or certificate check failed")
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                return Outcome.retry(f"connection failed ({type(exc).__name__})")
+            try:
+                # The status is the answer; a body that stalls or breaks changes nothing.
+                self._drain(response, deadline)
+            except (urllib3.exceptions.HTTPError, OSError):
+                pass
+            finally:
+                response.close()
+            return classify_status(response.status, response.headers)
+        finally:
+            pool.close()
+
+    def _drain(self, response: Any, deadline: Deadline) -> int:
+        """Read (and drop) at most ``max_response_bytes`` of the body."""
+        read = 0
+        while read < self.max_response_bytes and not deadline.expired():
+            chunk = response.read(min(16384, self.max_response_bytes - read), decode_content=False)
+            if not chunk:
+                break
+            read += len(chunk)
+        return read

@@ -1,0 +1,332 @@
+"""Helpers for the channel tests: an end-to-end drive through the real sender
+runtime, a throwaway TLS CA, and local HTTP(S) receivers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import http.server
+import ipaddress
+import os
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+import outbox
+import support
+from outbox import channels, sender, store
+from outbox.channels import Channel
+from outbox.handoff import HandOff
+
+ACCOUNT = "123456789012"
+REGION = "us-east-1"
+
+
+def deliver(
+    engine: sa.Engine,
+    channel_name: str,
+    payload: Any,
+    *,
+    channel: Channel | None = None,
+    ordering_key: str | None = None,
+    remaining: float = 30.0,
+    message_id: int | None = None,
+) -> tuple[int, sender.SendReport]:
+    """enqueue (unless ``message_id``) -> claim -> sender.run, as the functions do."""
+    if channel is not None:
+        channels.register(channel_name, lambda: channel)
+    if message_id is None:
+        with engine.begin() as conn:
+            message_id = outbox.enqueue(conn, channel_name, payload, ordering_key=ordering_key)
+    with engine.begin() as conn:
+        claims = store.claim(conn, 10, 120, [channel_name])
+    assert [c.id for c in claims] == [message_id]
+    report = sender.run(
+        engine,
+        HandOff(channel_name, tuple(claims)).to_event(),
+        support.settings(),
+        lambda: remaining,
+        channel_name=channel_name,
+        channel=channel,
+    )
+    return message_id, report
+
+
+def settled(engine: sa.Engine, message_id: int) -> tuple[sa.Row[Any], list[sa.Row[Any]]]:
+    with engine.connect() as conn:
+        return support.row(conn, message_id), support.attempts(conn, message_id)
+
+
+# --- TLS ---------------------------------------------------------------------
+
+
+@dataclass
+class LocalCA:
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        return context
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(self.cert_file), str(self.key_file))
+        return context
+
+
+def make_ca(directory: Path, names: tuple[str, ...] = ("webhook.test", "localhost")) -> LocalCA:
+    """A self-signed CA and a server certificate for ``names`` and 127.0.0.1."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "outbox test CA")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
+    sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+        .add_extension(x509.ExtendedKeyUsage([x509.OID_SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    ca_file, cert_file, key_file = (
+        directory / "ca.pem",
+        directory / "server.pem",
+        directory / "server.key",
+    )
+    ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return LocalCA(ca_file, cert_file, key_file)
+
+
+# --- local webhook receivers --------------------------------------------------
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Receiver:
+    """A scripted HTTP(S) receiver on 127.0.0.1. Paths choose the answer:
+
+    /ok 200, /nocontent 204, /gone 410, /bad 400, /redirect 301 (to an internal
+    address), /throttle-seconds 429 Retry-After: 7, /throttle-date 429 with an
+    HTTP date two minutes ahead, /unavailable 503, /hang (answers after
+    ``hang_seconds``), /huge 200 with a 100 MB body, /flaky 503 once then 200.
+    """
+
+    port: int = 0
+    scheme: str = "http"
+    requests: list[Received] = field(default_factory=list)
+    huge_bytes_written: int = 0
+    flaky_calls: int = 0
+    hang_seconds: float = 5.0
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def url(self, path: str, host: str = "127.0.0.1") -> str:
+        return f"{self.scheme}://{host}:{self.port}{path}"
+
+
+def _handler(receiver: Receiver) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length)
+            receiver.requests.append(
+                Received("POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+            )
+            path = self.path.split("?", 1)[0]
+            if path == "/hang":
+                receiver.release.wait(receiver.hang_seconds)
+                self._answer(200)
+            elif path == "/huge":
+                self._huge()
+            elif path == "/flaky":
+                receiver.flaky_calls += 1
+                self._answer(503 if receiver.flaky_calls == 1 else 200)
+            elif path == "/redirect":
+                self._answer(301, {"Location": "http://10.0.0.7/internal"})
+            elif path == "/throttle-seconds":
+                self._answer(429, {"Retry-After": "7"})
+            elif path == "/throttle-date":
+                when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=120)
+                self._answer(429, {"Retry-After": when.strftime("%a, %d %b %Y %H:%M:%S GMT")})
+            else:
+                status = {
+                    "/ok": 200,
+                    "/nocontent": 204,
+                    "/gone": 410,
+                    "/bad": 400,
+                    "/unavailable": 503,
+                }.get(path, 404)
+                self._answer(status)
+
+        def _answer(self, status: int, headers: dict[str, str] | None = None) -> None:
+            payload = b"" if status == 204 else b'{"ok":true}'
+            self.send_response(status)
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            if status != 204:
+                self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def _huge(self) -> None:
+            total = 100 * 1024 * 1024
+            self.send_response(200)
+            self.send_header("Content-Length", str(total))
+            self.end_headers()
+            chunk = b"x" * 65536
+            try:
+                while receiver.huge_bytes_written < total:
+                    self.wfile.write(chunk)
+                    receiver.huge_bytes_written += len(chunk)
+            except OSError:
+                pass  # the client stopped reading and closed: what we want
+            self.close_connection = True
+
+    return Handler
+
+
+@contextmanager
+def receiver(tls: LocalCA | None = None, hang_seconds: float = 5.0) -> Iterator[Receiver]:
+    state = Receiver(scheme="https" if tls else "http", hang_seconds=hang_seconds)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    server.daemon_threads = True
+    if tls is not None:
+        context = tls.server_context()
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    state.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        state.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def silent_server() -> Iterator[int]:
+    """A TCP server on 127.0.0.1 that accepts connections and never answers:
+    a provider that hangs. Yields its port."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+                accepted.append(conn)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(2)
+        for conn in accepted:
+            conn.close()
+        listener.close()
+
+
+def loopback_resolver(calls: list[str] | None = None) -> Callable[[str, int], list[str]]:
+    """Every name resolves to 127.0.0.1 (records the names asked for)."""
+
+    def resolve(host: str, port: int) -> list[str]:
+        if calls is not None:
+            calls.append(host)
+        return ["127.0.0.1"]
+
+    return resolve
+
+
+def new_secret() -> str:
+    """A fresh Standard Webhooks signing secret."""
+    return "whsec_" + base64.b64encode(os.urandom(32)).decode()
+
+
+def elapsed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    started = time.monotonic()
+    result = fn()
+    return result, time.monotonic() - started

@@ -1,0 +1,94 @@
+"""`make run` (python -m outbox.local) end to end, as a subprocess: on this
+machine's Postgres (the normal path) and forced onto the embedded one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+
+def run_local(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "AWS_ENDPOINT_URL")}
+    return subprocess.run(
+        [sys.executable, "-m", "outbox.local"],
+        env={**clean, "COLUMNS": "120", **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def check_output(result: subprocess.CompletedProcess[str], database_line: str) -> None:
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = " ".join(result.stdout.split())  # rich wraps long lines
+    assert database_line in out
+    assert "AWS: in-process moto server at http://127.0.0.1:" in out
+    assert "messages per channel and status" in out
+    assert "attempt history of message" in out
+    assert "two transient failures, then delivered" in out and "-> delivered" in out
+    assert "MessageRejected" in out and "-> failed" in out
+    assert "MAX_ATTEMPTS is spent" in out and "-> dead" in out
+    assert "expired claims taken back: 1;" in out  # the lost hand-off, via the reaper
+    assert "lease expired" in out  # ... in its attempt history
+    assert "local run OK" in out
+
+
+def test_make_run_on_the_local_postgres(server_url: str) -> None:
+    name = f"outbox_demo_{uuid.uuid4().hex[:8]}"
+    host = make_url(server_url).host
+    if host not in ("127.0.0.1", "localhost"):  # pragma: no cover - CI on another server
+        env = {
+            "DATABASE_URL": make_url(server_url).set(database="postgres").render_as_string(False)
+        }
+        line = "database: DATABASE_URL"
+    else:
+        env, line = {"OUTBOX_LOCAL_DBNAME": name}, f"database {name!r} (recreated)"
+    try:
+        result = run_local(env)
+        check_output(result, line)
+        if "OUTBOX_LOCAL_DBNAME" in env:
+            engine = sa.create_engine(make_url(server_url).set(database=name))
+            with engine.connect() as conn:
+                rows = conn.execute(
+                    sa.text(
+                        "SELECT channel, status, count(*) FROM outbox_message "
+                        "GROUP BY 1, 2 ORDER BY 1, 2"
+                    )
+                ).all()
+            engine.dispose()
+            assert [tuple(r) for r in rows] == [
+                ("email", "delivered", 24),
+                ("email", "failed", 1),
+                ("eventbridge", "delivered", 1),
+                ("flaky", "dead", 1),
+                ("flaky", "delivered", 2),
+                ("push", "delivered", 1),
+                ("sms", "delivered", 1),
+                ("sms", "suppressed", 1),
+                ("sqs", "delivered", 1),
+                ("webhook", "delivered", 1),
+            ]
+    finally:
+        admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_make_run_on_the_embedded_postgres(tmp_path: Path) -> None:
+    pgdata = tmp_path / "pgdata"
+    result = run_local({"OUTBOX_LOCAL_DB": "embedded", "OUTBOX_LOCAL_PGDATA": str(pgdata)})
+    check_output(result, f"database: embedded Postgres (pgserver) in {pgdata}")
+    assert (pgdata / "PG_VERSION").is_file()
+
+
+def test_an_unknown_database_choice_is_refused() -> None:
+    result = run_local({"OUTBOX_LOCAL_DB": "oracle"})
+    assert result.returncode != 0
+    assert "OUTBOX_LOCAL_DB must be local, embedded or url" in result.stderr

@@ -1,0 +1,346 @@
+"""The operator commands against the real Postgres: what they print, what they
+change, and that bad arguments or unknown ids change nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner, Result
+
+import outbox
+from outbox import store
+from outbox.cli import cli, parse_duration
+from outbox.dispatcher import backoff_of
+from support import (
+    EMAIL,
+    ScriptedChannel,
+    attempts,
+    expire_leases,
+    install_channel,
+    make_due,
+    row,
+    settings,
+    statuses,
+)
+
+BACKOFF = backoff_of(settings())
+
+
+@pytest.fixture
+def run(engine: sa.Engine, database_url: str) -> Any:
+    runner = CliRunner()
+
+    def invoke(*args: str, input: str | None = None) -> Result:
+        return runner.invoke(cli, list(args), env={"DATABASE_URL": database_url}, input=input)
+
+    return invoke
+
+
+def snapshot(engine: sa.Engine) -> list[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        messages = conn.execute(
+            sa.text(
+                "SELECT id, status, attempts, available_at, settled_at, last_error "
+                "FROM outbox_message ORDER BY id"
+            )
+        ).all()
+        history = conn.execute(sa.text("SELECT * FROM outbox_attempt ORDER BY id")).all()
+    return [tuple(r) for r in messages] + [tuple(r) for r in history]
+
+
+def seed(engine: sa.Engine, n: int, channel: str = "email", **options: Any) -> list[int]:
+    with engine.begin() as conn:
+        return outbox.enqueue_many(
+            conn, [{"channel": channel, "payload": EMAIL, **options} for _ in range(n)]
+        )
+
+
+def settle_all(engine: sa.Engine, outcome: str, error: str = "boom") -> list[int]:
+    """Claim every due row and settle it with ``outcome``."""
+    with engine.begin() as conn:
+        claims = store.claim(conn, 1000, 60)
+        store.settle(
+            conn,
+            [store.Settlement(c.id, c.claim_token, outcome, error=error) for c in claims],
+            BACKOFF,
+        )
+    return [c.id for c in claims]
+
+
+def one_error_line(result: Result, *fragments: str) -> None:
+    assert result.exit_code != 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_migrate_is_idempotent_and_reports_the_revision(run: Any) -> None:
+    first = run("migrate")
+    assert first.exit_code == 0, first.output
+    assert "revision 0001" in first.stdout
+    again = run("migrate", "--json")
+    assert json.loads(again.stdout) == {"revision": "0001"}
+
+
+def test_enqueue_inline_and_from_file_with_options(
+    run: Any, engine: sa.Engine, tmp_path: Any
+) -> None:
+    first = run(
+        "enqueue",
+        "--channel",
+        "email",
+        "--payload",
+        json.dumps(EMAIL),
+        "--dedupe-key",
+        "order-1",
+        "--ordering-key",
+        "customer-7",
+        "--priority",
+        "5",
+        "--delay",
+        "10m",
+        "--json",
+    )
+    assert first.exit_code == 0, first.output
+    message_id = json.loads(first.stdout)["id"]
+    with engine.connect() as conn:
+        r = row(conn, message_id)
+        due_in = conn.execute(
+            sa.text(
+                "SELECT EXTRACT(EPOCH FROM available_at - now()) FROM outbox_message WHERE id = :id"
+            ),
+            {"id": message_id},
+        ).scalar_one()
+    assert (r.channel, r.dedupe_key, r.ordering_key, r.priority, r.payload) == (
+        "email",
+        "order-1",
+        "customer-7",
+        5,
+        EMAIL,
+    )
+    assert 590 < float(due_in) <= 600
+
+    payload_file = tmp_path / "payload.json"
+    payload_file.write_text(json.dumps(EMAIL))
+    repeat = run(
+        "enqueue", "--channel", "email", "--payload", f"@{payload_file}", "--dedupe-key", "order-1"
+    )
+    assert repeat.exit_code == 0 and int(repeat.stdout) == message_id  # the dedupe key answered
+    stdin = run("enqueue", "--channel", "email", "--payload", "@-", input=json.dumps(EMAIL))
+    assert stdin.exit_code == 0, stdin.output
+    assert int(stdin.stdout) > message_id  # a new row (the conflict above used an identity value)
+    assert statuses(engine) == {"pending": 2}
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--channel", "email", "--payload", "{not json"], "not valid JSON"),
+        (["--channel", "email", "--payload", "{}"], "payload"),
+        (["--channel", "carrier-pigeon", "--payload", "{}"], "unknown channel"),
+        (["--channel", "email", "--payload", "@/nonexistent/payload.json"], "cannot read"),
+        (["--channel", "email", "--payload", json.dumps(EMAIL), "--priority", "99999"], "priority"),
+        (["--channel", "email", "--payload", json.dumps(EMAIL), "--delay", "soon"], "duration"),
+        (["--payload", json.dumps(EMAIL)], "--channel"),
+    ],
+)
+def test_enqueue_rejects_bad_input_and_writes_nothing(
+    run: Any, engine: sa.Engine, args: list[str], fragment: str
+) -> None:
+    result = run("enqueue", *args)
+    one_error_line(result, fragment)
+    assert result.exit_code == 2
+    assert snapshot(engine) == []
+
+
+def test_status_counts_per_channel_and_status(run: Any, engine: sa.Engine) -> None:
+    seed(engine, 3)
+    settle_all(engine, "failed")
+    seed(engine, 2)
+    with engine.begin() as conn:
+        claims = store.claim(conn, 1, 60)
+    expire_leases(engine, [claims[0].id])
+    result = run("status", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    groups = {(g["channel"], g["status"]): g for g in data["channels"]}
+    assert {k: g["count"] for k, g in groups.items()} == {
+        ("email", "failed"): 3,
+        ("email", "pending"): 1,
+        ("email", "claimed"): 1,
+    }
+    assert groups[("email", "claimed")]["expired_claims"] == 1
+    assert data["pending"] == 1 and data["expired_claims"] == 1 and data["claimed"] == 1
+    assert data["oldest_due_age_seconds"] >= 0
+    table = run("status")
+    assert table.exit_code == 0
+    assert "email" in table.stdout and "1 past their lease" in table.stdout
+
+
+def test_list_filters_and_limits(run: Any, engine: sa.Engine) -> None:
+    seed(engine, 2)
+    failed = settle_all(engine, "failed")
+    pending = seed(engine, 3)
+    every = run("list", "--json")
+    assert [m["id"] for m in json.loads(every.stdout)] == sorted(failed + pending, reverse=True)
+    only_failed = json.loads(run("list", "--status", "failed", "--json").stdout)
+    assert sorted(m["id"] for m in only_failed) == failed
+    assert all("payload" not in m for m in only_failed)
+    both = json.loads(run("list", "--status", "failed,pending", "--limit", "2", "--json").stdout)
+    assert [m["id"] for m in both] == sorted(pending, reverse=True)[:2]
+    install_channel(ScriptedChannel())
+    assert json.loads(run("list", "--channel", "scripted", "--json").stdout) == []
+    one_error_line(run("list", "--channel", "carrier-pigeon"), "unknown channel 'carrier-pigeon'")
+    assert str(pending[0]) in run("list").stdout
+    one_error_line(run("list", "--status", "lost"), "unknown status 'lost'")
+    one_error_line(run("list", "--limit", "0"), "--limit")
+
+
+def test_show_gives_the_row_and_its_attempt_history(run: Any, engine: sa.Engine) -> None:
+    (message_id,) = seed(engine, 1, max_attempts=5)
+    settle_all(engine, "retry", error="SES: Throttling")
+    make_due(engine)
+    settle_all(engine, "failed", error="MessageRejected")
+    result = run("show", str(message_id), "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["message"]["status"] == "failed" and data["message"]["payload"] == EMAIL
+    assert [(a["attempt"], a["outcome"], a["error"]) for a in data["attempts"]] == [
+        (1, "retry", "SES: Throttling"),
+        (2, "failed", "MessageRejected"),
+    ]
+    text = run("show", str(message_id)).stdout
+    assert "MessageRejected" in text and "Throttling" in text
+    one_error_line(run("show", "999"), "no message with id 999")
+    one_error_line(run("show", "abc"), "abc")
+
+
+def test_redrive_by_id_keeps_history_and_unknown_ids_change_nothing(
+    run: Any, engine: sa.Engine
+) -> None:
+    dead = seed(engine, 2, max_attempts=1)
+    settle_all(engine, "retry")
+    (pending,) = seed(engine, 1)
+    before = snapshot(engine)
+    one_error_line(run("redrive", str(dead[0]), "4242"), "unknown message id(s): 4242")
+    one_error_line(run("redrive", str(dead[0]), str(pending)), f"{pending} is pending")
+    one_error_line(run("redrive"), "give message ids")
+    one_error_line(run("redrive", "--status", "delivered"), "cannot redrive status 'delivered'")
+    one_error_line(run("redrive", str(dead[0]), "--status", "dead"), "not both")
+    assert snapshot(engine) == before
+
+    result = run("redrive", str(dead[0]), "--json")
+    assert json.loads(result.stdout) == {"redriven": [dead[0]], "count": 1}
+    with engine.connect() as conn:
+        r = row(conn, dead[0])
+        assert (r.status, r.attempts, r.settled_at) == ("pending", 0, None)
+        assert [a.outcome for a in attempts(conn, dead[0])] == ["dead"]  # history kept
+        assert row(conn, dead[1]).status == "dead"
+
+
+def test_redrive_by_status_channel_and_since(run: Any, engine: sa.Engine) -> None:
+    old = seed(engine, 2, max_attempts=1)
+    settle_all(engine, "retry")
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_message SET settled_at = now() - interval '2 hours' "
+                "WHERE id = ANY(:ids)"
+            ),
+            {"ids": old},
+        )
+    recent = seed(engine, 3, max_attempts=1)
+    settle_all(engine, "retry")
+    failed = seed(engine, 1)
+    settle_all(engine, "failed")
+
+    install_channel(ScriptedChannel())
+    before = snapshot(engine)
+    one_error_line(run("redrive", "--status", "dead", "--channel", "emial"), "unknown channel")
+    assert snapshot(engine) == before
+    none = run("redrive", "--status", "dead", "--channel", "scripted", "--json")
+    assert json.loads(none.stdout)["count"] == 0
+    result = run("redrive", "--status", "dead", "--since", "1h", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["redriven"] == recent
+    both = json.loads(
+        run("redrive", "--status", "dead,failed", "--channel", "email", "--json").stdout
+    )
+    assert both["redriven"] == sorted(old + failed)
+    assert statuses(engine) == {"pending": 6}
+
+
+def test_cancel_only_pending_rows_all_or_nothing(run: Any, engine: sa.Engine) -> None:
+    pending = seed(engine, 3)
+    (done,) = seed(engine, 1, dedupe_key="x")
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outbox_message SET priority = 9 WHERE id = :id"), {"id": done})
+    with engine.begin() as conn:
+        claims = store.claim(conn, 1, 60)  # the priority 9 row
+        store.settle(
+            conn, [store.Settlement(claims[0].id, claims[0].claim_token, "delivered")], BACKOFF
+        )
+    before = snapshot(engine)
+    one_error_line(run("cancel", str(pending[0]), str(done)), f"{done} is delivered")
+    one_error_line(run("cancel", str(pending[0]), "777"), "unknown message id(s): 777")
+    one_error_line(run("cancel"), "IDS")
+    one_error_line(run("cancel", "0"), "positive")
+    assert snapshot(engine) == before
+
+    result = run("cancel", str(pending[0]), str(pending[1]), "--json")
+    assert json.loads(result.stdout) == {"cancelled": pending[:2], "count": 2}
+    assert "cancelled 1 message(s)" in run("cancel", str(pending[2])).stdout
+    assert statuses(engine) == {"cancelled": 3, "delivered": 1}
+
+
+def test_prune_deletes_only_terminal_rows_older_than_the_window(
+    run: Any, engine: sa.Engine
+) -> None:
+    old = seed(engine, 2)
+    settle_all(engine, "failed")
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outbox_message SET settled_at = now() - interval '8 days'"))
+    recent = seed(engine, 1)
+    settle_all(engine, "failed")
+    (pending,) = seed(engine, 1)
+    before = snapshot(engine)
+    one_error_line(run("prune", "--older-than", "a while"), "duration")
+    one_error_line(run("prune", "--older-than", "7d", "--status", "pending"), "cannot prune")
+    one_error_line(run("prune"), "--older-than")
+    assert snapshot(engine) == before
+
+    assert json.loads(run("prune", "--older-than", "7d", "--json").stdout) == {"pruned": 2}
+    with engine.connect() as conn:
+        left = conn.execute(sa.text("SELECT id FROM outbox_message ORDER BY id")).scalars().all()
+        orphans = conn.execute(
+            sa.text("SELECT count(*) FROM outbox_attempt WHERE message_id = ANY(:ids)"),
+            {"ids": old},
+        ).scalar_one()
+    assert left == [*recent, pending] and orphans == 0
+
+
+def test_commands_without_a_database_or_schema_say_so(database_url: str, engine: sa.Engine) -> None:
+    runner = CliRunner()
+    no_url = runner.invoke(cli, ["status"], env={"DATABASE_URL": ""})
+    one_error_line(no_url, "DATABASE_URL")
+    missing = database_url.rsplit("/", 1)[0] + "/outbox_no_such_database"
+    one_error_line(runner.invoke(cli, ["list"], env={"DATABASE_URL": missing}), "does not exist")
+    unknown_command = runner.invoke(cli, ["lsit"], env={"DATABASE_URL": database_url})
+    one_error_line(unknown_command, "No such command")
+
+
+def test_durations() -> None:
+    assert [parse_duration(t) for t in ("90", "45s", "30m", "12h", "7d", "2w", "1.5h")] == [
+        90,
+        45,
+        1800,
+        43200,
+        604800,
+        1209600,
+        5400,
+    ]

@@ -1,0 +1,179 @@
+"""`outbox worker`: the relay in one process. Several at once deliver each
+message once; SIGTERM leaves no claim behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+import outbox
+from outbox.channels import Outcome
+from outbox.cli import cli
+from outbox.worker import Worker
+from support import EMAIL, ScriptedChannel, install_channel, settings, statuses
+
+
+def seed(engine: sa.Engine, n: int, channel: str, payload: Any) -> list[int]:
+    with engine.begin() as conn:
+        return outbox.enqueue_many(conn, [{"channel": channel, "payload": payload}] * n)
+
+
+def test_two_workers_over_one_backlog_deliver_each_message_once(engine: sa.Engine) -> None:
+    channel = install_channel(ScriptedChannel())
+    ids = seed(engine, 400, "scripted", {"n": 1})
+    config = settings(batch_size=15, send_concurrency=4)
+    start = threading.Barrier(2)
+    workers = [
+        Worker(engine, config, channels=["scripted"], reap_interval_seconds=3600) for _ in range(2)
+    ]
+
+    def run(worker: Worker) -> None:
+        start.wait()
+        worker.run(until_empty=True)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    sent = Counter(channel.sent)
+    assert sorted(sent) == ids and set(sent.values()) == {1}
+    assert all(w.report.claimed > 0 for w in workers), "the workers did not overlap"
+    assert sum(w.report.claimed for w in workers) == 400
+    assert statuses(engine) == {"delivered": 400}
+    with engine.connect() as conn:
+        per_message = conn.execute(
+            sa.text("SELECT message_id, count(*) FROM outbox_attempt GROUP BY message_id")
+        ).all()
+    assert len(per_message) == 400 and {n for _, n in per_message} == {1}
+
+
+def test_worker_once_retries_and_batch_size(engine: sa.Engine) -> None:
+    install_channel(ScriptedChannel(answers=[Outcome.retry("flaky"), Outcome.delivered()]))
+    seed(engine, 5, "scripted", {"n": 1})
+    worker = Worker(engine, settings(batch_size=2), channels=["scripted"])
+    report = worker.run(once=True)
+    assert (report.claimed, report.batches) == (2, 1)
+    assert report.statuses == {"pending": 1, "delivered": 1}
+    assert statuses(engine) == {"pending": 4, "delivered": 1}
+
+
+def test_a_stopped_worker_releases_what_it_did_not_start(engine: sa.Engine) -> None:
+    install_channel(ScriptedChannel())
+    seed(engine, 3, "scripted", {"n": 1})
+    worker = Worker(engine, settings(), channels=["scripted"])
+    worker.stop.set()  # stop arrives between the claim and the hand-off
+    result = worker.run_once()
+    assert result.claimed == 3 and worker.report.released == 3
+    assert statuses(engine) == {"pending": 3}
+    with engine.connect() as conn:
+        attempts = conn.execute(sa.text("SELECT count(*) FROM outbox_attempt")).scalar_one()
+        due = conn.execute(
+            sa.text("SELECT count(*) FROM outbox_message WHERE available_at <= now()")
+        ).scalar_one()
+    assert attempts == 0 and due == 3  # no attempt counted, due again at once
+
+
+def test_worker_command_until_empty_json(engine: sa.Engine, database_url: str) -> None:
+    install_channel(ScriptedChannel())
+    seed(engine, 7, "scripted", {"n": 1})
+    result = CliRunner().invoke(
+        cli,
+        ["worker", "--until-empty", "--channels", "scripted", "--batch-size", "3", "--json"],
+        env={"DATABASE_URL": database_url},
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["claimed"] == 7 and report["statuses"] == {"delivered": 7}
+    assert statuses(engine) == {"delivered": 7}
+
+
+def test_worker_command_rejects_bad_options(engine: sa.Engine, database_url: str) -> None:
+    seed(engine, 2, "email", EMAIL)
+    runner = CliRunner()
+    for args, fragment in (
+        (["--channels", "carrier-pigeon"], "unknown channel 'carrier-pigeon'"),
+        (["--batch-size", "0"], "--batch-size"),
+    ):
+        result = runner.invoke(cli, ["worker", "--once", *args], env={"DATABASE_URL": database_url})
+        assert result.exit_code == 2 and fragment in result.stderr, result.output
+    bad_env = runner.invoke(
+        cli, ["worker", "--once"], env={"DATABASE_URL": database_url, "LEASE_SECONDS": "10"}
+    )
+    assert bad_env.exit_code == 2 and "LEASE_SECONDS" in bad_env.stderr
+    assert statuses(engine) == {"pending": 2}
+
+
+@pytest.fixture
+def moto_endpoint() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def test_sigterm_mid_run_leaves_no_claimed_rows(
+    engine: sa.Engine, database_url: str, moto_endpoint: str
+) -> None:
+    import boto3
+
+    boto3.client("sesv2", endpoint_url=moto_endpoint).create_email_identity(
+        EmailIdentity="example.com"
+    )
+    total = 3000
+    seed(engine, total, "email", EMAIL)
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "POWERTOOLS_LOG_LEVEL": "ERROR",
+        "POWERTOOLS_METRICS_DISABLED": "true",
+    }
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "outbox.cli", "worker", "--batch-size", "40", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if statuses(engine).get("delivered", 0) >= 50:
+                break
+            assert worker.poll() is None, worker.communicate()
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0, err
+    report = json.loads(out)
+    final = statuses(engine)
+    assert "claimed" not in final, final
+    assert 0 < final["delivered"] < total, "SIGTERM did not land mid-run"
+    assert final["delivered"] + final.get("pending", 0) == total
+    assert report["statuses"]["delivered"] == final["delivered"]
+    with engine.connect() as conn:
+        expired = conn.execute(
+            sa.text("SELECT count(*) FROM outbox_attempt WHERE outcome <> 'delivered'")
+        ).scalar_one()
+    assert expired == 0

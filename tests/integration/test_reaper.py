@@ -1,0 +1,167 @@
+"""The reaper: the one recovery path (invariant 5), prune, and backlog figures."""
+
+from __future__ import annotations
+
+import threading
+
+import sqlalchemy as sa
+
+import outbox
+from outbox import reaper, sender, store
+from outbox.channels.email import EmailChannel
+from outbox.handoff import HandOff
+from support import (
+    EMAIL,
+    LambdaContext,
+    ScriptedChannel,
+    attempts,
+    expire_leases,
+    install_channel,
+    row,
+    settings,
+)
+
+
+def enqueue(engine: sa.Engine, n: int = 1, **options: object) -> list[int]:
+    with engine.begin() as conn:
+        return outbox.enqueue_many(
+            conn, [{"channel": "email", "payload": EMAIL, **options} for _ in range(n)]
+        )
+
+
+def claim(engine: sa.Engine) -> list[store.Claim]:
+    with engine.begin() as conn:
+        return store.claim(conn, 100, 60)
+
+
+def test_expired_claims_go_back_to_pending_with_the_attempt_counted(engine: sa.Engine) -> None:
+    (mid,) = enqueue(engine)
+    claim(engine)
+    report = reaper.run(engine, settings(), lambda: 30.0)
+    assert report.reclaimed == 0  # the lease has not run out yet
+    expire_leases(engine)
+    report = reaper.run(engine, settings(), lambda: 30.0)
+    assert (report.reclaimed, report.dead) == (1, 0)
+    with engine.connect() as conn:
+        r, history = row(conn, mid), attempts(conn, mid)
+    assert (r.status, r.attempts, r.claim_token, r.last_error) == (
+        "pending",
+        1,
+        None,
+        store.LEASE_EXPIRED_ERROR,
+    )
+    assert [(a.attempt, a.outcome) for a in history] == [(1, "expired")]
+
+
+def test_a_row_that_keeps_crashing_its_sender_ends_dead(engine: sa.Engine) -> None:
+    (mid,) = enqueue(engine, max_attempts=3)
+    for _ in range(3):
+        from support import make_due
+
+        make_due(engine)
+        assert [c.id for c in claim(engine)] == [mid]
+        expire_leases(engine)  # the sender crashed: nobody settles
+        reaper.run(engine, settings(), lambda: 30.0)
+    with engine.connect() as conn:
+        r, history = row(conn, mid), attempts(conn, mid)
+    assert (r.status, r.attempts) == ("dead", 3) and r.settled_at is not None
+    assert [a.outcome for a in history] == ["expired", "expired", "dead"]
+    make_due(engine)
+    assert claim(engine) == []  # never loops forever
+
+
+def test_reaper_racing_a_settle_never_leaves_a_row_both_delivered_and_pending(
+    engine: sa.Engine,
+) -> None:
+    """Rounds in which the sender settles right as the lease runs out, while a
+    reaper sweeps in a tight loop: each row ends with exactly one writer's outcome."""
+    import random
+    import time
+
+    class FakeEmail(ScriptedChannel):
+        schema = EmailChannel.schema
+
+    seen: set[str] = set()
+    for _ in range(10):
+        with engine.begin() as conn:
+            conn.execute(sa.text("TRUNCATE outbox_attempt, outbox_message"))
+        ids = enqueue(engine, 30)
+        # Each provider call takes about as long as the lease has left.
+        install_channel(FakeEmail(name="email", answers=[random.uniform(0.1, 0.3) for _ in ids]))
+        claims = claim(engine)
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "UPDATE outbox_message SET lease_expires_at = now() + interval '200 milliseconds'"
+                )
+            )
+        stop = threading.Event()
+
+        def sweep() -> None:
+            while not stop.is_set():  # noqa: B023 - joined within this iteration
+                reaper.run(engine, settings(), lambda: 30.0)
+                time.sleep(0.005)
+
+        sweeper = threading.Thread(target=sweep)
+        sweeper.start()
+        ctx = LambdaContext(30)
+        sender.run(
+            engine,
+            HandOff("email", tuple(claims)).to_event(),
+            settings(settle_margin_seconds=0, send_concurrency=30),
+            lambda: ctx.get_remaining_time_in_millis() / 1000,  # noqa: B023
+        )
+        time.sleep(0.1)
+        stop.set()
+        sweeper.join()
+        with engine.connect() as conn:
+            for i in ids:
+                r = row(conn, i)
+                outcomes = [a.outcome for a in attempts(conn, i)]
+                assert len(outcomes) == 1 == r.attempts, (r, outcomes)
+                seen.add(outcomes[0])
+                if r.status == "delivered":
+                    assert outcomes == ["delivered"] and r.claim_token is None
+                else:
+                    assert r.status == "pending" and outcomes in (["expired"], ["retry"])
+    assert {"delivered", "expired"} <= seen, f"the race was never exercised: {seen}"
+
+
+def test_prune_deletes_old_terminal_rows_in_bounded_batches(engine: sa.Engine) -> None:
+    ids = enqueue(engine, 12)
+    with engine.begin() as conn:
+        store.cancel(conn, ids[:10])
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_message SET settled_at = now() - interval '8 days' WHERE id = ANY(:ids)"
+            ),
+            {"ids": ids[:8]},
+        )
+        assert store.prune(conn, 7 * 86400, batch_size=5) == 5
+        assert store.prune(conn, 7 * 86400, batch_size=5) == 3
+        assert store.prune(conn, 7 * 86400, batch_size=5) == 0
+        left = conn.execute(sa.text("SELECT id FROM outbox_message ORDER BY id")).scalars().all()
+    assert left == ids[8:]  # recent terminal rows and pending rows stay
+
+
+def test_backlog_figures(engine: sa.Engine) -> None:
+    enqueue(engine, 3)
+    enqueue(engine, 1, delay=3600)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_message SET available_at = now() - interval '90 seconds' WHERE id = 1"
+            )
+        )
+    claim(engine)  # claims the 3 due rows
+    expire_leases(engine, [2])
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_message (channel, payload, status, settled_at) VALUES ('email', '{}', 'dead', now())"
+            )
+        )
+        b = store.backlog(conn)
+    assert (b.pending, b.due, b.claimed, b.expired_claims, b.dead) == (1, 0, 3, 1, 1)
+    report = reaper.run(engine, settings(), lambda: 30.0)
+    assert report.backlog is not None and report.backlog.pending == 2

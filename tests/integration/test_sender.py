@@ -1,0 +1,254 @@
+"""The sender runtime: fenced re-read, outcomes, batched fenced settle (invariants 2, 4, 6, 7)."""
+
+from __future__ import annotations
+
+import uuid
+
+import sqlalchemy as sa
+
+import outbox
+from outbox import sender, store
+from outbox.channels import Outcome
+from outbox.handoff import HandOff
+from support import LambdaContext, ScriptedChannel, attempts, install_channel, row, settings
+
+
+def enqueue(engine: sa.Engine, n: int = 1, **options: object) -> list[int]:
+    with engine.begin() as conn:
+        return outbox.enqueue_many(
+            conn, [{"channel": "scripted", "payload": {"n": i}, **options} for i in range(n)]
+        )
+
+
+def claim(engine: sa.Engine, batch: int = 100, lease: float = 120) -> list[store.Claim]:
+    with engine.begin() as conn:
+        return store.claim(conn, batch, lease)
+
+
+def send(
+    engine: sa.Engine, claims: list[store.Claim], remaining: float = 30, **overrides: object
+) -> sender.SendReport:
+    event = HandOff("scripted", tuple(claims)).to_event()
+    ctx = LambdaContext(remaining)
+    return sender.run(
+        engine, event, settings(**overrides), lambda: ctx.get_remaining_time_in_millis() / 1000
+    )
+
+
+def test_delivered_records_provider_id_and_one_attempt(engine: sa.Engine) -> None:
+    channel = install_channel(ScriptedChannel())
+    (mid,) = enqueue(engine)
+    report = send(engine, claim(engine))
+    assert report.statuses == {"delivered": 1} and channel.sent == [mid]
+    with engine.connect() as conn:
+        r, history = row(conn, mid), attempts(conn, mid)
+    assert (r.status, r.attempts, r.provider_message_id, r.claim_token) == (
+        "delivered",
+        1,
+        f"p-{mid}",
+        None,
+    )
+    assert r.settled_at is not None
+    assert [(a.attempt, a.outcome, a.provider_message_id) for a in history] == [
+        (1, "delivered", f"p-{mid}")
+    ]
+
+
+def test_each_outcome_class_in_one_batch(engine: sa.Engine) -> None:
+    install_channel(
+        ScriptedChannel(
+            answers=[
+                Outcome.delivered("x"),
+                Outcome.retry("503 from provider"),
+                Outcome.failed("rejected"),
+                Outcome.suppressed("opted out"),
+                Outcome.deferred("throttled", 30),
+            ]
+        )
+    )
+    ids = enqueue(engine, 5)
+    # One at a time through the pool so the scripted answers line up with ids.
+    report = send(engine, claim(engine), send_concurrency=1)
+    assert report.statuses == {
+        "delivered": 1,
+        "pending": 1,
+        "failed": 1,
+        "suppressed": 1,
+        "deferred": 1,
+    }
+    with engine.connect() as conn:
+        rows = [row(conn, i) for i in ids]
+        retry_wait = conn.execute(
+            sa.text(
+                "SELECT EXTRACT(EPOCH FROM available_at - now()) FROM outbox_message WHERE id = :id"
+            ),
+            {"id": ids[1]},
+        ).scalar_one()
+        defer_wait = conn.execute(
+            sa.text(
+                "SELECT EXTRACT(EPOCH FROM available_at - now()) FROM outbox_message WHERE id = :id"
+            ),
+            {"id": ids[4]},
+        ).scalar_one()
+        history = {i: [(a.attempt, a.outcome) for a in attempts(conn, i)] for i in ids}
+    assert [r.status for r in rows] == ["delivered", "pending", "failed", "suppressed", "pending"]
+    assert [r.attempts for r in rows] == [1, 1, 1, 1, 0]  # the deferral counted no attempt
+    assert rows[1].last_error == "503 from provider" and rows[4].last_error == "throttled"
+    assert 0.5 <= float(retry_wait) <= 1.0  # base 1s, equal jitter
+    assert 29 <= float(defer_wait) <= 30
+    assert history[ids[1]] == [(1, "retry")] and history[ids[4]] == [(1, "deferred")]
+
+
+def test_backoff_grows_and_is_capped_then_dead_at_max_attempts(engine: sa.Engine) -> None:
+    install_channel(ScriptedChannel(answers=[Outcome.retry("boom")] * 10))
+    (mid,) = enqueue(engine, max_attempts=4)
+    waits = []
+    for _ in range(4):
+        send(engine, claim(engine), backoff_base_seconds=10, backoff_cap_seconds=25)
+        with engine.begin() as conn:
+            waits.append(
+                float(
+                    conn.execute(
+                        sa.text(
+                            "SELECT EXTRACT(EPOCH FROM available_at - now()) FROM outbox_message"
+                        )
+                    ).scalar_one()
+                )
+            )
+            conn.execute(
+                sa.text("UPDATE outbox_message SET available_at = now() WHERE status = 'pending'")
+            )
+    with engine.connect() as conn:
+        r, history = row(conn, mid), attempts(conn, mid)
+    assert 5 <= waits[0] <= 10 and 10 <= waits[1] <= 20 and 12.5 <= waits[2] <= 25
+    assert (r.status, r.attempts) == ("dead", 4)
+    assert [a.outcome for a in history] == ["retry", "retry", "retry", "dead"]
+
+
+def test_a_sender_whose_lease_was_taken_changes_nothing_and_says_so(engine: sa.Engine) -> None:
+    install_channel(ScriptedChannel())
+    (mid,) = enqueue(engine)
+    stale = claim(engine)
+    with engine.begin() as conn:  # the reaper released it and another dispatcher re-claimed it
+        conn.execute(sa.text("UPDATE outbox_message SET lease_expires_at = now() - interval '1s'"))
+        store.reap_expired(conn, 10, store.Backoff(0, 0, 5))
+    fresh = claim(engine)
+    assert fresh[0].claim_token != stale[0].claim_token
+    report = send(engine, stale)
+    assert report.lease_lost == [mid] and report.owned == 0
+    with engine.connect() as conn:
+        r = row(conn, mid)
+    assert (r.status, r.claim_token, r.attempts) == ("claimed", fresh[0].claim_token, 1)
+
+
+def test_settle_with_a_stale_token_changes_nothing(engine: sa.Engine) -> None:
+    install_channel(ScriptedChannel())
+    (mid,) = enqueue(engine)
+    (c,) = claim(engine)
+    with engine.begin() as conn:
+        result = store.settle(
+            conn, [store.Settlement(mid, uuid.uuid4(), "delivered")], store.Backoff(1, 1, 3)
+        )
+        assert result == {}
+        assert store.release(conn, [(mid, uuid.uuid4())], "x") == set()
+        r = row(conn, mid)
+    assert (r.status, r.claim_token) == ("claimed", c.claim_token)
+    with engine.connect() as conn:
+        assert attempts(conn, mid) == []
+
+
+def test_lease_lost_between_send_and_settle_abandons_the_outcome(engine: sa.Engine) -> None:
+    class Reaped(ScriptedChannel):
+        def send(self, message, deadline):  # type: ignore[no-untyped-def]
+            with engine.begin() as conn:  # the reaper strikes while the provider call runs
+                conn.execute(
+                    sa.text("UPDATE outbox_message SET lease_expires_at = now() - interval '1s'")
+                )
+                store.reap_expired(conn, 10, store.Backoff(0, 0, 5))
+            return super().send(message, deadline)
+
+    install_channel(Reaped())
+    (mid,) = enqueue(engine)
+    report = send(engine, claim(engine))
+    assert report.lease_lost == [mid] and not report.statuses
+    with engine.connect() as conn:
+        r, history = row(conn, mid), attempts(conn, mid)
+    assert (r.status, r.attempts) == ("pending", 1)  # the reaper's outcome stands, not "delivered"
+    assert [a.outcome for a in history] == ["expired"]
+
+
+def test_rows_past_the_deadline_are_deferred_not_left_to_expire(engine: sa.Engine) -> None:
+    install_channel(ScriptedChannel())
+    enqueue(engine, 3)
+    # The Lambda has less time left than the settle margin: nothing may start.
+    report = send(engine, claim(engine), remaining=0.4, settle_margin_seconds=0.5)
+    assert report.statuses == {"deferred": 3}
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT status, attempts, last_error FROM outbox_message")
+        ).all()
+    assert {tuple(r) for r in rows} == {("pending", 0, sender.NOT_STARTED)}
+
+
+def test_a_provider_call_that_hangs_past_its_deadline_is_given_up(engine: sa.Engine) -> None:
+    install_channel(ScriptedChannel(answers=[3.0]))
+    (mid,) = enqueue(engine)
+    report = send(engine, claim(engine), remaining=1.5, settle_margin_seconds=0.5)
+    assert report.statuses == {"pending": 1}
+    with engine.connect() as conn:
+        r = row(conn, mid)
+    assert (r.status, r.attempts, r.last_error) == ("pending", 1, sender.DEADLINE_EXCEEDED)
+
+
+def test_bad_payload_fails_that_row_and_the_rest_is_delivered(engine: sa.Engine) -> None:
+    install_channel(ScriptedChannel())
+    good, bad = enqueue(engine, 2)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text('UPDATE outbox_message SET payload = \'{"n": "seven"}\' WHERE id = :id'),
+            {"id": bad},
+        )
+    report = send(engine, claim(engine))
+    assert report.statuses == {"delivered": 1, "failed": 1}
+    with engine.connect() as conn:
+        assert row(conn, good).status == "delivered"
+        failed = row(conn, bad)
+    assert failed.status == "failed" and failed.last_error.startswith("invalid payload: payload.n")
+
+
+def test_an_exception_from_the_channel_is_a_retry(engine: sa.Engine) -> None:
+    install_channel(ScriptedChannel(answers=[ConnectionResetError("peer said no")]))
+    (mid,) = enqueue(engine)
+    send(engine, claim(engine))
+    with engine.connect() as conn:
+        r = row(conn, mid)
+    assert (r.status, r.last_error) == ("pending", "unexpected ConnectionResetError")
+
+
+def test_replayed_hand_off_after_settle_changes_nothing(engine: sa.Engine) -> None:
+    channel = install_channel(ScriptedChannel())
+    (mid,) = enqueue(engine)
+    claims = claim(engine)
+    send(engine, claims)
+    again = send(engine, claims)
+    assert again.lease_lost == [mid] and channel.sent == [mid]
+    with engine.connect() as conn:
+        assert len(attempts(conn, mid)) == 1
+
+
+def test_settle_is_one_statement_whatever_the_batch_size(engine: sa.Engine) -> None:
+    install_channel(ScriptedChannel())
+    enqueue(engine, 200)
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *args):  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    claims = claim(engine, batch=200)
+    sa.event.listen(engine, "before_cursor_execute", count)
+    try:
+        report = send(engine, claims)
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", count)
+    assert report.statuses == {"delivered": 200}
+    assert len([s for s in statements if s.strip()]) == 2  # fenced load + settle

@@ -1,0 +1,143 @@
+"""Settings: validated once, errors name the setting."""
+
+from __future__ import annotations
+
+import json
+import ssl
+
+import boto3
+import pytest
+
+from outbox import ConfigError
+from outbox.config import DatabaseSettings, RelaySettings
+from outbox.handoff import HandOff
+from outbox.runtime import Runtime
+
+BASE = {"DATABASE_URL": "postgresql://postgres@127.0.0.1/test"}
+
+
+@pytest.mark.parametrize(
+    ("env", "setting"),
+    [
+        ({}, "DATABASE_URL"),
+        ({**BASE, "DB_SECRET_ARN": "arn:aws:secretsmanager:us-east-1:1:secret:x"}, "DB_SECRET_ARN"),
+        ({"DB_IAM_USER": "relay"}, "DB_HOST"),
+        ({**BASE, "BATCH_SIZE": "many"}, "BATCH_SIZE"),
+        ({**BASE, "BATCH_SIZE": "0"}, "BATCH_SIZE"),
+        (
+            {
+                **BASE,
+                "LEASE_SECONDS": "60",
+                "SENDER_TIMEOUT_SECONDS": "30",
+                "MAX_EVENT_AGE_SECONDS": "60",
+            },
+            "LEASE_SECONDS",
+        ),
+        ({**BASE, "CHANNEL_FUNCTIONS": "{nope"}, "CHANNEL_FUNCTIONS"),
+        ({**BASE, "CHANNEL_FUNCTIONS": '{"email": ""}'}, "CHANNEL_FUNCTIONS"),
+        ({**BASE, "BACKOFF_BASE_SECONDS": "10", "BACKOFF_CAP_SECONDS": "5"}, "BACKOFF_CAP_SECONDS"),
+        ({**BASE, "DB_SSLMODE": "prefer"}, "DB_SSLMODE"),
+        ({"DB_SECRET_ARN": "arn:x", "DB_SSLMODE": "disable"}, "DB_SSLMODE"),
+    ],
+)
+def test_bad_configuration_fails_at_cold_start_naming_the_setting(
+    env: dict[str, str], setting: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Runtime(env)
+    assert caught.value.setting == setting and setting in str(caught.value)
+
+
+def test_defaults_keep_the_lease_longer_than_timeout_plus_event_age() -> None:
+    s = RelaySettings.from_env(BASE)
+    assert s.lease_seconds > s.sender_timeout_seconds + s.max_event_age_seconds
+
+
+def test_tls_is_verified_unless_the_url_is_local() -> None:
+    from outbox.db import create_engine, tls_context
+
+    remote = DatabaseSettings.from_env({"DB_IAM_USER": "relay", "DB_HOST": "db.example.internal"})
+    assert remote.sslmode == "verify-full"
+    context = tls_context(remote)
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    local = DatabaseSettings.from_env(BASE)
+    assert local.sslmode == "disable"
+    # A local URL may still ask for TLS.
+    assert DatabaseSettings.from_env({**BASE, "DB_SSLMODE": "verify-full"}).sslmode == "verify-full"
+    engine = create_engine(remote)
+    assert engine.url.host == "db.example.internal" and engine.url.password is None
+
+
+def test_credentials_from_a_secrets_manager_secret_never_enter_the_url(aws: None) -> None:
+    from outbox.db import create_engine
+
+    secret = {
+        "username": "relay",
+        "password": "s3cr3t-Pa55",
+        "host": "db.example.internal",
+        "port": 5433,
+        "dbname": "app",
+    }
+    arn = boto3.client("secretsmanager").create_secret(
+        Name="outbox/db", SecretString=json.dumps(secret)
+    )["ARN"]
+    engine = create_engine(DatabaseSettings.from_env({"DB_SECRET_ARN": arn}))
+    assert (engine.url.username, engine.url.host, engine.url.port, engine.url.database) == (
+        "relay",
+        "db.example.internal",
+        5433,
+        "app",
+    )
+    assert engine.url.password is None and "s3cr3t" not in repr(engine.url)
+
+
+@pytest.mark.parametrize(
+    ("event", "field"),
+    [
+        (None, "event"),
+        ({"channel": "email", "messages": []}, "event.version"),
+        ({"version": 1, "messages": [{}]}, "event.channel"),
+        ({"version": 1, "channel": "email", "messages": []}, "event.messages"),
+        (
+            {
+                "version": 1,
+                "channel": "email",
+                "messages": [{"id": "1", "attempt": 1, "claim_token": "x"}],
+            },
+            "event.messages[0].id",
+        ),
+        (
+            {
+                "version": 1,
+                "channel": "email",
+                "messages": [{"id": 1, "attempt": 0, "claim_token": "x"}],
+            },
+            "event.messages[0].attempt",
+        ),
+        (
+            {
+                "version": 1,
+                "channel": "email",
+                "messages": [{"id": 1, "attempt": 1, "claim_token": "x"}],
+            },
+            "event.messages[0].claim_token",
+        ),
+        (
+            {
+                "version": 1,
+                "channel": "email",
+                "messages": [
+                    {"id": 1, "attempt": 1, "claim_token": "00000000-0000-0000-0000-000000000000"}
+                ]
+                * 1001,
+            },
+            "event.messages",
+        ),
+    ],
+)
+def test_malformed_hand_off_events_are_refused_naming_the_field(event: object, field: str) -> None:
+    from outbox import ValidationError
+
+    with pytest.raises(ValidationError) as caught:
+        HandOff.from_event(event)
+    assert caught.value.field == field
