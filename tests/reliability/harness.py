@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
+
 from outbox import store
 from outbox.channels import Deadline, Message, Outcome, SchemaChannel
 from outbox.handoff import HandOff
@@ -200,7 +201,7 @@ class FakeProvider(SchemaChannel):
     send it accepts is committed to ``rel_accepts`` before it answers."""
 
     name = CHANNEL
-    schema = {  # noqa: RUF012
+    schema = {
         "type": "object",
         "required": ["n"],
         "properties": {"n": {"type": "integer"}, "script": {"type": "array"}},

@@ -9,11 +9,12 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import outbox
 import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+import outbox
 from outbox import ConfigError, ValidationError, channels, dispatcher, sender, store
 from outbox.channels import SchemaChannel
 from outbox.handoff import CallableInvoker, HandOff
@@ -45,7 +46,7 @@ FUZZ = settings(
 
 class AnyJson(SchemaChannel):
     name = "anyjson"
-    schema = {"type": "object"}  # noqa: RUF012
+    schema = {"type": "object"}
 
 
 # Text Postgres can store: no NUL, no lone surrogates.
@@ -323,10 +324,10 @@ def test_corrupt_rows_fail_alone_and_the_rest_of_the_batch_is_delivered(
             conn, [{"channel": "scripted", "payload": {"n": i}} for i in range(5)]
         )
         corrupt = {
-            insert_raw(conn, "scripted", "{}"): "payload: data must contain ['n']",
+            insert_raw(conn, "scripted", "{}"): "payload: must contain ['n']",
             insert_raw(conn, "scripted", '{"n": "seven"}'): "payload.n",
-            insert_raw(conn, "scripted", "[1, 2]"): "payload: data must be object",
-            insert_raw(conn, "scripted", "null"): "payload: data must be object",
+            insert_raw(conn, "scripted", "[1, 2]"): "payload: must be object",
+            insert_raw(conn, "scripted", "null"): "payload: must be object",
             insert_raw(conn, "email", '{"to": "x"}'): "payload",
             insert_raw(conn, "email", '{"from": 1, "to": [], "subject": "s"}'): "payload",
             insert_raw(conn, "ghost", '{"n": 1}'): "no function is configured for channel 'ghost'",

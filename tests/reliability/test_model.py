@@ -10,11 +10,12 @@ import itertools
 import uuid
 from dataclasses import dataclass
 
-import outbox
 import sqlalchemy as sa
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+import outbox
 from outbox import channels, store
 from outbox.channels import SchemaChannel
 from support import expire_leases
@@ -27,7 +28,7 @@ TERMINAL = {"delivered", "failed", "dead", "suppressed", "cancelled"}
 
 class ModelChannel(SchemaChannel):
     name = "model"
-    schema = {"type": "object"}  # noqa: RUF012
+    schema = {"type": "object"}
 
 
 @dataclass

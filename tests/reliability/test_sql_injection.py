@@ -4,8 +4,12 @@ strings are stored and compared literally, and the tables survive."""
 
 from __future__ import annotations
 
-import outbox
+import re
+
+import pytest
 import sqlalchemy as sa
+
+import outbox
 from outbox import store
 from support import ScriptedChannel, install_channel
 
@@ -128,3 +132,23 @@ def test_hostile_channel_filters_and_ordering_keys_match_literally(engine: sa.En
         assert conn.execute(sa.text("SELECT count(*) FROM outbox_message")).scalar_one() == 2 * len(
             HOSTILE
         )
+
+
+def test_operator_filters_refuse_hostile_channel_names_and_match_literally(
+    engine: sa.Engine,
+) -> None:
+    install_channel(ScriptedChannel(name="null"))  # a legal name that pg8000 once sent as NULL
+    install_channel(ScriptedChannel())
+    with engine.begin() as conn:
+        (null_id,) = outbox.enqueue_many(conn, [{"channel": "null", "payload": {"n": 1}}])
+        outbox.enqueue(conn, "scripted", {"n": 2}, dedupe_key=HOSTILE[0])
+    for hostile in [h for h in HOSTILE if not re.fullmatch(r"[a-z][a-z0-9_-]{0,63}", h)]:
+        with pytest.raises(ValueError), engine.begin() as conn:
+            store.list_messages(conn, channels=[hostile])
+        with pytest.raises(ValueError), engine.begin() as conn:
+            store.redrive_matching(conn, ["dead"], channels=[hostile])
+    with engine.begin() as conn:
+        assert store.list_messages(conn, channels=["nul", "nulll", "null_"]) == []
+        assert [r.id for r in store.list_messages(conn, channels=["null"])] == [null_id]
+        assert [c.id for c in store.claim(conn, 10, 60, channels=["null"])] == [null_id]
+    tables_intact(engine)

@@ -657,7 +657,7 @@ def list_messages(
             _LIST_MESSAGES,
             {
                 "statuses": list(statuses) if statuses else None,
-                "channels": list(channels) if channels else None,
+                "channels": text_array(channels) if channels else None,
                 "limit": limit,
             },
         ).all()
@@ -728,7 +728,7 @@ def redrive_matching(
         _REDRIVE_MATCHING,
         {
             "statuses": list(statuses),
-            "channels": list(channels) if channels else None,
+            "channels": text_array(channels) if channels else None,
             "since_seconds": None if since_seconds is None else float(since_seconds),
         },
     ).all()
