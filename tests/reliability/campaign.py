@@ -66,6 +66,8 @@ class RunReport:
     kills: dict[str, int] = field(default_factory=dict)
     stalls: int = 0
     crashes: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    fault_events: dict[str, int] = field(default_factory=dict)
     terminated_backends: int = 0
     lock_holds: int = 0
     accepts: int = 0
@@ -174,7 +176,8 @@ class Chaos(threading.Thread):
                     "SELECT count(pg_terminate_backend(pid)) FROM (SELECT pid FROM "
                     "pg_stat_activity WHERE datname = current_database() AND "
                     "application_name = 'outbox-relay' AND pid <> pg_backend_pid() "
-                    "ORDER BY random() LIMIT 1) AS victim"
+                    # Mid-batch first: a backend running a statement or inside a transaction.
+                    "ORDER BY state = 'idle', random() LIMIT 1) AS victim"
                 )
             ).scalar_one()
         self.report.terminated_backends += int(n)
@@ -191,9 +194,8 @@ class Chaos(threading.Thread):
             ).all()
             if locked:
                 self.report.lock_holds += 1
-                time.sleep(STATEMENT_TIMEOUT_MS / 1000 * 0.9)
-                # Sleep in two steps: the chaos connection has the same timeout.
-                time.sleep(STATEMENT_TIMEOUT_MS / 1000 * 0.6)
+                # Idle in the transaction (no statement runs, so no timeout here).
+                time.sleep(STATEMENT_TIMEOUT_MS / 1000 * 2)
 
 
 def spawn(
@@ -430,6 +432,22 @@ def check(url: str, report: RunReport, default_max: int) -> None:
         report.stalls = conn.execute(
             sa.text("SELECT count(DISTINCT batch) FROM rel_events WHERE kind = 'stall'")
         ).scalar_one()
+        report.errors = dict(
+            conn.execute(
+                sa.text(
+                    "SELECT substr(kind, 7), count(*) FROM rel_events WHERE kind LIKE 'error:%' "
+                    "GROUP BY kind"
+                )
+            ).all()  # type: ignore[arg-type]
+        )
+        report.fault_events = dict(
+            conn.execute(
+                sa.text(
+                    "SELECT kind, count(DISTINCT batch) FROM rel_events "
+                    "WHERE kind IN ('abandoned', 'lease_lost') GROUP BY kind"
+                )
+            ).all()  # type: ignore[arg-type]
+        )
         report.crashes = conn.execute(
             sa.text("SELECT count(DISTINCT batch) FROM rel_events WHERE kind = 'crash'")
         ).scalar_one()
@@ -521,11 +539,19 @@ def campaign(
     return reports
 
 
+# Faults besides the kill points that every campaign must have produced.
+OTHER_FAULTS = ("statement_timeout", "connection_dropped", "abandoned", "lease_lost")
+
+
 def missing_points(reports: list[RunReport]) -> set[str]:
+    """Kill points and fault kinds no run has hit yet."""
     seen = {k.removeprefix("kill:") for r in reports for k in r.kills}
     if any(r.stalls for r in reports):
         seen.add(harness.STALL)
-    return set(harness.ALL_POINTS) - seen
+    for r in reports:
+        seen.update(kind.split(":", 1)[1] for kind in r.errors if ":" in kind)
+        seen.update(r.fault_events)
+    return (set(harness.ALL_POINTS) | set(OTHER_FAULTS)) - seen
 
 
 def main() -> None:
@@ -548,7 +574,7 @@ def main() -> None:
     )
     bad = sum(len(r.violations) for r in reports)
     print(
-        f"campaign: {len(reports)} runs, {bad} violations, kill points never hit: "
+        f"campaign: {len(reports)} runs, {bad} violations, kill points and faults never hit: "
         f"{sorted(missing_points(reports)) or 'none'}"
     )
     raise SystemExit(1 if bad else 0)

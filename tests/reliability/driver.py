@@ -38,6 +38,20 @@ def settings(lease: float) -> RelaySettings:
     )
 
 
+def error_kind(exc: BaseException) -> str:
+    text = str(exc)
+    if "57014" in text or "statement timeout" in text:
+        return "statement_timeout"
+    if (
+        "57P01" in text
+        or "terminat" in text
+        or "network error" in text.lower()
+        or isinstance(exc, ConnectionError)
+    ):
+        return "connection_dropped"
+    return type(exc).__name__
+
+
 def main(role: str) -> None:
     url = os.environ["REL_DB_URL"]
     until = float(os.environ["REL_UNTIL"])
@@ -61,7 +75,7 @@ def main(role: str) -> None:
             try:
                 report = dispatcher.dispatch_once(engine, invoker, relay)
             except Exception as exc:
-                recorder.events(f"error:dispatcher:{type(exc).__name__}", [])
+                recorder.events(f"error:dispatcher:{error_kind(exc)}", [])
                 time.sleep(0.05)
                 continue
             if report.claimed == 0:
@@ -77,16 +91,17 @@ def main(role: str) -> None:
             provider.in_flight = pairs
             try:
                 sender.run(engine, event, relay, lambda: 30.0, channel_name=harness.CHANNEL)
-            except Exception:
+            except Exception as exc:
                 # A dropped connection or a statement timeout: whatever was
                 # sent but not settled is the reaper's now.
                 recorder.events("crash", pairs)
+                recorder.events(f"error:sender:{error_kind(exc)}", [])
     elif role == "reaper":
         while time.time() < until:
             try:
                 reaper.run(engine, relay, lambda: 10.0)
             except Exception as exc:
-                recorder.events(f"error:reaper:{type(exc).__name__}", [])
+                recorder.events(f"error:reaper:{error_kind(exc)}", [])
             time.sleep(0.2)
     else:
         raise SystemExit(f"unknown role {role!r}")

@@ -47,6 +47,12 @@ SENDER_POINTS = ("after_load", "after_send", "mid_settle")
 # Not a kill: the sender sleeps past its lease before settling (the reaper takes the row).
 STALL = "stall_before_settle"
 ALL_POINTS = (*DISPATCHER_POINTS, *SENDER_POINTS, STALL)
+# Every sender also stalls now and then, whatever its kill point.
+STALL_RATE = 0.03
+# Settles that first run a statement longer than the statement_timeout the
+# campaign database sets (campaign.STATEMENT_TIMEOUT_MS = 1000).
+SLOW_STATEMENT_RATE = 0.04
+SLOW_STATEMENT_SECONDS = 1.5
 # Events that may leave an accepted send unsettled, hence a duplicate later.
 EXPLAINS_DUPLICATE = (
     "kill:after_send",
@@ -179,6 +185,10 @@ class Killer:
         self.rng = random.Random(seed)
         self._lock = threading.Lock()
 
+    def chance(self, probability: float) -> bool:
+        with self._lock:
+            return self.rng.random() < probability
+
     def hit(self, point: str, pairs: Sequence[tuple[int, Any]]) -> bool:
         """True when the point fires (for STALL the caller stalls; kills never return)."""
         if point != self.point:
@@ -262,9 +272,17 @@ def install_wrappers(
 
     def settle(conn: sa.Connection, settlements: Sequence[store.Settlement], backoff: Any) -> Any:
         pairs = [(s.id, s.claim_token) for s in settlements]
-        if killer is not None and killer.hit(STALL, pairs):
+        stall = killer is not None and killer.hit(STALL, pairs)
+        if killer is not None and not stall and killer.chance(STALL_RATE):
+            recorder.events("stall", pairs)
+            stall = True
+        if stall:
             time.sleep(lease_seconds + 1.0)  # a slow sender: the reaper takes its rows
         writer(conn, pairs)
+        if killer is not None and killer.chance(SLOW_STATEMENT_RATE):
+            # A statement slower than the database's statement_timeout: Postgres
+            # cancels it and the settle's transaction is lost with it.
+            conn.execute(sa.text("SELECT pg_sleep(:s)"), {"s": SLOW_STATEMENT_SECONDS})
         result = original_settle(conn, settlements, backoff)
         abandoned = [(s.id, s.claim_token) for s in settlements if s.error == DEADLINE_EXCEEDED]
         if abandoned:
