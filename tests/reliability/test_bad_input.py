@@ -632,3 +632,23 @@ def test_missing_environment_fails_naming_the_database_setting() -> None:
     with pytest.raises(ConfigError) as info:
         Runtime({})
     assert info.value.setting == "DATABASE_URL"
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"RequestType": "Create", "ResponseURL": "http://127.0.0.1:9/plaintext"},
+        {"RequestType": "Delete", "ResponseURL": "file:///etc/passwd"},
+        {"RequestType": "Bogus", "ResponseURL": 42},
+    ],
+)
+def test_malformed_migrate_events_are_refused_and_change_nothing(
+    engine: sa.Engine, claimed_world: list[store.Claim], event: dict[str, Any]
+) -> None:
+    from outbox.runtime import migrate
+
+    before = snapshot(engine)
+    with pytest.raises(ValidationError) as info:
+        migrate(event, LambdaContext(), lambda: engine)
+    assert info.value.field == "ResponseURL"
+    assert snapshot(engine) == before

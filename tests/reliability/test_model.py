@@ -280,7 +280,7 @@ def test_state_machine_matches_the_model(engine: sa.Engine) -> None:
     run_state_machine_as_test(
         OutboxModel,
         settings=settings(
-            max_examples=60,
+            max_examples=50,
             stateful_step_count=40,
             deadline=None,
             # No shrinking: a failing sequence is printed as found. Shrinking
