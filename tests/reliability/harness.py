@@ -47,6 +47,8 @@ SENDER_POINTS = ("after_load", "after_send", "mid_settle")
 # Not a kill: the sender sleeps past its lease before settling (the reaper takes the row).
 STALL = "stall_before_settle"
 ALL_POINTS = (*DISPATCHER_POINTS, *SENDER_POINTS, STALL)
+# Hand-offs waiting for a sender before the invoke is refused (claims released).
+MAX_QUEUED_EVENTS = 4
 # Every sender also stalls now and then, whatever its kill point.
 STALL_RATE = 0.03
 # Settles that first run a statement longer than the statement_timeout the
@@ -339,6 +341,12 @@ class QueueInvoker:
         if self.rng.random() < self.fail_rate:
             raise RuntimeError("invoke throttled (injected)")
         with self.aux.connect() as conn:
+            # Backpressure, as Lambda's throttling of a function at its reserved
+            # concurrency would give: without it the dispatchers outrun the
+            # senders and every lease expires in the queue.
+            queued = conn.execute(sa.text("SELECT count(*) FROM rel_queue")).scalar_one()
+            if queued >= MAX_QUEUED_EVENTS:
+                raise RuntimeError("invoke throttled: the senders are busy")
             conn.execute(
                 sa.text("INSERT INTO rel_queue (event) VALUES (CAST(:e AS jsonb))"),
                 {"e": json.dumps(handoff.to_event())},
