@@ -97,7 +97,8 @@ def main(role: str) -> None:
                 recorder.events("crash", pairs)
                 recorder.events(f"error:sender:{error_kind(exc)}", [])
     elif role == "reaper":
-        while time.time() < until:
+        # Outlive the senders' last events (a stalled settle among them).
+        while time.time() < until + lease + 2:
             try:
                 reaper.run(engine, relay, lambda: 10.0)
             except Exception as exc:

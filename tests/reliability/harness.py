@@ -50,10 +50,10 @@ ALL_POINTS = (*DISPATCHER_POINTS, *SENDER_POINTS, STALL)
 # Hand-offs waiting for a sender before the invoke is refused (claims released).
 MAX_QUEUED_EVENTS = 4
 # Every sender also stalls now and then, whatever its kill point.
-STALL_RATE = 0.03
+STALL_RATE = 0.06
 # Settles that first run a statement longer than the statement_timeout the
 # campaign database sets (campaign.STATEMENT_TIMEOUT_MS = 1000).
-SLOW_STATEMENT_RATE = 0.04
+SLOW_STATEMENT_RATE = 0.08
 SLOW_STATEMENT_SECONDS = 1.5
 # Events that may leave an accepted send unsettled, hence a duplicate later.
 EXPLAINS_DUPLICATE = (
