@@ -34,8 +34,51 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest
 
-sam-check: $(STAMP)
-	@echo "sam validate --lint, sam build and the built-artifact test: see template work"
+# --- sam-check: sam validate --lint, sam build, then the built-artifact test ----
+# The SAM CLI pins many packages, so it lives in its own venv, not the project's.
+# sam build and the built-artifact test need the Lambda runtime's Python (3.12):
+# from pyenv when present, else python3.12 on PATH.
+SAM_VENV   := .tools/sam
+SAM        := $(SAM_VENV)/bin/sam
+SAM_STAMP  := $(SAM_VENV)/.installed
+RT312      := .tools/runtime312
+RT312_STAMP := $(RT312)/.installed
+FIND_PY312 := for p in "$$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12 \
+	"$$(command -v python3.12 2>/dev/null)"; do \
+	  [ -x "$$p" ] && "$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' \
+	    2>/dev/null && { echo "$$p"; break; }; \
+	done
+
+$(SAM_STAMP):
+	$(PYTHON) -m venv $(SAM_VENV)
+	$(SAM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SAM_VENV)/bin/python -m pip install -q 'aws-sam-cli>=1.120,<2'
+	touch $@
+
+# What the Lambda Python runtime provides, and nothing else: boto3.
+$(RT312_STAMP):
+	@py312="$$($(FIND_PY312))"; \
+	if [ -z "$$py312" ]; then \
+	  echo "sam-check needs Python 3.12 (the Lambda runtime): install it (pyenv install 3.12)" \
+	       "or put python3.12 on PATH"; exit 1; fi; \
+	echo "Python 3.12 for the runtime venv: $$py312"; \
+	"$$py312" -m venv --clear $(RT312) && \
+	$(RT312)/bin/python -m pip install -q --upgrade pip && \
+	$(RT312)/bin/python -m pip install -q boto3
+	touch $@
+
+sam-check: $(STAMP) $(SAM_STAMP) $(RT312_STAMP)
+	SAM_CLI_TELEMETRY=0 $(SAM) validate --lint --region us-east-1
+	@py312="$$($(FIND_PY312))"; \
+	if [ -z "$$py312" ]; then echo "sam build needs Python 3.12 on PATH (pyenv install 3.12)"; exit 1; fi; \
+	echo "sam build with $$py312"; \
+	PATH="$$(dirname "$$py312"):$$PATH" SAM_CLI_TELEMETRY=0 $(SAM) build --cached --parallel
+	@# Ship bytecode: /opt and /var/task are read-only in Lambda, so without it every
+	@# cold start compiles the layer again (about 3x slower imports). Hash-checked,
+	@# because zip packaging does not keep the sources' timestamps.
+	$(RT312)/bin/python -m compileall -q --invalidation-mode unchecked-hash \
+		.aws-sam/build/OutboxLayer/python .aws-sam/build/*Function
+	$(BIN)/pytest -m build tests/template/test_built.py
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -94,8 +94,9 @@ STATUS_TABLE = [
     ("/bad", "failed", "HTTP 400", None),
     ("/redirect", "failed", "HTTP 301: redirect not followed", None),
     ("/unavailable", "retry", "HTTP 503", None),
-    ("/throttle-seconds", "retry", "HTTP 429", 7.0),
-    ("/throttle-date", "retry", "HTTP 429", 120.0),
+    # Retry-After: a deferral (no attempt counted), as the relay's contract says.
+    ("/throttle-seconds", "deferred", "HTTP 429 with Retry-After", 7.0),
+    ("/throttle-date", "deferred", "HTTP 429 with Retry-After", 120.0),
 ]
 
 

@@ -206,17 +206,26 @@ def migrate(as_json: bool) -> None:
         click.echo(f"schema at revision {revision}")
 
 
-def _read_payload(text: str) -> Any:
-    if text.startswith("@"):
-        path = text[1:]
-        try:
-            text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            fail(f"cannot read payload file {path}: {exc.strerror or exc}", 2)
+def _parse_json(text: str, what: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        fail(f"--payload is not valid JSON: {exc}", 2)
+        fail(f"{what} is not valid JSON: {exc}", 2)
+
+
+def _read_json_file(path: str, what: str) -> Any:
+    """JSON from a file (``-`` for stdin); bad input is one clear line and exit 2."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        fail(f"cannot read {what} {path}: {exc.strerror or exc}", 2)
+    return _parse_json(text, f"{what} {path}")
+
+
+def _read_payload(text: str) -> Any:
+    if text.startswith("@"):
+        return _read_json_file(text[1:], "payload file")
+    return _parse_json(text, "--payload")
 
 
 @cli.command()
@@ -600,24 +609,14 @@ def invoke_(
     The result is JSON either way; --json prints it on one line."""
     from . import invoke
 
-    def read_json(path: str, what: str) -> Any:
-        try:
-            text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            fail(f"cannot read {what} {path}: {exc.strerror or exc}", 2)
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            fail(f"{what} {path} is not valid JSON: {exc}", 2)
-
     template_path = Path(template_file)
     try:
         template = invoke.load_template(template_path)
-        env_vars = read_json(env_vars_file, "env vars file") if env_vars_file else {}
+        env_vars = _read_json_file(env_vars_file, "env vars file") if env_vars_file else {}
         if not isinstance(env_vars, dict):
             fail(f"env vars file {env_vars_file} must hold a JSON object", 2)
         spec = invoke.function_spec(template, template_path.resolve().parent, function, env_vars)
-        event = read_json(event_file, "event file")
+        event = _read_json_file(event_file, "event file")
         if spec.skipped_variables:
             click.echo(
                 "note: unresolved template variables left unset: "

@@ -11,34 +11,33 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import ConfigError
 
 
-def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+def _number(
+    env: Mapping[str, str], name: str, default: float, lo: float, hi: float, kind: type
+) -> Any:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
     try:
-        value = int(raw)
+        value = kind(raw)
     except ValueError:
-        raise ConfigError(name, f"must be a whole number, got {raw!r}") from None
+        what = "a whole number" if kind is int else "a number"
+        raise ConfigError(name, f"must be {what}, got {raw!r}") from None
     if not lo <= value <= hi:
         raise ConfigError(name, f"must be between {lo} and {hi}, got {value}")
     return value
+
+
+def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    return int(_number(env, name, default, lo, hi, int))
 
 
 def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(name, f"must be a number, got {raw!r}") from None
-    if not lo <= value <= hi:
-        raise ConfigError(name, f"must be between {lo} and {hi}, got {value}")
-    return value
+    return float(_number(env, name, default, lo, hi, float))
 
 
 @dataclass(frozen=True)

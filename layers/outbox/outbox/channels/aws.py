@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from typing import Any
+
+from . import Outcome, SchemaChannel
 
 # botocore's own retries would sleep past our deadline and hide throttling from
 # the classification; one try per send, and the relay decides what comes next.
@@ -62,3 +65,34 @@ _THROTTLING_CODES = {
     "ProvisionedThroughputExceededException",
     "LimitExceededException",
 }
+
+
+THROTTLE_DELAY_SECONDS = 5.0
+
+
+def classify(exc: BaseException, failed: Collection[str]) -> Outcome:
+    """The common AWS table: throttling defers (the account's rate, not the
+    message), a code in ``failed`` is permanent, anything else (5xx, KMS
+    trouble, timeouts, resets) is worth another attempt."""
+    codes = error_codes(exc)
+    error = describe(exc)
+    if is_throttling(codes):
+        return Outcome.deferred(error, THROTTLE_DELAY_SECONDS)
+    if codes & set(failed):
+        return Outcome.failed(error)
+    return Outcome.retry(error)
+
+
+class AwsChannel(SchemaChannel):
+    """A channel over one boto3 client, made on first use (or handed in by tests)."""
+
+    service: str = ""
+
+    def __init__(self, client: Any = None) -> None:
+        self._client = client
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = client(self.service)
+        return self._client

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ValidationError
-from . import Deadline, Message, Outcome, SchemaChannel, aws
+from . import Deadline, Message, Outcome, aws
 
 _ADDRESS = {"type": "string", "minLength": 3, "maxLength": 320, "pattern": "^[^@\\s]+@[^@\\s]+$"}
 _ADDRESSES = {"type": "array", "items": _ADDRESS, "maxItems": 50}
@@ -33,14 +33,14 @@ _FAILED = {
 }
 _THROTTLED = {"TooManyRequestsException", "LimitExceededException", "Throttling"}
 _PAUSED = {"SendingPausedException", "AccountSuspendedException"}
-_THROTTLE_DELAY_SECONDS = 5.0
 _PAUSED_DELAY_SECONDS = 300.0
 SUPPRESSED = "every recipient is on the SES suppression list"
 # Messages with more recipients than this skip the suppression lookups.
 MAX_SUPPRESSION_CHECKS = 5
 
 
-class EmailChannel(SchemaChannel):
+class EmailChannel(aws.AwsChannel):
+    service = "sesv2"
     name = "email"
     schema: Mapping[str, Any] = {
         "type": "object",
@@ -64,19 +64,13 @@ class EmailChannel(SchemaChannel):
         configuration_set: str | None = None,
         check_suppression: bool | None = None,
     ) -> None:
-        self._client = client
+        super().__init__(client)
         self.configuration_set = (
             configuration_set or os.environ.get("SES_CONFIGURATION_SET") or None
         )
         if check_suppression is None:
             check_suppression = os.environ.get("SES_SUPPRESSION_CHECK", "true").lower() != "false"
         self.check_suppression = check_suppression
-
-    @property
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = aws.client("sesv2")
-        return self._client
 
     def check(self, payload: dict[str, Any]) -> None:
         if "text" not in payload and "html" not in payload:
@@ -100,7 +94,7 @@ class EmailChannel(SchemaChannel):
                 if "NotFoundException" in codes:
                     return None  # this one is not suppressed: send
                 if aws.is_throttling(codes):
-                    return Outcome.deferred(aws.describe(exc), _THROTTLE_DELAY_SECONDS)
+                    return Outcome.deferred(aws.describe(exc), aws.THROTTLE_DELAY_SECONDS)
                 return None  # cannot tell: SES enforces the list itself
         return Outcome.suppressed(SUPPRESSED)
 
@@ -143,7 +137,7 @@ def classify(exc: BaseException) -> Outcome:
     if code in _FAILED:
         return Outcome.failed(error)
     if code in _THROTTLED:
-        return Outcome.deferred(error, _THROTTLE_DELAY_SECONDS)
+        return Outcome.deferred(error, aws.THROTTLE_DELAY_SECONDS)
     if code in _PAUSED:
         return Outcome.deferred(error, _PAUSED_DELAY_SECONDS)
     # Server errors, timeouts, connection resets: worth another attempt.

@@ -12,10 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ValidationError
-from . import Deadline, Message, Outcome, SchemaChannel, aws
+from . import Deadline, Message, Outcome, aws
 
 DEFAULT_BUS = "default"
-THROTTLE_DELAY_SECONDS = 5.0
 MAX_ENTRY_BYTES = 256 * 1024
 # Per-entry codes AWS documents as retryable; every other entry code is final.
 _ENTRY_RETRY = {"InternalFailure"}
@@ -23,7 +22,8 @@ _ENTRY_RETRY = {"InternalFailure"}
 _CALL_FAILED = {"ValidationException", "ResourceNotFoundException", "InvalidArgument"}
 
 
-class EventBridgeChannel(SchemaChannel):
+class EventBridgeChannel(aws.AwsChannel):
+    service = "events"
     name = "eventbridge"
     schema: Mapping[str, Any] = {
         "type": "object",
@@ -43,14 +43,8 @@ class EventBridgeChannel(SchemaChannel):
     }
 
     def __init__(self, client: Any = None, event_bus: str | None = None) -> None:
-        self._client = client
+        super().__init__(client)
         self.event_bus = event_bus or os.environ.get("EVENT_BUS_NAME") or DEFAULT_BUS
-
-    @property
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = aws.client("events")
-        return self._client
 
     def check(self, payload: dict[str, Any]) -> None:
         if payload["source"].startswith("aws."):
@@ -85,7 +79,7 @@ def classify_entry(code: str | None) -> Outcome:
     if code is None:
         return Outcome.retry(error)
     if aws.is_throttling({code}):
-        return Outcome.deferred(error, THROTTLE_DELAY_SECONDS)
+        return Outcome.deferred(error, aws.THROTTLE_DELAY_SECONDS)
     if code in _ENTRY_RETRY:
         return Outcome.retry(error)
     # InvalidArgument, MalformedDetail, AccessDeniedException, RedactionFailure,
@@ -94,10 +88,4 @@ def classify_entry(code: str | None) -> Outcome:
 
 
 def classify_error(exc: BaseException) -> Outcome:
-    codes = aws.error_codes(exc)
-    error = aws.describe(exc)
-    if aws.is_throttling(codes):
-        return Outcome.deferred(error, THROTTLE_DELAY_SECONDS)
-    if codes & _CALL_FAILED:
-        return Outcome.failed(error)
-    return Outcome.retry(error)
+    return aws.classify(exc, _CALL_FAILED)

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from . import Deadline, Message, Outcome, SchemaChannel, aws
+from . import Deadline, Message, Outcome, aws
 from .sms import classify as classify_publish
 
 ENDPOINT_ARN = "^arn:aws[a-z-]*:sns:[a-z0-9-]+:[0-9]{12}:endpoint/[A-Za-z_]+/[^/]+/[A-Za-z0-9-]+$"
@@ -40,7 +40,8 @@ def render(payload: dict[str, Any]) -> str:
     )
 
 
-class PushChannel(SchemaChannel):
+class PushChannel(aws.AwsChannel):
+    service = "sns"
     name = "push"
     schema: Mapping[str, Any] = {
         "type": "object",
@@ -59,15 +60,6 @@ class PushChannel(SchemaChannel):
             },
         },
     }
-
-    def __init__(self, client: Any = None) -> None:
-        self._client = client
-
-    @property
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = aws.client("sns")
-        return self._client
 
     def send(self, message: Message, deadline: Deadline) -> Outcome:
         p = message.payload

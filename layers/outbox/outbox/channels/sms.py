@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ValidationError
-from . import Deadline, Message, Outcome, SchemaChannel, aws
+from . import Deadline, Message, Outcome, aws
 
 # E.164: a plus, a non-zero country code digit, at most 15 digits in all.
 E164 = "^\\+[1-9][0-9]{6,14}$"
@@ -28,11 +28,11 @@ _FAILED = {
     "ValidationException",
     "NotFound",
 }
-THROTTLE_DELAY_SECONDS = 5.0
 OPTED_OUT = "phone number opted out of SMS"
 
 
-class SmsChannel(SchemaChannel):
+class SmsChannel(aws.AwsChannel):
+    service = "sns"
     name = "sms"
     schema: Mapping[str, Any] = {
         "type": "object",
@@ -46,15 +46,6 @@ class SmsChannel(SchemaChannel):
             "sms_type": {"enum": ["Transactional", "Promotional"]},
         },
     }
-
-    def __init__(self, client: Any = None) -> None:
-        self._client = client
-
-    @property
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = aws.client("sns")
-        return self._client
 
     def check(self, payload: dict[str, Any]) -> None:
         size = len(payload["message"].encode("utf-8"))
@@ -72,7 +63,7 @@ class SmsChannel(SchemaChannel):
             opted_out = self.client.check_if_phone_number_is_opted_out(phoneNumber=p["to"])
         except Exception as exc:
             if aws.is_throttling(aws.error_codes(exc)):
-                return Outcome.deferred(aws.describe(exc), THROTTLE_DELAY_SECONDS)
+                return Outcome.deferred(aws.describe(exc), aws.THROTTLE_DELAY_SECONDS)
             opted_out = {}  # SNS enforces opt-outs itself; go ahead
         if opted_out.get("isOptedOut") is True:
             return Outcome.suppressed(OPTED_OUT)
@@ -97,11 +88,4 @@ class SmsChannel(SchemaChannel):
 
 def classify(exc: BaseException) -> Outcome:
     """SNS Publish errors (shared by the SMS and push channels)."""
-    codes = aws.error_codes(exc)
-    error = aws.describe(exc)
-    if aws.is_throttling(codes):
-        return Outcome.deferred(error, THROTTLE_DELAY_SECONDS)
-    if codes & _FAILED:
-        return Outcome.failed(error)
-    # InternalError, authorization or KMS trouble, timeouts, resets: retry.
-    return Outcome.retry(error)
+    return aws.classify(exc, _FAILED)

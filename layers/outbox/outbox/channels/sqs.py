@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ValidationError
-from . import Deadline, Message, Outcome, SchemaChannel, aws
+from . import Deadline, Message, Outcome, aws
 
 DEFAULT_GROUP = "outbox"
-THROTTLE_DELAY_SECONDS = 5.0
 QUEUE_URL = "^https?://[A-Za-z0-9.-]+(:[0-9]+)?/[0-9]{12}/[A-Za-z0-9_-]{1,80}(\\.fifo)?$"
 _ATTRIBUTE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
 _FAILED = {
@@ -39,7 +38,8 @@ def is_fifo(queue_url: str) -> bool:
     return queue_url.endswith(".fifo")
 
 
-class SqsChannel(SchemaChannel):
+class SqsChannel(aws.AwsChannel):
+    service = "sqs"
     name = "sqs"
     schema: Mapping[str, Any] = {
         "type": "object",
@@ -56,15 +56,6 @@ class SqsChannel(SchemaChannel):
             },
         },
     }
-
-    def __init__(self, client: Any = None) -> None:
-        self._client = client
-
-    @property
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = aws.client("sqs")
-        return self._client
 
     def check(self, payload: dict[str, Any]) -> None:
         if is_fifo(payload["queue_url"]) and "delay_seconds" in payload:
@@ -104,11 +95,5 @@ class SqsChannel(SchemaChannel):
 
 
 def classify(exc: BaseException) -> Outcome:
-    codes = aws.error_codes(exc)
-    error = aws.describe(exc)
-    if aws.is_throttling(codes):
-        return Outcome.deferred(error, THROTTLE_DELAY_SECONDS)
-    if codes & _FAILED:
-        return Outcome.failed(error)
-    # 5xx (InternalError, ServiceUnavailable), KMS trouble, timeouts: retry.
-    return Outcome.retry(error)
+    """SQS SendMessage errors: the common AWS table."""
+    return aws.classify(exc, _FAILED)

@@ -39,7 +39,6 @@ MAX_RESPONSE_BYTES = 64 * 1024
 SECRET_MAX_AGE_SECONDS = 300
 CONNECT_TIMEOUT_SECONDS = 5.0
 MAX_RETRY_AFTER_SECONDS = 3600.0
-THROTTLE_DELAY_SECONDS = 5.0
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 USER_AGENT = "outbox-relay-webhooks/1"
 SECRET_PREFIX = "whsec_"  # noqa: S105 (the Standard Webhooks secret prefix)
@@ -107,7 +106,10 @@ def classify_status(status: int, headers: Any = None) -> Outcome:
         return Outcome.failed("HTTP 410: endpoint gone")
     if status in RETRY_STATUSES or 500 <= status < 600:
         delay = retry_after(headers.get("Retry-After") if headers is not None else None)
-        return Outcome.retry(f"HTTP {status}", delay)
+        if delay is not None:
+            # The receiver said when to come back: a deferral, no attempt counted.
+            return Outcome.deferred(f"HTTP {status} with Retry-After", delay)
+        return Outcome.retry(f"HTTP {status}")
     if 400 <= status < 500:
         return Outcome.failed(f"HTTP {status}")
     return Outcome.failed(f"HTTP {status}: unexpected status")
@@ -189,7 +191,9 @@ class WebhookChannel(SchemaChannel):
             if "ResourceNotFoundException" in codes:
                 raise SecretUnavailable(Outcome.failed(error)) from None
             if aws.is_throttling(codes):
-                raise SecretUnavailable(Outcome.deferred(error, THROTTLE_DELAY_SECONDS)) from None
+                raise SecretUnavailable(
+                    Outcome.deferred(error, aws.THROTTLE_DELAY_SECONDS)
+                ) from None
             raise SecretUnavailable(Outcome.retry(error)) from None
         try:
             return parse_secrets(value)

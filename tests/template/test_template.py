@@ -1,0 +1,493 @@
+"""Static checks of template.yaml: least privilege, secrets by ARN, TLS, retries
+off with a failure destination and reserved concurrency everywhere, schedules
+with a DLQ, and the template, functions/ and events/ in step with each other.
+
+Each checker returns the violations it finds; the tests run it on the real
+template (expecting none) and on a deliberately broken copy (expecting the
+breakage to be reported), so no check can pass vacuously.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cfnlint.decode import cfn_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "template.yaml"
+NON_CHANNEL_FUNCTIONS = {"dispatcher", "reaper", "migrate"}
+SCHEDULER_INPUT = {
+    "execution_id": "<aws.scheduler.execution-id>",
+    "scheduled_time": "<aws.scheduler.scheduled-time>",
+    "schedule_arn": "<aws.scheduler.schedule-arn>",
+    "attempt_number": "<aws.scheduler.attempt-number>",
+}
+# The one documented wildcard: SNS direct-to-phone publishing has no resource ARN.
+SMS_EXCEPTION = ("SmsFunction", "PublishSmsToPhoneNumbers")
+SMS_DENY_RESOURCE = "arn:aws:sns:*:*:*"
+# Phone-number actions, which have no resource ARN to grant them on.
+SMS_ACTIONS = {"sns:Publish", "sns:CheckIfPhoneNumberIsOptedOut"}
+
+
+@pytest.fixture(scope="module")
+def template() -> dict[str, Any]:
+    return _plain(cfn_yaml.load(str(TEMPLATE)))
+
+
+def _plain(node: Any) -> Any:
+    """cfn-lint's node classes as plain dicts and lists (deep-copyable)."""
+    if isinstance(node, dict):
+        return {str(k): _plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    if isinstance(node, str):
+        return str(node)
+    return node
+
+
+def functions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        name: resource.get("Properties", {})
+        for name, resource in template["Resources"].items()
+        if resource["Type"] == "AWS::Serverless::Function"
+    }
+
+
+def folder_of(props: dict[str, Any]) -> str:
+    match = re.fullmatch(r"functions/([a-z0-9_]+)/?", props.get("CodeUri", ""))
+    assert match, f"CodeUri {props.get('CodeUri')!r} is not functions/<name>/"
+    return match.group(1)
+
+
+def default(template: dict[str, Any], value: Any) -> Any:
+    """The default of a parameter a value refers to (or the literal)."""
+    if isinstance(value, dict) and set(value) == {"Ref"}:
+        return template["Parameters"][value["Ref"]].get("Default")
+    return value
+
+
+def _branches(node: Any) -> Iterator[Any]:
+    """A value, or every branch of the Fn::If it is (AWS::NoValue dropped)."""
+    if isinstance(node, dict) and set(node) == {"Fn::If"}:
+        for branch in node["Fn::If"][1:]:
+            yield from _branches(branch)
+    elif node != {"Ref": "AWS::NoValue"}:
+        yield node
+
+
+def _as_list(node: Any) -> list[Any]:
+    items = node if isinstance(node, list) else [node]
+    return [b for item in items for b in _branches(item)]
+
+
+def statements(template: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(resource name, statement) for every IAM statement the template writes itself."""
+    for name, resource in template["Resources"].items():
+        props = resource.get("Properties", {})
+        documents = []
+        if resource["Type"] == "AWS::Serverless::Function":
+            for policy in _as_list(props.get("Policies", [])):
+                if isinstance(policy, dict) and "Statement" in policy:
+                    documents.append(policy)
+        elif resource["Type"] in ("AWS::IAM::ManagedPolicy", "AWS::IAM::Policy"):
+            documents.append(props["PolicyDocument"])
+        elif resource["Type"] == "AWS::IAM::Role":
+            documents.extend(p["PolicyDocument"] for p in props.get("Policies", []))
+        for document in documents:
+            for statement in _as_list(document["Statement"]):
+                yield name, statement
+
+
+def _strings(node: Any) -> list[str]:
+    """The literal text of a resource or action value (Fn::Sub templates included)."""
+    out = []
+    for item in _as_list(node):
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict) and "Fn::Sub" in item:
+            sub = item["Fn::Sub"]
+            out.append(sub if isinstance(sub, str) else sub[0])
+    return out
+
+
+# --- checkers -----------------------------------------------------------------
+
+
+def iam_violations(template: dict[str, Any]) -> list[str]:
+    found = []
+    for name, st in statements(template):
+        where = f"{name}/{st.get('Sid', '?')}"
+        if "NotAction" in st or "NotResource" in st:
+            found.append(f"{where}: NotAction/NotResource")
+        for action in _strings(st.get("Action", [])):
+            if "*" in action:
+                found.append(f"{where}: action wildcard {action!r}")
+        for resource in _strings(st.get("Resource", [])):
+            if st.get("Effect") == "Deny":
+                continue
+            if resource == "*":
+                actions = _strings(st.get("Action", []))
+                if (name, st.get("Sid")) != SMS_EXCEPTION or not set(actions) <= SMS_ACTIONS:
+                    found.append(f"{where}: Resource '*'")
+                continue
+            fields = resource.split(":")
+            # arn:partition:service:region:account:... never wildcarded in an Allow
+            if any("*" in f for f in fields[:5]):
+                found.append(f"{where}: wildcard in the ARN's service/region/account {resource!r}")
+    sms_denies = [
+        st
+        for name, st in statements(template)
+        if name == SMS_EXCEPTION[0]
+        and st.get("Effect") == "Deny"
+        and _strings(st.get("Action")) == ["sns:Publish"]
+        and SMS_DENY_RESOURCE in _strings(st.get("Resource"))
+    ]
+    if not sms_denies:
+        found.append("SmsFunction: no Deny of sns:Publish on topics and endpoints")
+    for name, props in functions(template).items():
+        for policy in _as_list(props.get("Policies", [])):
+            if isinstance(policy, str):
+                found.append(f"{name}: named managed policy {policy!r}")
+            elif isinstance(policy, dict) and "Statement" not in policy and "Ref" not in policy:
+                found.append(f"{name}: policy template {sorted(policy)}")
+    return found
+
+
+SECRET_NAME = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIAL|PRIVATE|API_?KEY", re.I)
+ARN_PATTERN_PREFIX = "^(arn:"
+
+
+def environment(template: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
+    globals_env = template["Globals"]["Function"]["Environment"]["Variables"]
+    for key, value in globals_env.items():
+        yield "Globals", key, value
+    for name, props in functions(template).items():
+        for key, value in props.get("Environment", {}).get("Variables", {}).items():
+            yield name, key, value
+
+
+def secret_violations(template: dict[str, Any]) -> list[str]:
+    found = []
+    for where, key, value in environment(template):
+        if key == "DATABASE_URL":
+            found.append(f"{where}: DATABASE_URL (a URL can carry a password) in AWS")
+        if SECRET_NAME.search(key):
+            if not key.endswith("_ARN"):
+                found.append(f"{where}: {key} looks like a secret value, pass its ARN")
+            for branch in _branches(value):
+                ref = branch.get("Ref") if isinstance(branch, dict) else None
+                param = template["Parameters"].get(ref or "", {})
+                if not str(param.get("AllowedPattern", "")).startswith(ARN_PATTERN_PREFIX):
+                    found.append(f"{where}: {key} is not a parameter constrained to an ARN")
+        if "INSECURE" in key:
+            found.append(f"{where}: {key} is for local development only")
+        for branch in _branches(value):
+            if isinstance(branch, str) and re.search(r"://[^/\s]*:[^@/\s]+@", branch):
+                found.append(f"{where}: {key} carries credentials in a URL")
+    for name in template["Parameters"]:
+        if SECRET_NAME.search(name) and not name.endswith("Arn") and "Prefix" not in name:
+            found.append(f"parameter {name}: secrets are passed by ARN")
+    sslmode = template["Globals"]["Function"]["Environment"]["Variables"].get("DB_SSLMODE")
+    if sslmode != "verify-full":
+        found.append(f"DB_SSLMODE is {sslmode!r}, not verify-full")
+    for name, props in functions(template).items():
+        if "DB_SSLMODE" in props.get("Environment", {}).get("Variables", {}):
+            found.append(f"{name}: overrides DB_SSLMODE")
+    return found
+
+
+def invoke_violations(template: dict[str, Any]) -> list[str]:
+    found = []
+    params = template["Parameters"]
+    lease = params["LeaseSeconds"]["Default"]
+    sender_timeout = params["SenderTimeoutSeconds"]["Default"]
+    for name, props in functions(template).items():
+        config = props.get("EventInvokeConfig")
+        if not config:
+            found.append(f"{name}: no EventInvokeConfig")
+            continue
+        if config.get("MaximumRetryAttempts") != 0:
+            found.append(f"{name}: async retries are not off")
+        destination = config.get("DestinationConfig", {}).get("OnFailure", {})
+        if destination.get("Type") != "SQS" or not destination.get("Destination"):
+            found.append(f"{name}: no OnFailure SQS destination")
+        age = default(template, config.get("MaximumEventAgeInSeconds"))
+        if not isinstance(age, int) or age + sender_timeout >= lease:
+            found.append(f"{name}: MaximumEventAgeInSeconds {age} + timeout not below the lease")
+        concurrency = props.get("ReservedConcurrentExecutions")
+        if not (isinstance(concurrency, dict) and concurrency.get("Ref") in params):
+            found.append(f"{name}: ReservedConcurrentExecutions is not a parameter")
+        if "DeadLetterQueue" in props:
+            found.append(f"{name}: a Lambda DLQ alongside the OnFailure destination")
+    return found
+
+
+def schedule_violations(template: dict[str, Any]) -> list[str]:
+    found = []
+    for name, props in functions(template).items():
+        for event_name, event in props.get("Events", {}).items():
+            where = f"{name}/{event_name}"
+            if event["Type"] != "ScheduleV2":
+                found.append(f"{where}: {event['Type']} (schedules use EventBridge Scheduler)")
+                continue
+            p = event["Properties"]
+            if p.get("RetryPolicy", {}).get("MaximumRetryAttempts") != 0:
+                found.append(f"{where}: scheduler retries are not off")
+            if not p.get("DeadLetterConfig", {}).get("Arn"):
+                found.append(f"{where}: no dead-letter queue")
+            if not any("${AWS::StackName}" in n for n in _strings(p.get("Name", []))):
+                found.append(f"{where}: schedule name not unique per stack")
+            try:
+                payload = json.loads(p.get("Input", ""))
+            except ValueError:
+                payload = None
+            if payload != SCHEDULER_INPUT:
+                found.append(f"{where}: Input is not the scheduler context the code reads")
+    scheduled = {folder_of(props) for props in functions(template).values() if props.get("Events")}
+    if scheduled != {"dispatcher", "reaper"}:
+        found.append(f"scheduled functions are {sorted(scheduled)}")
+    return found
+
+
+def _getatt_resource(node: dict[str, Any]) -> str:
+    target = node["Fn::GetAtt"]
+    return str(target[0] if isinstance(target, list) else target.split(".")[0])
+
+
+def _channel_map(template: dict[str, Any]) -> dict[str, str]:
+    dispatcher = next(p for p in functions(template).values() if folder_of(p) == "dispatcher")
+    raw = dispatcher["Environment"]["Variables"]["CHANNEL_FUNCTIONS"]["Fn::Sub"]
+    mapping = json.loads(re.sub(r"\$\{([A-Za-z0-9]+)\}", r"\1", raw))
+    assert isinstance(mapping, dict)
+    return mapping
+
+
+def layout_violations(template: dict[str, Any], root: Path = ROOT) -> list[str]:
+    found = []
+    by_folder = {folder_of(props): name for name, props in functions(template).items()}
+    folders = {p.parent.name for p in (root / "functions").glob("*/app.py")}
+    for folder in sorted(folders - set(by_folder)):
+        found.append(f"functions/{folder} has no template entry")
+    for folder in sorted(set(by_folder) - folders):
+        found.append(f"{by_folder[folder]} has no functions/{folder}/app.py")
+    for folder in sorted(folders | set(by_folder)):
+        if not (root / "events" / f"{folder}.json").is_file():
+            found.append(f"events/{folder}.json is missing")
+    for name, props in functions(template).items():
+        if props.get("Handler", template["Globals"]["Function"].get("Handler")) != "app.handler":
+            found.append(f"{name}: handler is not app.handler")
+    channels = {f: n for f, n in by_folder.items() if f not in NON_CHANNEL_FUNCTIONS}
+    mapping = _channel_map(template)
+    if mapping != channels:
+        found.append(f"CHANNEL_FUNCTIONS {mapping} does not map every channel to its function")
+    dispatcher = by_folder.get("dispatcher")
+    if dispatcher:
+        invoke = [
+            st
+            for name, st in statements(template)
+            if name == dispatcher and "lambda:InvokeFunction" in _strings(st.get("Action"))
+        ]
+        targets = {_getatt_resource(r) for st in invoke for r in _as_list(st["Resource"])}
+        if targets != set(channels.values()):
+            found.append(f"the dispatcher may invoke {sorted(targets)}, not exactly the channels")
+    return found
+
+
+def alarm_violations(template: dict[str, Any]) -> list[str]:
+    found = []
+    alarms = [
+        r["Properties"]
+        for r in template["Resources"].values()
+        if r["Type"] == "AWS::CloudWatch::Alarm"
+    ]
+
+    def watched(metric: str) -> set[str]:
+        names = set()
+        for alarm in alarms:
+            if alarm.get("MetricName") != metric:
+                continue
+            for dim in alarm.get("Dimensions", []):
+                value = dim["Value"]
+                if isinstance(value, dict) and "Ref" in value:
+                    names.add(value["Ref"])
+                elif isinstance(value, dict) and "Fn::GetAtt" in value:
+                    names.add(_getatt_resource(value))
+        return names
+
+    for name in functions(template):
+        if name not in watched("Errors"):
+            found.append(f"{name}: no Errors alarm")
+    queues = {n for n, r in template["Resources"].items() if r["Type"] == "AWS::SQS::Queue"}
+    for queue in sorted(queues - watched("ApproximateNumberOfMessagesVisible")):
+        found.append(f"{queue}: no queue depth alarm")
+    for metric in ("OldestPendingAgeSeconds", "DeadMessages"):
+        emf = [a for a in alarms if a.get("MetricName") == metric]
+        if not any(
+            a.get("Namespace") == "OutboxRelay"
+            and {"Name": "service", "Value": "outbox"} in a.get("Dimensions", [])
+            for a in emf
+        ):
+            found.append(f"no {metric} alarm on OutboxRelay/service=outbox")
+    return found
+
+
+# --- the real template passes --------------------------------------------------
+
+
+def test_no_iam_wildcards_beyond_the_sms_exception(template: dict[str, Any]) -> None:
+    assert iam_violations(template) == []
+
+
+def test_secrets_by_arn_and_tls_required(template: dict[str, Any]) -> None:
+    assert secret_violations(template) == []
+
+
+def test_every_function_has_retries_off_a_failure_destination_and_reserved_concurrency(
+    template: dict[str, Any],
+) -> None:
+    assert len(functions(template)) >= 9
+    assert invoke_violations(template) == []
+
+
+def test_schedules_have_retries_off_a_dlq_and_the_input_the_code_reads(
+    template: dict[str, Any],
+) -> None:
+    assert schedule_violations(template) == []
+
+
+def test_functions_events_and_channel_map_agree(template: dict[str, Any]) -> None:
+    assert layout_violations(template) == []
+
+
+def test_alarms_cover_every_function_and_queue(template: dict[str, Any]) -> None:
+    assert alarm_violations(template) == []
+
+
+def test_the_lease_rule_holds_for_the_defaults(template: dict[str, Any]) -> None:
+    from outbox.config import RelaySettings
+
+    env = {
+        key: str(default(template, value))
+        for _, key, value in environment(template)
+        if isinstance(default(template, value), int | float | str)
+    }
+    settings = RelaySettings.from_env(env)  # raises ConfigError naming the setting
+    assert settings.lease_seconds > settings.sender_timeout_seconds + settings.max_event_age_seconds
+
+
+def test_globals_set_every_setting_the_code_reads(template: dict[str, Any]) -> None:
+    source = (ROOT / "layers/outbox/outbox/config.py").read_text()
+    read = set(re.findall(r"env(?:\.get\(|, )\"([A-Z][A-Z0-9_]+)\"", source))
+    assert {"LEASE_SECONDS", "DB_SSLMODE"} <= read  # the scan itself works
+    local_only = {"DATABASE_URL", "DB_CONNECT_TIMEOUT", "SETTLE_MARGIN_SECONDS"}
+    local_only.add("CHANNEL_FUNCTIONS")  # the dispatcher's own, not a global
+    globals_env = set(template["Globals"]["Function"]["Environment"]["Variables"])
+    assert read - local_only - globals_env == set()
+
+
+def test_the_layer_is_built_for_the_runtime_without_boto(template: dict[str, Any]) -> None:
+    layer = template["Resources"]["OutboxLayer"]
+    assert layer["Metadata"]["BuildMethod"] == "python3.12"
+    assert template["Globals"]["Function"]["Runtime"] == "python3.12"
+    requirements = (ROOT / layer["Properties"]["ContentUri"] / "requirements.txt").read_text()
+    names = {
+        re.split(r"[<>=\[; ]", line.strip())[0].lower()
+        for line in requirements.splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert names & {"boto3", "botocore", "aws-xray-sdk"} == set()
+
+
+def test_migrations_run_on_deploy_when_asked(template: dict[str, Any]) -> None:
+    schema = template["Resources"]["SchemaMigration"]
+    assert schema["Type"] == "Custom::OutboxSchema"
+    assert schema["Condition"] == "ApplyMigrations"
+    assert schema["Properties"]["ServiceToken"] == {"Fn::GetAtt": ["MigrateFunction", "Arn"]}
+    assert schema["Properties"]["LayerVersion"] == {"Ref": "OutboxLayer"}
+    assert template["Parameters"]["ApplyMigrationsOnDeploy"]["Default"] == "true"
+
+
+def test_event_files_are_what_the_triggers_send() -> None:
+    from outbox.handoff import HandOff
+
+    for path in sorted((ROOT / "events").glob("*.json")):
+        event = json.loads(path.read_text())
+        name = path.stem
+        if name in ("dispatcher", "reaper"):
+            assert set(event) == set(SCHEDULER_INPUT), name
+            assert all(isinstance(v, str) and not v.startswith("<") for v in event.values()), name
+        elif name == "migrate":
+            assert event["RequestType"] == "Create"
+            assert event["ResponseURL"].startswith("https://")
+            assert event["ResourceType"] == "Custom::OutboxSchema"
+        elif name == "migrate-invoke":
+            assert event == {}
+        else:
+            assert HandOff.from_event(event).channel == name
+
+
+# --- and a broken one is caught (the checks can fail) ---------------------------
+
+
+def test_checks_catch_a_broken_template(template: dict[str, Any], tmp_path: Path) -> None:
+    bad = copy.deepcopy(template)
+    res = bad["Resources"]
+    res["ReaperFunction"]["Properties"]["Policies"].append(
+        {"Statement": [{"Effect": "Allow", "Action": "sqs:*", "Resource": "*"}]}
+    )
+    res["EmailFunction"]["Properties"]["Policies"].append("AmazonSESFullAccess")
+    sms = res["SmsFunction"]["Properties"]["Policies"][1]["Statement"]
+    sms.pop()  # the Deny
+    sms[0]["Action"].append("sns:CreateTopic")  # not a phone-number action
+    assert len(iam_violations(bad)) == 5
+
+    res["WebhookFunction"]["Properties"]["Environment"]["Variables"]["WEBHOOK_SECRET"] = "hunter2"
+    bad["Globals"]["Function"]["Environment"]["Variables"]["DB_SSLMODE"] = "require"
+    bad["Globals"]["Function"]["Environment"]["Variables"]["DATABASE_URL"] = (
+        "postgresql://u:pw@h/db"
+    )
+    res["WebhookFunction"]["Properties"]["Environment"]["Variables"]["WEBHOOK_ALLOW_INSECURE"] = "1"
+    assert len(secret_violations(bad)) == 6
+
+    res["PushFunction"]["Properties"]["EventInvokeConfig"]["MaximumRetryAttempts"] = 2
+    del res["SqsFunction"]["Properties"]["EventInvokeConfig"]["DestinationConfig"]
+    del res["EmailFunction"]["Properties"]["ReservedConcurrentExecutions"]
+    bad["Parameters"]["MaxEventAgeSeconds"]["Default"] = 100
+    violations = invoke_violations(bad)
+    assert sum("MaximumEventAge" in v for v in violations) == len(functions(bad))
+    assert len(violations) == len(functions(bad)) + 3
+
+    event = res["ReaperFunction"]["Properties"]["Events"]["EveryMinute"]["Properties"]
+    event["RetryPolicy"]["MaximumRetryAttempts"] = 185
+    del event["DeadLetterConfig"]
+    event["Input"] = "{}"
+    event["Name"] = "reaper"
+    assert len(schedule_violations(bad)) == 4
+
+    (tmp_path / "functions" / "fax").mkdir(parents=True)
+    (tmp_path / "functions" / "fax" / "app.py").write_text("")
+    (tmp_path / "events").mkdir()
+    for folder in {folder_of(p) for p in functions(template).values()}:
+        (tmp_path / "functions" / folder).mkdir(exist_ok=True)
+        (tmp_path / "functions" / folder / "app.py").write_text("")
+        if folder != "sms":
+            (tmp_path / "events" / f"{folder}.json").write_text("{}")
+    del res["EmailFunction"]
+    assert layout_violations(template, tmp_path) == [
+        "functions/fax has no template entry",
+        "events/fax.json is missing",
+        "events/sms.json is missing",
+    ]
+    found = layout_violations(bad, tmp_path)
+    assert "functions/email has no template entry" in found
+    assert any(v.startswith("CHANNEL_FUNCTIONS") for v in found)
+    assert any(v.startswith("the dispatcher may invoke") for v in found)
+    assert "EmailFunction: no Errors alarm" not in alarm_violations(bad)  # gone, not unwatched
+    del res["FailureQueueAlarm"]
+    assert alarm_violations(bad) == ["FailureQueue: no queue depth alarm"]
