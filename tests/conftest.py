@@ -34,6 +34,7 @@ for _name in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
     os.environ.pop(_name, None)
 
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+pytest_plugins = ["logscan"]
 
 # --- network guard ----------------------------------------------------------
 

@@ -11,6 +11,7 @@ ValidationError naming the field and leaves the transaction untouched.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -25,6 +26,9 @@ MAX_KEY_LENGTH = 255
 MAX_DELAY_SECONDS = 365 * 24 * 3600
 _PRIORITY_RANGE = (-32768, 32767)  # smallint
 _MAX_ATTEMPTS_RANGE = (1, 1000)
+# A JSON escape of NUL: "\u0000" after an even number of backslashes (an odd
+# number would make it the literal text "\u0000", which is fine).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 _FIELDS = {"channel", "payload", "dedupe_key", "ordering_key", "priority", "delay", "max_attempts"}
 
 
@@ -37,6 +41,11 @@ def _key(field: str, value: Any) -> str | None:
         raise ValidationError(field, f"must be 1 to {MAX_KEY_LENGTH} characters")
     if "\x00" in value:
         raise ValidationError(field, "must not contain NUL characters")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValidationError(field, "must be valid Unicode (no lone surrogates)") from None
     return value
 
 
@@ -68,10 +77,13 @@ def _payload_json(channel: channels.Channel, payload: Any) -> str:
         text = store.payload_json(payload)
     except (TypeError, ValueError) as exc:
         raise ValidationError("payload", f"must be JSON-serialisable: {exc}") from None
-    if "\\u0000" in text:
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
         # Postgres jsonb cannot store NUL characters.
         raise ValidationError("payload", "must not contain NUL characters")
-    size = len(text.encode("utf-8"))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValidationError("payload", "must be valid Unicode (no lone surrogates)") from None
     if size > MAX_PAYLOAD_BYTES:
         raise ValidationError("payload", f"is {size} bytes; the limit is {MAX_PAYLOAD_BYTES}")
     return text

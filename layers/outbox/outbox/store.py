@@ -141,6 +141,20 @@ def _backoff_params(backoff: Backoff) -> dict[str, Any]:
     }
 
 
+def text_array(values: Iterable[str | None]) -> str:
+    """A Postgres text[] literal with every element quoted, bound as one text
+    parameter (the SQL casts it). pg8000's own list adapter leaves ``null`` in
+    any case but ``NULL`` unquoted, which Postgres reads as a NULL element: a
+    dedupe or ordering key "null" would silently vanish."""
+
+    def element(v: str | None) -> str:
+        if v is None:
+            return "NULL"
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    return "{" + ",".join(element(v) for v in values) + "}"
+
+
 # --- enqueue ---------------------------------------------------------------
 
 _INSERT = _sql(
@@ -182,10 +196,11 @@ def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list
     if not messages:
         return []
     params = {
-        "channels": [m.channel for m in messages],
+        "channels": text_array([m.channel for m in messages]),
+        # the payloads travel as one JSON array (canonical JSON text already)
         "payloads": "[" + ",".join(m.payload_json for m in messages) + "]",
-        "dedupe_keys": [m.dedupe_key for m in messages],
-        "ordering_keys": [m.ordering_key for m in messages],
+        "dedupe_keys": text_array([m.dedupe_key for m in messages]),
+        "ordering_keys": text_array([m.ordering_key for m in messages]),
         "priorities": [m.priority for m in messages],
         "delays": [float(m.delay_seconds) for m in messages],
         "max_attempts": [m.max_attempts for m in messages],
@@ -209,7 +224,10 @@ def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list
     if missing:
         found = conn.execute(
             _EXISTING_BY_DEDUPE,
-            {"channels": [c for c, _ in missing], "dedupe_keys": [k for _, k in missing]},
+            {
+                "channels": text_array([c for c, _ in missing]),
+                "dedupe_keys": text_array([k for _, k in missing]),
+            },
         ).all()
         by_key.update({(r.channel, r.dedupe_key): r.id for r in found})
     return [
@@ -256,7 +274,7 @@ def claim(
     params: dict[str, Any] = {"batch_size": batch_size, "lease_seconds": float(lease_seconds)}
     statement = _CLAIM_ALL
     if channels is not None:
-        statement, params["channels"] = _CLAIM_CHANNELS, list(channels)
+        statement, params["channels"] = _CLAIM_CHANNELS, text_array(channels)
     rows = conn.execute(statement, params).all()
     claims = [Claim(r.id, r.channel, r.claim_token, r.attempt) for r in rows]
     claims.sort(key=lambda c: c.id)
@@ -675,7 +693,7 @@ def list_messages(
             _LIST_MESSAGES,
             {
                 "statuses": list(statuses) if statuses else None,
-                "channels": list(channels) if channels else None,
+                "channels": text_array(channels) if channels else None,
                 "limit": limit,
             },
         ).all()
@@ -746,7 +764,7 @@ def redrive_matching(
         _REDRIVE_MATCHING,
         {
             "statuses": list(statuses),
-            "channels": list(channels) if channels else None,
+            "channels": text_array(channels) if channels else None,
             "since_seconds": None if since_seconds is None else float(since_seconds),
         },
     ).all()
