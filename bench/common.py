@@ -202,11 +202,13 @@ class Databases:
 
 
 def engine_for(url: str, pool_size: int = 1) -> sa.Engine:
-    """The relay's own engine configuration (outbox.db.create_engine)."""
+    """The relay's own engine configuration (outbox.db.create_engine, as Runtime builds it)."""
     from outbox.config import DatabaseSettings
     from outbox.db import create_engine
 
-    return create_engine(DatabaseSettings(url=url, sslmode="disable"), pool_size=pool_size)
+    return create_engine(
+        DatabaseSettings(url=url, sslmode="disable"), pool_size=pool_size, autocommit=True
+    )
 
 
 def seed_pending(url: str, rows: int, *, vacuum: bool = True) -> None:

@@ -7,7 +7,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from outbox.observability import logger
 from outbox.runtime import Runtime, migrate
 
-runtime = Runtime()
+runtime = Runtime(autocommit=False)  # migrations run in one transaction
 
 
 @logger.inject_lambda_context

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import pg8000.legacy
+import pg8000.core
 import pytest
 import sqlalchemy as sa
 
@@ -21,25 +21,36 @@ from support import EMAIL, LambdaContext, ScriptedChannel, install_channel, sett
 PINNING = re.compile(
     r"^\s*(SET\s|RESET|LISTEN|PREPARE|DECLARE|SELECT\s+pg_advisory_lock)", re.IGNORECASE
 )
+# What autocommit saves: the relay's single-statement operations need no BEGIN/COMMIT.
+TRANSACTION_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK)", re.IGNORECASE)
 
 
 def test_a_full_cycle_sends_no_pinning_statement(
     engine: sa.Engine, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Record at the wire: every statement pg8000 sends, including the BEGIN and
+    # COMMIT it issues by itself.
     sent: list[str] = []
-    real_execute = pg8000.legacy.Cursor.execute
+    core = pg8000.core.CoreConnection
+    real_simple, real_unnamed = core.execute_simple, core.execute_unnamed
 
-    def recording_execute(self: Any, operation: str, *args: Any, **kwargs: Any) -> Any:
-        sent.append(operation)
-        return real_execute(self, operation, *args, **kwargs)
+    def simple(self: Any, statement: str) -> Any:
+        sent.append(statement)
+        return real_simple(self, statement)
 
-    monkeypatch.setattr(pg8000.legacy.Cursor, "execute", recording_execute)
+    def unnamed(self: Any, statement: str, *args: Any, **kwargs: Any) -> Any:
+        sent.append(statement)
+        return real_unnamed(self, statement, *args, **kwargs)
+
+    monkeypatch.setattr(core, "execute_simple", simple)
+    monkeypatch.setattr(core, "execute_unnamed", unnamed)
 
     class FakeEmail(ScriptedChannel):
         schema = EmailChannel.schema
 
     install_channel(FakeEmail(name="email"))
-    relay = create_engine(DatabaseSettings(url=database_url, sslmode="disable"))  # a fresh pool
+    # A fresh pool, configured as the Lambda runtime configures it.
+    relay = create_engine(DatabaseSettings(url=database_url, sslmode="disable"), autocommit=True)
     with relay.begin() as conn:
         outbox.enqueue_many(conn, [{"channel": "email", "payload": EMAIL}] * 5)
 
@@ -54,6 +65,7 @@ def test_a_full_cycle_sends_no_pinning_statement(
     relay.dispose()
     assert len(sent) > 5
     assert [s for s in sent if PINNING.match(s)] == []
+    assert [s for s in sent if TRANSACTION_CONTROL.match(s)] == []
 
 
 def test_a_connection_dropped_while_idle_is_replaced_before_use(

@@ -67,8 +67,16 @@ def _base_url(settings: DatabaseSettings) -> URL:
     )
 
 
-def create_engine(settings: DatabaseSettings, *, pool_size: int = 1) -> sa.Engine:
-    """Build the engine. In Lambda one connection serves the whole invocation."""
+def create_engine(
+    settings: DatabaseSettings, *, pool_size: int = 1, autocommit: bool = False
+) -> sa.Engine:
+    """Build the engine. In Lambda one connection serves the whole invocation.
+
+    ``autocommit``: every state-machine operation in ``store`` is one statement,
+    atomic by itself, so the relay's functions run them without BEGIN/COMMIT
+    (two round trips fewer each). Callers that need a multi-statement
+    transaction (migrations, the operator CLI, your application) keep the default.
+    """
     url = _base_url(settings)
     connect_args: dict[str, Any] = {
         "timeout": settings.connect_timeout,
@@ -87,6 +95,8 @@ def create_engine(settings: DatabaseSettings, *, pool_size: int = 1) -> sa.Engin
         # Below RDS Proxy's default idle client timeout, and short enough that a
         # rotated secret or an expired IAM token is picked up on reconnect.
         pool_recycle=600,
+        # Set as a driver attribute on each new connection: no SQL is sent.
+        **({"isolation_level": "AUTOCOMMIT"} if autocommit else {}),
     )
     if settings.secret_arn or settings.iam_user:
         _mint_credentials_per_connection(engine, settings)
@@ -128,6 +138,8 @@ def _commit_in_one_round_trip(engine: sa.Engine) -> None:
 
     def do_commit(dbapi_connection: Any) -> None:
         raw = getattr(dbapi_connection, "dbapi_connection", dbapi_connection)
+        if getattr(raw, "autocommit", False):
+            return  # each statement committed itself; nothing to send
         execute_simple = getattr(raw, "execute_simple", None)
         if execute_simple is None:  # not pg8000
             raw.commit()

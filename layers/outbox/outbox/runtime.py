@@ -28,8 +28,11 @@ _EXIT_MARGIN_SECONDS = 2.0
 
 
 class Runtime:
-    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None, *, autocommit: bool = True) -> None:
+        """``autocommit=False`` for the migrate function, whose Alembic run is one
+        transaction; the relay's own operations are single statements."""
         env = os.environ if env is None else env
+        self._autocommit = autocommit
         self.settings = RelaySettings.from_env(env)
         self.database = DatabaseSettings.from_env(env)
         self._engine: sa.Engine | None = None
@@ -40,7 +43,7 @@ class Runtime:
         if self._engine is None:
             from .db import create_engine
 
-            self._engine = create_engine(self.database)
+            self._engine = create_engine(self.database, autocommit=self._autocommit)
         return self._engine
 
     @property
