@@ -1,4 +1,4 @@
-"""Logs, metrics and traces, wired once per process.
+"""Logs and metrics, wired once per process.
 
 Library modules log through ``logging.getLogger("outbox.<module>")``; the
 Powertools Logger the handlers create is the ``outbox`` logger, so those
@@ -8,9 +8,6 @@ addresses, tokens or secrets (invariant 8).
 """
 
 from __future__ import annotations
-
-import hashlib
-from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
@@ -32,15 +29,3 @@ def gauge(name: str, value: float, *, seconds: bool = False) -> None:
     metrics.add_metric(
         name=name, unit=MetricUnit.Seconds if seconds else MetricUnit.Count, value=value
     )
-
-
-def address_hash(address: str) -> str:
-    """A stable, non-reversible tag for an address, for correlating logs."""
-    return hashlib.sha256(address.strip().lower().encode()).hexdigest()[:12]
-
-
-def tracer() -> Any:
-    """The Powertools Tracer, imported only by handlers that trace (it costs import time)."""
-    from aws_lambda_powertools import Tracer
-
-    return Tracer(service=SERVICE)
