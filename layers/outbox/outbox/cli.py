@@ -123,7 +123,7 @@ def console() -> Any:
 # --- the database ------------------------------------------------------------
 
 
-def _engine() -> sa.Engine:
+def _engine(autocommit: bool = False) -> sa.Engine:
     from .config import DatabaseSettings
     from .db import create_engine
 
@@ -131,12 +131,14 @@ def _engine() -> sa.Engine:
         settings = DatabaseSettings.from_env(os.environ)
     except ConfigError as exc:
         fail(str(exc))
-    return create_engine(settings, pool_size=4)
+    return create_engine(settings, pool_size=4, autocommit=autocommit)
 
 
 @contextmanager
-def database() -> Iterator[sa.Engine]:
-    engine = _engine()
+def database(*, autocommit: bool = False) -> Iterator[sa.Engine]:
+    """The engine for a command. ``autocommit`` for the worker, whose
+    state-machine statements are each atomic (as in the Lambda functions)."""
+    engine = _engine(autocommit)
     try:
         yield engine
     except sa.exc.DBAPIError as exc:
@@ -566,7 +568,7 @@ def worker(
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with database() as engine:
+        with database(autocommit=True) as engine:
             report = Worker(
                 engine, settings, channels=wanted, stop=stop, reap_interval_seconds=reap_interval
             ).run(once=once, until_empty=until_empty)
