@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from outbox.channels import Deadline, Message, Outcome, SchemaChannel
+from outbox.devdb import LOCAL_POSTGRES, pg8000_url
 
-LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 CHANNEL = "bench"
 
 
@@ -116,13 +116,6 @@ def python_payload(i: int) -> dict[str, Any]:
 # --- databases ---------------------------------------------------------------------
 
 
-def pg8000_url(url: str) -> str:
-    u = make_url(url)
-    if u.drivername in ("postgresql", "postgres"):
-        u = u.set(drivername="postgresql+pg8000")
-    return u.render_as_string(hide_password=False)
-
-
 def server_url() -> str:
     """The Postgres server to create the benchmark databases on."""
     return pg8000_url(os.environ.get("DATABASE_URL") or LOCAL_POSTGRES)
@@ -151,6 +144,9 @@ def native_params(url: str) -> dict[str, Any]:
     }
     if u.password:
         params["password"] = u.password
+    if "unix_sock" in u.query:  # an embedded server (outbox.devdb) listens on a socket file
+        params.pop("host"), params.pop("port")
+        params["unix_sock"] = u.query["unix_sock"]
     return params
 
 

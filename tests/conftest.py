@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 
 # Fake credentials and a fixed region before anything imports boto3.
 os.environ.update(
@@ -33,7 +32,7 @@ os.environ.update(
 for _name in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
     os.environ.pop(_name, None)
 
-LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"  # = outbox.devdb.LOCAL_POSTGRES
 pytest_plugins = ["logscan"]
 
 # --- network guard ----------------------------------------------------------
@@ -73,55 +72,34 @@ socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
 # --- database -----------------------------------------------------------------
 
 
-def _answers(url: str) -> bool:
-    try:
-        engine = sa.create_engine(_pg8000(url), connect_args={"timeout": 3})
-        with engine.connect():
-            pass
-        engine.dispose()
-        return True
-    except Exception:
-        return False
-
-
-def _pg8000(url: str) -> str:
-    u = make_url(url)
-    if u.drivername in ("postgresql", "postgres"):
-        u = u.set(drivername="postgresql+pg8000")
-    return u.render_as_string(hide_password=False)
-
-
 @pytest.fixture(scope="session")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Postgres server we may create databases on."""
-    explicit = os.environ.get("DATABASE_URL")
-    if explicit:
-        yield _pg8000(explicit)
-        return
-    if _answers(LOCAL_POSTGRES):
-        yield _pg8000(LOCAL_POSTGRES)
-        return
-    import pgserver  # embedded Postgres, for machines without one
+    """A Postgres server we may create databases on: DATABASE_URL's, else the
+    local one, else an embedded one (``OUTBOX_TEST_DB=embedded`` forces it)."""
+    from outbox import devdb
 
-    server = pgserver.get_server(tmp_path_factory.mktemp("pgdata"), cleanup_mode="stop")
-    yield _pg8000(server.get_uri())
-    server.cleanup()
+    forced_embedded = os.environ.get("OUTBOX_TEST_DB") == "embedded"
+    explicit = os.environ.get("DATABASE_URL")
+    if explicit and not forced_embedded:
+        yield devdb.pg8000_url(explicit)
+    elif not forced_embedded and devdb.answers(LOCAL_POSTGRES):
+        yield devdb.pg8000_url(LOCAL_POSTGRES)
+    else:
+        with devdb.embedded(tmp_path_factory.mktemp("pgdata")) as url:
+            yield url
 
 
 @pytest.fixture(scope="session")
 def database_url(server_url: str) -> Iterator[str]:
     """A throwaway database for this test run, dropped at the end."""
+    from outbox import devdb
+
     name = f"outbox_test_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    url = devdb.recreate_database(server_url, name)
     try:
         yield url
     finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        devdb.drop_database(server_url, name)
 
 
 @pytest.fixture(scope="session")

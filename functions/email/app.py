@@ -1,17 +1,6 @@
 """Email channel function: delivers claimed messages through SES v2."""
 
-from typing import Any
+from outbox.runtime import channel_handler
 
-from aws_lambda_powertools.utilities.typing import LambdaContext
-
-from outbox.observability import logger, metrics
-from outbox.runtime import Runtime
-
-CHANNEL = "email"
-runtime = Runtime()  # settings are checked here, at cold start
-
-
-@logger.inject_lambda_context
-@metrics.log_metrics
-def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return runtime.send(CHANNEL, event, context)
+# Settings are checked here, at cold start; the sender runtime does the rest.
+handler = channel_handler("email")

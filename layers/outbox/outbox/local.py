@@ -31,7 +31,6 @@ import sys
 import threading
 import time
 import uuid
-import warnings
 from base64 import b64decode, b64encode
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -41,13 +40,13 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 
-from . import channels, store
+from . import channels, devdb, store
 from .channels import Deadline, Message, Outcome, SchemaChannel
 from .invoke import LambdaContext, load_module
 
 REPO = Path(__file__).resolve().parents[3]
 FUNCTIONS = REPO / "functions"
-LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+LOCAL_POSTGRES = devdb.LOCAL_POSTGRES
 DEMO_DATABASE = os.environ.get("OUTBOX_LOCAL_DBNAME") or "outbox_demo"
 PGDATA = Path(os.environ.get("OUTBOX_LOCAL_PGDATA") or REPO / ".local" / "pgdata")
 SENDER_DOMAIN = "shop.example.com"
@@ -338,33 +337,6 @@ class WebhookReceiver:
 # --- database and AWS ------------------------------------------------------------
 
 
-def _pg8000(url: str) -> sa.engine.URL:
-    parsed = sa.engine.make_url(url)
-    if parsed.drivername in ("postgresql", "postgres"):
-        parsed = parsed.set(drivername="postgresql+pg8000")
-    return parsed
-
-
-def _answers(url: str) -> bool:
-    try:
-        engine = sa.create_engine(_pg8000(url), connect_args={"timeout": 2})
-        with engine.connect():
-            pass
-        engine.dispose()
-        return True
-    except Exception:
-        return False
-
-
-def _recreate(server_url: str, name: str) -> str:
-    admin = sa.create_engine(_pg8000(server_url), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    return _pg8000(server_url).set(database=name).render_as_string(hide_password=False)
-
-
 @contextlib.contextmanager
 def database(say: Callable[[str], None]) -> Iterator[str]:
     """The database URL to use, and say which one it is."""
@@ -376,30 +348,16 @@ def database(say: Callable[[str], None]) -> Iterator[str]:
         say("database: DATABASE_URL (your own database; the demo adds rows to it)")
         yield url
         return
-    if forced in ("", "local") and _answers(LOCAL_POSTGRES):
+    if forced in ("", "local") and devdb.answers(LOCAL_POSTGRES):
         say(f"database: local Postgres on 127.0.0.1:5432, database {DEMO_DATABASE!r} (recreated)")
-        yield _recreate(LOCAL_POSTGRES, DEMO_DATABASE)
+        yield devdb.recreate_database(LOCAL_POSTGRES, DEMO_DATABASE)
         return
     if forced == "local":
         raise SystemExit("OUTBOX_LOCAL_DB=local but no Postgres answers on 127.0.0.1:5432")
-    PGDATA.mkdir(parents=True, exist_ok=True)
     shown = PGDATA.relative_to(REPO) if PGDATA.is_relative_to(REPO) else PGDATA
     say(f"database: embedded Postgres (pgserver) in {shown}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset in containers
-        import pgserver  # the embedded Postgres (dev extras)
-
-        server = pgserver.get_server(PGDATA, cleanup_mode="stop")
-    try:
-        info = server.get_postmaster_info()
-        if info.socket_dir is not None:
-            sock = Path(info.socket_dir) / f".s.PGSQL.{info.port}"
-            server_url = f"postgresql+pg8000://postgres@/postgres?unix_sock={sock}"
-        else:
-            server_url = server.get_uri()
-        yield _recreate(server_url, DEMO_DATABASE)
-    finally:
-        server.cleanup()
+    with devdb.embedded(PGDATA) as server_url:
+        yield devdb.recreate_database(server_url, DEMO_DATABASE)
 
 
 @contextlib.contextmanager

@@ -88,6 +88,22 @@ class Runtime:
         }
 
 
+def channel_handler(channel: str) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+    """The whole Lambda handler of a channel function: settings checked now (at
+    cold start), then each invocation sends the hand-off it was given."""
+    from .observability import metrics
+
+    runtime = Runtime()
+
+    @logger.inject_lambda_context
+    @metrics.log_metrics
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        return runtime.send(channel, event, context)
+
+    handler.runtime = runtime  # type: ignore[attr-defined]
+    return handler
+
+
 def _remaining(context: Any) -> Callable[[], float]:
     """Seconds left in this invocation, from the Lambda context."""
     return lambda: context.get_remaining_time_in_millis() / 1000.0
