@@ -66,7 +66,12 @@ def main(role: str) -> None:
     harness.install_wrappers(recorder, killer, lease)
     provider = harness.FakeProvider(recorder, killer)
     channels.register(harness.CHANNEL, lambda: provider)
-    engine = create_engine(DatabaseSettings(url=url, sslmode="disable"))
+    # Dispatchers and reapers run as the Lambda functions do, in autocommit (each
+    # store operation is one statement). Senders keep a transaction around the
+    # settle so that the "mid_settle" kill point lands between UPDATE and COMMIT.
+    engine = create_engine(
+        DatabaseSettings(url=url, sslmode="disable"), autocommit=role != "sender"
+    )
     relay = settings(lease)
 
     if role == "dispatcher":

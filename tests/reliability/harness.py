@@ -267,9 +267,13 @@ def install_wrappers(
     original_load = store.load_claimed
 
     def writer(conn: sa.Connection, pairs: Sequence[tuple[int, Any]]) -> None:
+        # Transaction-local when there is a transaction; in autocommit (how the
+        # relay's functions run) each statement is its own transaction, so the
+        # setting must live on the session until this writer's next write.
+        autocommit = bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
         conn.execute(
-            sa.text("SELECT set_config('rel.writer', :w, true)"),
-            {"w": json.dumps({str(i): str(t) for i, t in pairs})},
+            sa.text("SELECT set_config('rel.writer', :w, :local)"),
+            {"w": json.dumps({str(i): str(t) for i, t in pairs}), "local": not autocommit},
         )
 
     def settle(conn: sa.Connection, settlements: Sequence[store.Settlement], backoff: Any) -> Any:
