@@ -48,6 +48,7 @@ def test_quick_fault_campaign_loses_nothing_and_covers_every_kill_point(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 10 runs of 30 s plus set-up and drains
 def test_long_fault_campaign(server_url: str, tmp_path: Path) -> None:
     reports = campaign.campaign(
         server_url, iterations=10, seconds=30, messages=200, log_dir=tmp_path
