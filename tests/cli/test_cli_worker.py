@@ -118,15 +118,10 @@ def test_worker_command_rejects_bad_options(engine: sa.Engine, database_url: str
 
 @pytest.fixture
 def moto_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
+    from outbox.local import moto_server  # the same moto server `make run` uses
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    with moto_server() as url:
+        yield url
 
 
 def test_sigterm_mid_run_leaves_no_claimed_rows(
