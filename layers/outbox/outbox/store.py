@@ -110,25 +110,14 @@ _EXHAUSTED_SQL = "m.attempts + 1 >= COALESCE(m.max_attempts, :default_max)"
 
 # --- parameter encoding (performance) ----------------------------------------
 # pg8000 escapes every element of a list parameter character by character, and
-# scans the whole statement text for placeholders on every execute. Arrays of
-# ids and UUIDs are therefore sent as ready array literals, batches of free
-# text as one JSON document, and statement texts without their layout.
-
-
-def _array_param(values: Iterable[Any]) -> str | list[Any]:
-    """``{1,2,3}`` for ints or UUIDs (no element can need quoting), cast in SQL.
-    Anything else goes as before, a list for the driver to escape (and for
-    Postgres to reject if it is no id or UUID)."""
-    items = list(values)
-    if all(
-        isinstance(v, uuid.UUID) or (isinstance(v, int) and not isinstance(v, bool)) for v in items
-    ):
-        return "{" + ",".join(str(v) for v in items) + "}"
-    return [v if isinstance(v, int) else str(v) for v in items]
+# scans the whole statement text for placeholders on every execute. Arrays
+# are therefore sent as one ready array literal, batches of free text as one
+# JSON document, and statement texts without their layout.
 
 
 def _sql(text: str) -> sa.TextClause:
-    """A statement with its comments and indentation removed (same SQL, fewer characters)."""
+    """A statement with its comments and indentation removed (same SQL, fewer
+    characters). No statement here has ``--`` inside a string literal."""
     lines = (line.split("--", 1)[0].strip() for line in text.splitlines())
     return sa.text(" ".join(line for line in lines if line))
 
@@ -141,16 +130,18 @@ def _backoff_params(backoff: Backoff) -> dict[str, Any]:
     }
 
 
-def text_array(values: Iterable[str | None]) -> str:
-    """A Postgres text[] literal with every element quoted, bound as one text
-    parameter (the SQL casts it). pg8000's own list adapter leaves ``null`` in
-    any case but ``NULL`` unquoted, which Postgres reads as a NULL element: a
-    dedupe or ordering key "null" would silently vanish."""
+def array_literal(values: Iterable[Any]) -> str:
+    """A Postgres array literal with every element quoted, bound as one text
+    parameter that the SQL casts (``CAST(:ids AS bigint[])``, ``uuid[]``,
+    ``text[]``). One string instead of pg8000's per-element escaping of a list;
+    and pg8000's list adapter leaves ``null`` in any case but ``NULL`` unquoted,
+    which Postgres reads as a NULL element: a key "null" would silently vanish.
+    A value that is no id or UUID is still refused, by Postgres, at the cast."""
 
-    def element(v: str | None) -> str:
+    def element(v: Any) -> str:
         if v is None:
             return "NULL"
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
     return "{" + ",".join(element(v) for v in values) + "}"
 
@@ -196,11 +187,11 @@ def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list
     if not messages:
         return []
     params = {
-        "channels": text_array([m.channel for m in messages]),
+        "channels": array_literal([m.channel for m in messages]),
         # the payloads travel as one JSON array (canonical JSON text already)
         "payloads": "[" + ",".join(m.payload_json for m in messages) + "]",
-        "dedupe_keys": text_array([m.dedupe_key for m in messages]),
-        "ordering_keys": text_array([m.ordering_key for m in messages]),
+        "dedupe_keys": array_literal([m.dedupe_key for m in messages]),
+        "ordering_keys": array_literal([m.ordering_key for m in messages]),
         "priorities": [m.priority for m in messages],
         "delays": [float(m.delay_seconds) for m in messages],
         "max_attempts": [m.max_attempts for m in messages],
@@ -225,8 +216,8 @@ def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list
         found = conn.execute(
             _EXISTING_BY_DEDUPE,
             {
-                "channels": text_array([c for c, _ in missing]),
-                "dedupe_keys": text_array([k for _, k in missing]),
+                "channels": array_literal([c for c, _ in missing]),
+                "dedupe_keys": array_literal([k for _, k in missing]),
             },
         ).all()
         by_key.update({(r.channel, r.dedupe_key): r.id for r in found})
@@ -274,7 +265,7 @@ def claim(
     params: dict[str, Any] = {"batch_size": batch_size, "lease_seconds": float(lease_seconds)}
     statement = _CLAIM_ALL
     if channels is not None:
-        statement, params["channels"] = _CLAIM_CHANNELS, text_array(channels)
+        statement, params["channels"] = _CLAIM_CHANNELS, array_literal(channels)
     rows = conn.execute(statement, params).all()
     claims = [Claim(r.id, r.channel, r.claim_token, r.attempt) for r in rows]
     claims.sort(key=lambda c: c.id)
@@ -306,8 +297,8 @@ def release(
     rows = conn.execute(
         _RELEASE,
         {
-            "ids": _array_param(i for i, _ in pairs),
-            "tokens": _array_param(t for _, t in pairs),
+            "ids": array_literal(i for i, _ in pairs),
+            "tokens": array_literal(t for _, t in pairs),
             "reason": reason,
             "delay_seconds": float(delay_seconds),
         },
@@ -345,8 +336,8 @@ def load_claimed(
     rows = conn.execute(
         _LOAD_CLAIMED,
         {
-            "ids": _array_param(i for i, _ in pairs),
-            "tokens": _array_param(t for _, t in pairs),
+            "ids": array_literal(i for i, _ in pairs),
+            "tokens": array_literal(t for _, t in pairs),
             "channel": channel,
             "default_max": default_max_attempts,
         },
@@ -693,7 +684,7 @@ def list_messages(
             _LIST_MESSAGES,
             {
                 "statuses": list(statuses) if statuses else None,
-                "channels": text_array(channels) if channels else None,
+                "channels": array_literal(channels) if channels else None,
                 "limit": limit,
             },
         ).all()
@@ -764,7 +755,7 @@ def redrive_matching(
         _REDRIVE_MATCHING,
         {
             "statuses": list(statuses),
-            "channels": text_array(channels) if channels else None,
+            "channels": array_literal(channels) if channels else None,
             "since_seconds": None if since_seconds is None else float(since_seconds),
         },
     ).all()
