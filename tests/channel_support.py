@@ -6,16 +6,13 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import http.server
-import ipaddress
 import os
 import socket
-import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,6 +22,7 @@ import support
 from outbox import channels, sender, store
 from outbox.channels import Channel
 from outbox.handoff import HandOff
+from support import LocalCA, make_ca
 
 ACCOUNT = "123456789012"
 REGION = "us-east-1"
@@ -65,98 +63,8 @@ def settled(engine: sa.Engine, message_id: int) -> tuple[sa.Row[Any], list[sa.Ro
         return support.row(conn, message_id), support.attempts(conn, message_id)
 
 
-# --- TLS ---------------------------------------------------------------------
-
-
-@dataclass
-class LocalCA:
-    ca_file: Path
-    cert_file: Path
-    key_file: Path
-
-    def client_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(cafile=str(self.ca_file))
-        return context
-
-    def server_context(self) -> ssl.SSLContext:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(str(self.cert_file), str(self.key_file))
-        return context
-
-
-def make_ca(directory: Path, names: tuple[str, ...] = ("webhook.test", "localhost")) -> LocalCA:
-    """A self-signed CA and a server certificate for ``names`` and 127.0.0.1."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "outbox test CA")])
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(
-            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
-    sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-            critical=False,
-        )
-        .add_extension(x509.ExtendedKeyUsage([x509.OID_SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    ca_file, cert_file, key_file = (
-        directory / "ca.pem",
-        directory / "server.pem",
-        directory / "server.key",
-    )
-    ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return LocalCA(ca_file, cert_file, key_file)
+# TLS: support.make_ca (re-exported here for the channel tests).
+__all__ = ["LocalCA", "make_ca"]
 
 
 # --- local webhook receivers --------------------------------------------------

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ssl
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -123,3 +125,35 @@ def make_due(engine: sa.Engine) -> None:
         conn.execute(
             sa.text("UPDATE outbox_message SET available_at = now() WHERE status = 'pending'")
         )
+
+
+@dataclass(frozen=True)
+class LocalCA:
+    """A throwaway CA (trustme) and a server certificate it signed, as PEM files."""
+
+    ca_file: Path
+    cert_file: Path  # the server certificate chain
+    key_file: Path
+
+    def client_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(self.cert_file), str(self.key_file))
+        return context
+
+
+def make_ca(
+    directory: Path, names: tuple[str, ...] = ("webhook.test", "localhost", "127.0.0.1")
+) -> LocalCA:
+    """A CA and a server certificate for ``names``, written into ``directory``."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert(*names)
+    local = LocalCA(directory / "ca.pem", directory / "server.pem", directory / "server.key")
+    ca.cert_pem.write_to_path(str(local.ca_file))
+    local.cert_file.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
+    cert.private_key_pem.write_to_path(str(local.key_file))
+    return local

@@ -4,7 +4,6 @@ custom resource answering a real (local, TLS) response URL."""
 from __future__ import annotations
 
 import json
-import ssl
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -13,13 +12,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-import trustme
 
 from outbox import migrate
 from outbox.config import DatabaseSettings
 from outbox.db import create_engine
 from outbox.runtime import migrate as migrate_handler
-from support import LambdaContext
+from support import LambdaContext, make_ca
 
 
 @pytest.fixture
@@ -58,11 +56,8 @@ def test_upgrade_creates_the_schema_and_is_idempotent(fresh_database: sa.Engine)
 @pytest.fixture
 def response_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
     """A local HTTPS endpoint standing in for CloudFormation's pre-signed S3 URL."""
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    ca_file = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_file))
-    monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+    ca = make_ca(tmp_path, names=("127.0.0.1",))
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca.ca_file))
     received: list[dict[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -76,9 +71,7 @@ def response_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[li
             pass
 
     server = HTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    cert.configure_cert(context)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.socket = ca.server_context().wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     received.append({"url": f"https://127.0.0.1:{server.server_port}/stack-response?sig=x"})

@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from support import make_ca
+
 pytestmark = pytest.mark.build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -266,7 +268,8 @@ def test_migrate_custom_resource_answers_cloudformation(
 ) -> None:
     """The Create event's answer is PUT to the (here: local, TLS) ResponseURL."""
     received: list[dict[str, Any]] = []
-    ca, chain, key = _self_signed(tmp_path)
+    local = make_ca(tmp_path, names=("127.0.0.1",))
+    ca, chain, key = local.ca_file, local.cert_file, local.key_file
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_PUT(self) -> None:
@@ -467,19 +470,6 @@ def _zip(files: dict[str, str]) -> bytes:
         for name, text in files.items():
             archive.writestr(name, text)
     return buffer.getvalue()
-
-
-def _self_signed(tmp_path: Path) -> tuple[Path, Path, Path]:
-    """A server certificate for 127.0.0.1 and the CA the runner trusts (SSL_CERT_FILE)."""
-    import trustme
-
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    ca_path, chain_path, key_path = (tmp_path / n for n in ("ca.pem", "chain.pem", "key.pem"))
-    ca.cert_pem.write_to_path(str(ca_path))
-    cert.private_key_pem.write_to_path(str(key_path))
-    chain_path.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
-    return ca_path, chain_path, key_path
 
 
 def test_no_request_left_the_machine() -> None:
