@@ -171,7 +171,7 @@ def _convert_each_statement_once() -> None:
     def convert_paramstyle(style: str, query: str, args: Any) -> tuple[str, Any]:
         if style in ("format", "numeric", "qmark"):
             return rewritten(style, query), args
-        return convert(style, query, args)  # type: ignore[no-any-return]
+        return convert(style, query, args)
 
     convert_paramstyle._outbox_cached = True  # type: ignore[attr-defined]
     convert_paramstyle.__wrapped_original__ = convert  # type: ignore[attr-defined]
