@@ -145,11 +145,20 @@ def database(*, autocommit: bool = False) -> Iterator[sa.Engine]:
         message = _db_message(exc)
         if "outbox_message" in message and "does not exist" in message:
             fail("the outbox tables do not exist yet: run `outbox migrate` first")
-        if exc.connection_invalidated or isinstance(exc, sa.exc.InterfaceError):
+        if isinstance(exc, sa.exc.InterfaceError) or (
+            exc.connection_invalidated and not _server_reported(exc)
+        ):
             fail(f"cannot reach the database: {message}")
         fail(f"database error: {message}")
     finally:
         engine.dispose()
+
+
+def _server_reported(exc: sa.exc.DBAPIError) -> bool:
+    """The server answered with an error (pg8000 carries its fields in a dict);
+    the engine still discards such a connection, but the database was reached."""
+    args = getattr(exc.orig, "args", ())
+    return bool(args) and isinstance(args[0], dict)
 
 
 def _db_message(exc: sa.exc.DBAPIError) -> str:
@@ -180,9 +189,9 @@ def _channels(values: Sequence[str]) -> list[str] | None:
 
 
 def _check_ids(ids: Sequence[int]) -> list[int]:
-    bad = [i for i in ids if i < 1]
+    bad = [i for i in ids if not 1 <= i <= MAX_MESSAGE_ID]
     if bad:
-        fail(f"message ids are positive integers, got {bad[0]}", 2)
+        fail(f"message ids are integers from 1 to {MAX_MESSAGE_ID}, got {bad[0]}", 2)
     return sorted(set(ids))
 
 

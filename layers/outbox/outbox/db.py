@@ -95,12 +95,16 @@ def create_engine(
         # Below RDS Proxy's default idle client timeout, and short enough that a
         # rotated secret or an expired IAM token is picked up on reconnect.
         pool_recycle=600,
+        # Errors and SQLAlchemy's own logs never carry bound parameters: they are
+        # payloads (phone numbers, one-time codes) and claim tokens (invariant 8).
+        hide_parameters=True,
         # Set as a driver attribute on each new connection: no SQL is sent.
         **({"isolation_level": "AUTOCOMMIT"} if autocommit else {}),
     )
     if settings.secret_arn or settings.iam_user:
         _mint_credentials_per_connection(engine, settings)
     sa.event.listen(engine, "connect", _no_delay)
+    sa.event.listen(engine, "handle_error", _invalidate_after_any_error)
     _ping_when_idle(engine)
     _commit_in_one_round_trip(engine)
     return engine
@@ -129,6 +133,22 @@ def _ping_when_idle(engine: sa.Engine) -> None:
         except Exception as exc:
             # The pool discards this connection and checks out a fresh one.
             raise sa.exc.DisconnectionError() from exc
+
+
+def _invalidate_after_any_error(context: sa.engine.ExceptionContext) -> None:
+    """A connection whose statement raised is never used again.
+
+    The driver decodes rows while it reads them: an exception it does not
+    expect (a RecursionError decoding a deeply nested value, MemoryError, a
+    signal) leaves the rest of the answer unread on the socket, and the next
+    statement on that connection would read the previous one's results. A
+    fresh connection costs one connect; a desynchronised one sends a message
+    for another's claim. Only a real disconnect invalidates the whole pool.
+    """
+    if context.is_disconnect or context.connection is None:
+        return
+    context.is_disconnect = True
+    context.invalidate_pool_on_disconnect = False
 
 
 def _commit_in_one_round_trip(engine: sa.Engine) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import channels, store
+from . import channels, payloads, store
 from .errors import ValidationError
 
 MAX_PAYLOAD_BYTES = 256 * 1024
@@ -72,6 +72,8 @@ def _delay_seconds(value: Any) -> float:
 
 
 def _payload_json(channel: channels.Channel, payload: Any) -> str:
+    # The shape first: a schema validator and the JSON encoder both recurse.
+    payloads.check_shape(payload)
     channel.validate(payload)
     try:
         text = store.payload_json(payload)
@@ -157,6 +159,8 @@ def enqueue_many(conn: sa.Connection, messages: Iterable[Mapping[str, Any]]) -> 
     raises ValidationError (its field prefixed with ``messages[i].``) and none is written.
     """
     conn = _check_connection(conn)
+    if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Iterable):
+        raise ValidationError("messages", "must be a list of dicts")
     prepared = []
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping):
