@@ -189,6 +189,8 @@ def _channels(values: Sequence[str]) -> list[str] | None:
 
 
 def _check_ids(ids: Sequence[int]) -> list[int]:
+    from .handoff import MAX_MESSAGE_ID
+
     bad = [i for i in ids if not 1 <= i <= MAX_MESSAGE_ID]
     if bad:
         fail(f"message ids are integers from 1 to {MAX_MESSAGE_ID}, got {bad[0]}", 2)
