@@ -32,12 +32,14 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from .. import netguard
+from ..watchdog import WATCHDOG
 from ..errors import ValidationError
 from . import Deadline, Message, Outcome, SchemaChannel, aws
 
 MAX_RESPONSE_BYTES = 64 * 1024
 SECRET_MAX_AGE_SECONDS = 300
 CONNECT_TIMEOUT_SECONDS = 5.0
+CUTOFF_LEAD_SECONDS = 0.1
 MAX_RETRY_AFTER_SECONDS = 3600.0
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 USER_AGENT = "outbox-relay-webhooks/1"
@@ -113,6 +115,22 @@ def classify_status(status: int, headers: Any = None) -> Outcome:
     if 400 <= status < 500:
         return Outcome.failed(f"HTTP {status}")
     return Outcome.failed(f"HTTP {status}: unexpected status")
+
+
+def _connection_outcome(exc: Exception, out_of_time: bool) -> Outcome:
+    """A POST that got no status line: always worth another try."""
+    import urllib3
+
+    if out_of_time or isinstance(exc, TimeoutError | urllib3.exceptions.ConnectTimeoutError):
+        if not isinstance(exc, urllib3.exceptions.NewConnectionError):
+            return Outcome.retry("timeout: no answer before the deadline")
+    if isinstance(exc, urllib3.exceptions.NewConnectionError):
+        return Outcome.retry("connection failed (refused or unreachable)")
+    from urllib3.util.ssl_match_hostname import CertificateError
+
+    if isinstance(exc, ssl.SSLError | CertificateError | urllib3.exceptions.SSLError):
+        return Outcome.retry("TLS handshake or certificate check failed")
+    return Outcome.retry(f"connection failed ({type(exc).__name__})")
 
 
 class SecretUnavailable(Exception):
@@ -247,59 +265,64 @@ class WebhookChannel(SchemaChannel):
     def _post(
         self, target: netguard.Target, headers: dict[str, str], body: bytes, deadline: Deadline
     ) -> Outcome:
-        import urllib3
+        """One POST, over by the deadline whatever the receiver does: connect and
+        the TLS handshake are bounded by a socket timeout (CPython applies it to
+        the whole handshake and to the whole send), and the watchdog shuts the
+        socket at the deadline, which ends a read that a dripping receiver
+        would otherwise keep alive byte by byte."""
+        from urllib3.connection import HTTPConnection, HTTPSConnection
 
         remaining = deadline.remaining()
         if remaining <= 0:
             return Outcome.deferred("deadline near: not started")
-        timeout = urllib3.Timeout(connect=min(remaining, CONNECT_TIMEOUT_SECONDS), read=remaining)
-        pool: urllib3.HTTPConnectionPool
+        conn: HTTPConnection
         if target.scheme == "https":
             # Connect to the checked address; SNI and the certificate check use the name.
-            pool = urllib3.HTTPSConnectionPool(
+            conn = HTTPSConnection(
                 target.address,
                 target.port,
-                timeout=timeout,
-                maxsize=1,
-                retries=False,
+                timeout=min(remaining, CONNECT_TIMEOUT_SECONDS),
                 ssl_context=self.ssl_context,
                 server_hostname=target.hostname,
                 assert_hostname=target.hostname,
             )
         else:
-            pool = urllib3.HTTPConnectionPool(
-                target.address, target.port, timeout=timeout, maxsize=1, retries=False
+            conn = HTTPConnection(
+                target.address, target.port, timeout=min(remaining, CONNECT_TIMEOUT_SECONDS)
             )
         try:
-            try:
-                response = pool.urlopen(
-                    "POST",
-                    target.path,
-                    body=body,
-                    headers=headers,
-                    redirect=False,
-                    retries=False,
-                    assert_same_host=False,
-                    preload_content=False,
-                )
-            except urllib3.exceptions.NewConnectionError:  # (a ConnectTimeoutError subclass)
-                return Outcome.retry("connection failed (refused or unreachable)")
-            except (urllib3.exceptions.TimeoutError, TimeoutError):
-                return Outcome.retry("timeout: no answer before the deadline")
-            except urllib3.exceptions.SSLError:
-                return Outcome.retry("TLS handshake or certificate check failed")
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                return Outcome.retry(f"connection failed ({type(exc).__name__})")
-            try:
-                # The status is the answer; a body that stalls or breaks changes nothing.
-                self._drain(response, deadline)
-            except (urllib3.exceptions.HTTPError, OSError):
-                pass
-            finally:
-                response.close()
-            return classify_status(response.status, response.headers)
+            # Cut a moment before the deadline: the sender stops waiting at
+            # the deadline itself, and this call's answer should reach it.
+            cutoff = max(remaining - CUTOFF_LEAD_SECONDS, 0.0)
+            with WATCHDOG.guard(cutoff, lambda: conn.sock) as watch:
+                try:
+                    conn.request(
+                        "POST",
+                        target.path,
+                        body=body,
+                        headers=headers,
+                        preload_content=False,
+                        decode_content=False,
+                    )
+                    conn.timeout = max(deadline.remaining(), 0.001)  # for the answer
+                    response = conn.getresponse()
+                except Exception as exc:
+                    return _connection_outcome(exc, watch.fired or deadline.expired())
+                if watch.fired:
+                    # Cut off mid-answer: http.client takes a truncated status
+                    # line or header block as complete, so trust none of it.
+                    response.close()
+                    return Outcome.retry("timeout: no answer before the deadline")
+                try:
+                    # The status is the answer; a body that stalls or breaks changes nothing.
+                    self._drain(response, deadline)
+                except Exception:  # noqa: S110 - the receiver's own problem, ignored
+                    pass
+                finally:
+                    response.close()
+                return classify_status(response.status, response.headers)
         finally:
-            pool.close()
+            conn.close()
 
     def _drain(self, response: Any, deadline: Deadline) -> int:
         """Read (and drop) at most ``max_response_bytes`` of the body."""
