@@ -46,7 +46,7 @@ def test_warm_invocations_against_dripping_receivers_leave_no_threads_or_sockets
     concurrency = 8  # support.settings(): the sender's pool size
     with drip_receiver("headers") as rx:
         for _ in range(5):
-            (message_id, report), seconds = elapsed(
+            (message_id, _), seconds = elapsed(
                 lambda: deliver(
                     engine,
                     "webhook",

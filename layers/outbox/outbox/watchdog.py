@@ -10,6 +10,7 @@ and holding a send thread, a socket, and the process's exit.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import socket
@@ -75,12 +76,10 @@ class SocketWatchdog:
                 watch.fired = True
                 sock = watch.current_socket()
                 if sock is not None:
-                    try:
-                        # The plain socket's shutdown, under any TLS layer: the
-                        # TLS object stays the owner thread's to close.
+                    # The plain socket's shutdown, under any TLS layer (the TLS
+                    # object stays its owner's to close); OSError: already closed.
+                    with contextlib.suppress(OSError):
                         socket.socket.shutdown(sock, socket.SHUT_RDWR)
-                    except OSError:
-                        pass  # already closed by its owner
 
 
 WATCHDOG = SocketWatchdog()

@@ -32,8 +32,8 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from .. import netguard
-from ..watchdog import WATCHDOG
 from ..errors import ValidationError
+from ..watchdog import WATCHDOG
 from . import Deadline, Message, Outcome, SchemaChannel, aws
 
 MAX_RESPONSE_BYTES = 64 * 1024
@@ -121,11 +121,10 @@ def _connection_outcome(exc: Exception, out_of_time: bool) -> Outcome:
     """A POST that got no status line: always worth another try."""
     import urllib3
 
-    if out_of_time or isinstance(exc, TimeoutError | urllib3.exceptions.ConnectTimeoutError):
-        if not isinstance(exc, urllib3.exceptions.NewConnectionError):
-            return Outcome.retry("timeout: no answer before the deadline")
-    if isinstance(exc, urllib3.exceptions.NewConnectionError):
+    if isinstance(exc, urllib3.exceptions.NewConnectionError):  # (a ConnectTimeoutError)
         return Outcome.retry("connection failed (refused or unreachable)")
+    if out_of_time or isinstance(exc, TimeoutError | urllib3.exceptions.ConnectTimeoutError):
+        return Outcome.retry("timeout: no answer before the deadline")
     from urllib3.util.ssl_match_hostname import CertificateError
 
     if isinstance(exc, ssl.SSLError | CertificateError | urllib3.exceptions.SSLError):
