@@ -145,10 +145,33 @@ def _invalidate_after_any_error(context: sa.engine.ExceptionContext) -> None:
     fresh connection costs one connect; a desynchronised one sends a message
     for another's claim. Only a real disconnect invalidates the whole pool.
     """
+    if context.sqlalchemy_exception is not None:
+        redact(context.sqlalchemy_exception)
     if context.is_disconnect or context.connection is None:
         return
     context.is_disconnect = True
     context.invalidate_pool_on_disconnect = False
+
+
+# Fields of a Postgres error that can quote the data: DETAIL ("Failing row
+# contains (...)", "Key (...)=(...)") and CONTEXT (which can quote a bound
+# parameter's value). The message, code, hint and the names of the schema
+# objects stay.
+_DATA_FIELDS = ("D", "W", "q", "P", "p")
+
+
+def redact(exc: BaseException) -> BaseException:
+    """Strip bound parameters and quoted row data from a database error, in
+    place: its text may reach a log line or a Lambda error report."""
+    if isinstance(exc, sa.exc.StatementError):
+        exc.hide_parameters = True
+        exc.params = None
+        orig = exc.orig
+        args = getattr(orig, "args", ())
+        if args and isinstance(args[0], dict):
+            fields = {k: v for k, v in args[0].items() if k not in _DATA_FIELDS}
+            orig.args = (fields, *args[1:])  # type: ignore[union-attr]
+    return exc
 
 
 def _commit_in_one_round_trip(engine: sa.Engine) -> None:

@@ -9,11 +9,37 @@ addresses, tokens or secrets (invariant 8).
 
 from __future__ import annotations
 
+import logging
+
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
 NAMESPACE = "OutboxRelay"
 SERVICE = "outbox"
+
+# Libraries whose DEBUG and INFO records carry what invariant 8 keeps out of
+# logs: botocore logs request and response bodies (a secret's value, a phone
+# number and its SMS text), urllib3 request lines (tokens in query strings),
+# SQLAlchemy and pg8000 statements and their parameters. Lambda's
+# ApplicationLogLevel (the template's LogLevel) sets the root logger; these
+# stay at WARNING whatever it says.
+QUIET_LIBRARIES = (
+    "botocore",
+    "boto3",
+    "s3transfer",
+    "urllib3",
+    "sqlalchemy",
+    "pg8000",
+    "aws_lambda_powertools",
+)
+
+
+def quiet_libraries(level: int = logging.WARNING) -> None:
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(level)
+
+
+quiet_libraries()
 
 logger = Logger(service=SERVICE)
 metrics = Metrics(namespace=NAMESPACE, service=SERVICE)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -118,6 +119,21 @@ def prepare(
     )
 
 
+@contextmanager
+def _redacted_errors() -> Iterator[None]:
+    """The application's engine may show bound parameters in its errors (the
+    payloads: phone numbers, one-time codes); an error from ``enqueue`` never
+    does, whatever engine the caller built. The exception keeps its type, so
+    the caller's retry logic (a lock or serialization failure) still works."""
+    try:
+        yield
+    except sa.exc.StatementError as exc:
+        from .db import redact
+
+        redact(exc)
+        raise
+
+
 def _check_connection(conn: Any) -> sa.Connection:
     if not isinstance(conn, sa.Connection):
         raise ValidationError("conn", "must be a SQLAlchemy Connection (engine.begin() gives one)")
@@ -149,7 +165,8 @@ def enqueue(
         delay=delay,
         max_attempts=max_attempts,
     )
-    return store.insert_messages(_check_connection(conn), [message])[0]
+    with _redacted_errors():
+        return store.insert_messages(_check_connection(conn), [message])[0]
 
 
 def enqueue_many(conn: sa.Connection, messages: Iterable[Mapping[str, Any]]) -> list[int]:
@@ -175,4 +192,5 @@ def enqueue_many(conn: sa.Connection, messages: Iterable[Mapping[str, Any]]) -> 
             prepared.append(prepare(**message))
         except ValidationError as exc:
             raise ValidationError(f"messages[{index}].{exc.field}", exc.problem) from None
-    return store.insert_messages(conn, prepared)
+    with _redacted_errors():
+        return store.insert_messages(conn, prepared)

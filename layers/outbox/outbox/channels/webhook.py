@@ -22,7 +22,6 @@ import binascii
 import hashlib
 import hmac
 import json
-import logging
 import os
 import ssl
 import time
@@ -170,10 +169,11 @@ class WebhookChannel(SchemaChannel):
         self.max_response_bytes = max_response_bytes
         self._ssl_context = ssl_context
         self._secrets = secrets
-        # urllib3 logs each request line (path and query: where tokens hide) at DEBUG.
-        pool_log = logging.getLogger("urllib3.connectionpool")
-        if pool_log.level < logging.INFO:
-            pool_log.setLevel(logging.INFO)
+        # urllib3 logs each request line (path and query: where tokens hide) at
+        # DEBUG; observability keeps it at WARNING.
+        from ..observability import quiet_libraries
+
+        quiet_libraries()
 
     @property
     def ssl_context(self) -> ssl.SSLContext:
