@@ -40,6 +40,13 @@ def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: flo
     return float(_number(env, name, default, lo, hi, float))
 
 
+def _days_or_never(env: Mapping[str, str], name: str) -> int | None:
+    raw = (env.get(name) or "never").strip().lower()
+    if raw == "never":
+        return None
+    return _int(env, name, 0, 1, 3650)
+
+
 @dataclass(frozen=True)
 class DatabaseSettings:
     """Where the database is and how to authenticate to it.
@@ -107,6 +114,10 @@ class RelaySettings:
     backoff_base_seconds: float = 2.0
     backoff_cap_seconds: float = 900.0
     retention_days: int = 7
+    # failed, dead and expired rows wait for an operator (redrive, cancel,
+    # `outbox prune`): None keeps them until then; a number prunes them
+    # after that many days (at least 1).
+    unresolved_retention_days: int | None = None
     # The longest a sender runs (its Lambda timeout) and the longest an async
     # event may wait in Lambda's queue: invariant 4 wants both inside the lease.
     sender_timeout_seconds: int = 30
@@ -138,7 +149,8 @@ class RelaySettings:
             max_attempts=_int(env, "MAX_ATTEMPTS", 5, 1, 1_000),
             backoff_base_seconds=_float(env, "BACKOFF_BASE_SECONDS", 2.0, 0.0, 86_400.0),
             backoff_cap_seconds=_float(env, "BACKOFF_CAP_SECONDS", 900.0, 0.0, 604_800.0),
-            retention_days=_int(env, "RETENTION_DAYS", 7, 0, 3650),
+            retention_days=_int(env, "RETENTION_DAYS", 7, 1, 3650),
+            unresolved_retention_days=_days_or_never(env, "UNRESOLVED_RETENTION_DAYS"),
             sender_timeout_seconds=_int(env, "SENDER_TIMEOUT_SECONDS", 30, 1, 900),
             max_event_age_seconds=_int(env, "MAX_EVENT_AGE_SECONDS", 60, 0, 21_600),
             handoff_chunk_size=_int(env, "HANDOFF_CHUNK_SIZE", 20, 1, 1_000),
