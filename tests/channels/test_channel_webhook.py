@@ -190,7 +190,7 @@ def test_secret_rotation_sends_one_signature_per_secret(local_ca: LocalCA, aws: 
     arn = boto3.client("secretsmanager").create_secret(
         Name="webhooks/rotating", SecretString=f"{new} {old}"
     )["ARN"]
-    channel = channel_for(local_ca, "unused-default")
+    channel = channel_for(local_ca, "unused-default", allowed_secret_ids=[arn])
     with receiver(local_ca) as rx:
         p = payload(rx.url("/ok", "webhook.test"), secret_id=arn)
         channel.validate(p)
@@ -361,3 +361,38 @@ def test_nothing_secret_or_personal_reaches_the_logs(
     assert "settled" in text
     for needle in (secret, secret.removeprefix("whsec_"), "s3cr3t-token", "webhook.test", "é"):
         assert needle not in text
+
+
+def test_a_secret_id_outside_the_operators_list_signs_nothing(
+    local_ca: LocalCA, signing_secret: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any producer can name a secret_id: only the listed ones (and the
+    default) may sign, or one tenant's payload could borrow another's key."""
+    import boto3
+
+    arn, _ = signing_secret
+    other = boto3.client("secretsmanager").create_secret(
+        Name="webhooks/another-tenant", SecretString=new_secret()
+    )["ARN"]
+    listed = boto3.client("secretsmanager").create_secret(
+        Name="webhooks/listed", SecretString=new_secret()
+    )["ARN"]
+    monkeypatch.setenv("WEBHOOK_SECRET_ARNS", f" {listed} , ")
+    channel = WebhookChannel(
+        allow_insecure=True,
+        default_secret_id=arn,
+        ssl_context=local_ca.client_context(),
+        resolver=loopback_resolver(),
+    )
+    assert channel.allowed_secret_ids == {arn, listed}
+    with receiver(local_ca) as rx:
+        url = rx.url("/ok", "webhook.test")
+        refused = channel.send(Message(1, "webhook", payload(url, secret_id=other), 1), Deadline(5))
+        assert rx.requests == []
+        by_list = channel.send(
+            Message(2, "webhook", payload(url, secret_id=listed), 1), Deadline(5)
+        )
+        by_default = channel.send(Message(3, "webhook", payload(url), 1), Deadline(5))
+    assert refused.kind == "failed" and "WEBHOOK_SECRET_ARNS" in (refused.error or "")
+    assert (by_list.kind, by_default.kind) == ("delivered", "delivered")
+    assert len(rx.requests) == 2

@@ -6,8 +6,9 @@ retry of a message, the receiver's idempotency key), ``webhook-timestamp``
 "id.timestamp.body">``, one per secret, space-separated, while a secret is
 being rotated). The body is ``{"type": event_type, "timestamp": ..., "data": body}``.
 
-The signing secret lives in Secrets Manager (the payload's ``secret_id``, else
-the function's ``WEBHOOK_SECRET_ARN``) as one or more whitespace-separated
+The signing secret lives in Secrets Manager (the payload's ``secret_id``, which
+must be one the operator listed in ``WEBHOOK_SECRET_ARNS``, else the function's
+``WEBHOOK_SECRET_ARN``) as one or more whitespace-separated
 ``whsec_<base64>`` values, read through Powertools Parameters (cached) and
 never logged. The destination passes the SSRF guard (``outbox.netguard``):
 resolved once, checked, and connected to by address while TLS still verifies
@@ -25,7 +26,7 @@ import json
 import os
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -156,6 +157,7 @@ class WebhookChannel(SchemaChannel):
         *,
         allow_insecure: bool | None = None,
         default_secret_id: str | None = None,
+        allowed_secret_ids: Iterable[str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
         resolver: netguard.Resolver | None = None,
         secrets: Any = None,
@@ -165,6 +167,14 @@ class WebhookChannel(SchemaChannel):
             allow_insecure = os.environ.get("WEBHOOK_ALLOW_INSECURE", "").lower() == "true"
         self.allow_insecure = allow_insecure
         self.default_secret_id = default_secret_id or os.environ.get("WEBHOOK_SECRET_ARN") or None
+        if allowed_secret_ids is None:
+            listed = os.environ.get("WEBHOOK_SECRET_ARNS") or ""
+            allowed_secret_ids = [s.strip() for s in listed.split(",") if s.strip()]
+        # A payload's secret_id may name only the secrets the operator listed:
+        # otherwise any producer could have any body signed with any key.
+        self.allowed_secret_ids = frozenset(allowed_secret_ids) | (
+            {self.default_secret_id} if self.default_secret_id else set()
+        )
         self.resolver = resolver
         self.max_response_bytes = max_response_bytes
         self._ssl_context = ssl_context
@@ -222,6 +232,11 @@ class WebhookChannel(SchemaChannel):
         secret_id = p.get("secret_id") or self.default_secret_id
         if not secret_id:
             return Outcome.failed("no signing secret: set payload.secret_id or WEBHOOK_SECRET_ARN")
+        if secret_id not in self.allowed_secret_ids:
+            return Outcome.failed(
+                "payload.secret_id is not a signing secret this function may use "
+                "(WEBHOOK_SECRET_ARNS, template parameter WebhookSecretArns)"
+            )
         try:
             keys = self.signing_keys(secret_id)
         except SecretUnavailable as exc:
