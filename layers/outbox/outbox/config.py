@@ -47,6 +47,24 @@ def _days_or_never(env: Mapping[str, str], name: str) -> int | None:
     return _int(env, name, 0, 1, 3650)
 
 
+def _check_database_url(url: str) -> None:
+    """One clear error for a malformed URL; never echoes it (it may hold a password)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+        port = parsed.port
+    except (ArgumentError, ValueError, TypeError):
+        raise ConfigError(
+            "DATABASE_URL", "is not a valid URL (postgresql://user:password@host:port/database)"
+        ) from None
+    if parsed.get_backend_name() not in ("postgresql", "postgres"):
+        raise ConfigError("DATABASE_URL", "must be a postgresql:// URL")
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError("DATABASE_URL", "has a port outside 1 to 65535")
+
+
 @dataclass(frozen=True)
 class DatabaseSettings:
     """Where the database is and how to authenticate to it.
@@ -91,6 +109,8 @@ class DatabaseSettings:
             raise ConfigError("DB_SSLMODE", f"must be verify-full or disable, got {sslmode!r}")
         if sslmode == "disable" and not url:
             raise ConfigError("DB_SSLMODE", "TLS can only be disabled for a local DATABASE_URL")
+        if url:
+            _check_database_url(url)
         return cls(
             url=url,
             secret_arn=secret_arn,

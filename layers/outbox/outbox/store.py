@@ -693,7 +693,12 @@ def list_messages(
     )
 
 
-_GET_MESSAGE = sa.text(f"SELECT {_MESSAGE_COLUMNS}, payload FROM outbox_message WHERE id = :id")
+# The payload as text: the caller decodes it (a row too deep to decode must
+# still show, and must not leave the connection half-read).
+_GET_MESSAGE = sa.text(
+    f"SELECT {_MESSAGE_COLUMNS}, CAST(payload AS text) AS payload "
+    "FROM outbox_message WHERE id = :id"
+)
 _ATTEMPT_HISTORY = sa.text(
     """
     SELECT attempt, outcome, error, provider_message_id, claimed_at, finished_at, duration_ms
