@@ -82,6 +82,8 @@ class Received:
 class Receiver:
     """A scripted HTTP(S) receiver on 127.0.0.1. Paths choose the answer:
 
+    /status/<code> answers that status, /status/<code>/retry-after with Retry-After: 7;
+
     /ok 200, /nocontent 204, /gone 410, /bad 400, /redirect 301 (to an internal
     address), /throttle-seconds 429 Retry-After: 7, /throttle-date 429 with an
     HTTP date two minutes ahead, /unavailable 503, /hang (answers after
@@ -114,7 +116,10 @@ def _handler(receiver: Receiver) -> type[http.server.BaseHTTPRequestHandler]:
                 Received("POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body)
             )
             path = self.path.split("?", 1)[0]
-            if path == "/hang":
+            if path.startswith("/status/"):  # /status/<code>[/retry-after]
+                _, _, code, *rest = path.split("/")
+                self._answer(int(code), {"Retry-After": "7"} if rest == ["retry-after"] else None)
+            elif path == "/hang":
                 receiver.release.wait(receiver.hang_seconds)
                 self._answer(200)
             elif path == "/huge":

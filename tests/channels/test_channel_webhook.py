@@ -94,9 +94,26 @@ STATUS_TABLE = [
     ("/bad", "failed", "HTTP 400", None),
     ("/redirect", "failed", "HTTP 301: redirect not followed", None),
     ("/unavailable", "retry", "HTTP 503", None),
-    # Retry-After: a deferral (no attempt counted), as the relay's contract says.
+    ("/status/401", "failed", "HTTP 401", None),
+    ("/status/403", "failed", "HTTP 403", None),
+    ("/status/412", "failed", "HTTP 412", None),
+    ("/status/408", "retry", "HTTP 408", None),
+    ("/status/429", "retry", "HTTP 429", None),  # no Retry-After: backoff
+    ("/status/500", "retry", "HTTP 500", None),
+    ("/status/502", "retry", "HTTP 502", None),
+    ("/status/504", "retry", "HTTP 504", None),
+    # Retry-After: a deferral (no attempt counted), as the relay's contract says...
     ("/throttle-seconds", "deferred", "HTTP 429 with Retry-After", 7.0),
     ("/throttle-date", "deferred", "HTTP 429 with Retry-After", 120.0),
+    ("/status/503/retry-after", "deferred", "HTTP 503 with Retry-After", 7.0),
+    # ...but only on 429 and 503: elsewhere the header is ignored.
+    ("/status/500/retry-after", "retry", "HTTP 500", None),
+    ("/status/408/retry-after", "retry", "HTTP 408", None),
+    ("/status/504/retry-after", "retry", "HTTP 504", None),
+    # Outside 2xx-5xx: transient (retry), never a permanent failure.
+    ("/status/150", "retry", "HTTP 150: unexpected status", None),
+    ("/status/600", "retry", "HTTP 600: unexpected status", None),
+    ("/status/799", "retry", "HTTP 799: unexpected status", None),
 ]
 
 

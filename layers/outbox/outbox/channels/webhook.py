@@ -42,6 +42,9 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 CUTOFF_LEAD_SECONDS = 0.1
 MAX_RETRY_AFTER_SECONDS = 3600.0
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# Retry-After means "come back then" only on these (RFC 9110: 503, and 429 of
+# RFC 6585); on any other status it is ignored and the backoff applies.
+RETRY_AFTER_STATUSES = frozenset({429, 503})
 USER_AGENT = "outbox-relay-webhooks/1"
 SECRET_PREFIX = "whsec_"  # noqa: S105 (the Standard Webhooks secret prefix)
 
@@ -107,14 +110,17 @@ def classify_status(status: int, headers: Any = None) -> Outcome:
     if status == 410:
         return Outcome.failed("HTTP 410: endpoint gone")
     if status in RETRY_STATUSES or 500 <= status < 600:
-        delay = retry_after(headers.get("Retry-After") if headers is not None else None)
-        if delay is not None:
-            # The receiver said when to come back: a deferral, no attempt counted.
-            return Outcome.deferred(f"HTTP {status} with Retry-After", delay)
+        if status in RETRY_AFTER_STATUSES:
+            delay = retry_after(headers.get("Retry-After") if headers is not None else None)
+            if delay is not None:
+                # The receiver said when to come back: a deferral, no attempt counted.
+                return Outcome.deferred(f"HTTP {status} with Retry-After", delay)
         return Outcome.retry(f"HTTP {status}")
     if 400 <= status < 500:
         return Outcome.failed(f"HTTP {status}")
-    return Outcome.failed(f"HTTP {status}: unexpected status")
+    # 1xx as a final answer, or 600 and up: not HTTP semantics anyone agreed
+    # on. Transient, as the calendar worker this replaces treats the unknown.
+    return Outcome.retry(f"HTTP {status}: unexpected status")
 
 
 def _connection_outcome(exc: Exception, out_of_time: bool) -> Outcome:
