@@ -69,3 +69,19 @@ def test_a_failed_settle_on_the_relays_engine_shows_no_claim_token(
     text = error_text(caught.value)
     assert "lock timeout" in text
     assert str(claim.claim_token) not in text, text
+
+
+def test_quoted_row_data_in_a_database_error_is_dropped(database_url: str) -> None:
+    """Postgres quotes the data in DETAIL and CONTEXT (here the bad JSON
+    itself); the relay's engine drops those fields, keeping the message."""
+    relay_engine = create_engine(DatabaseSettings(url=database_url, sslmode="disable"))
+    try:
+        with pytest.raises(sa.exc.DBAPIError) as caught, relay_engine.connect() as conn:
+            conn.execute(sa.text("SELECT CAST(:doc AS jsonb)"), {"doc": f'{{"to": "{PHONE}",}}'})
+        with relay_engine.connect() as conn:  # and the engine goes on
+            assert conn.execute(sa.text("SELECT 1")).scalar_one() == 1
+    finally:
+        relay_engine.dispose()
+    text = error_text(caught.value)
+    assert "invalid input syntax for type json" in text
+    assert PHONE not in text, text

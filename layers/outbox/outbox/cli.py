@@ -157,7 +157,7 @@ def database(*, autocommit: bool = False) -> Iterator[sa.Engine]:
 def _server_reported(exc: sa.exc.DBAPIError) -> bool:
     """The server answered with an error (pg8000 carries its fields in a dict);
     the engine still discards such a connection, but the database was reached."""
-    args = getattr(exc.orig, "args", ())
+    args: tuple[Any, ...] = getattr(exc.orig, "args", ())
     return bool(args) and isinstance(args[0], dict)
 
 

@@ -166,11 +166,21 @@ def redact(exc: BaseException) -> BaseException:
     if isinstance(exc, sa.exc.StatementError):
         exc.hide_parameters = True
         exc.params = None
-        orig = exc.orig
-        args = getattr(orig, "args", ())
-        if args and isinstance(args[0], dict):
-            fields = {k: v for k, v in args[0].items() if k not in _DATA_FIELDS}
-            orig.args = (fields, *args[1:])  # type: ignore[union-attr]
+        # The driver's error and the ones it was raised from (pg8000 chains them).
+        seen: set[int] = set()
+        cause: BaseException | None = exc.orig
+        while cause is not None and id(cause) not in seen:
+            seen.add(id(cause))
+            args = cause.args
+            if args and isinstance(args[0], dict):
+                fields = {k: v for k, v in args[0].items() if k not in _DATA_FIELDS}
+                cause.args = (fields, *args[1:])
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
+            # SQLAlchemy wrote the driver's text into its own message when it
+            # built the error: write it again from the redacted fields.
+            orig = exc.orig
+            exc.args = (f"({type(orig).__module__}.{type(orig).__name__}) {orig}",)
     return exc
 
 

@@ -14,7 +14,7 @@ import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from .errors import ValidationError
 from .store import Claim
@@ -25,7 +25,7 @@ MAX_MESSAGE_ID = 2**63 - 1  # bigint: a larger id is a field error, not a databa
 MAX_ATTEMPT = 2**31 - 1  # integer
 
 
-def _whole_in(value: Any, hi: int) -> bool:
+def _whole_in(value: Any, hi: int) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= hi
 
 

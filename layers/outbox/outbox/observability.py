@@ -22,7 +22,7 @@ SERVICE = "outbox"
 # number and its SMS text), urllib3 request lines (tokens in query strings),
 # SQLAlchemy and pg8000 statements and their parameters. Lambda's
 # ApplicationLogLevel (the template's LogLevel) sets the root logger; these
-# stay at WARNING whatever it says.
+# stay at WARNING (urllib3 at ERROR) whatever it says.
 QUIET_LIBRARIES = (
     "botocore",
     "boto3",
@@ -34,8 +34,13 @@ QUIET_LIBRARIES = (
 )
 
 
-def quiet_libraries(level: int = logging.WARNING) -> None:
+# urllib3's own warnings quote the request URL (query strings carry tokens).
+QUIET_AT_ERROR = ("urllib3",)
+
+
+def quiet_libraries() -> None:
     for name in QUIET_LIBRARIES:
+        level = logging.ERROR if name in QUIET_AT_ERROR else logging.WARNING
         logging.getLogger(name).setLevel(level)
 
 
