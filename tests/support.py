@@ -40,6 +40,20 @@ class LambdaContext:
         return max(0, int((self._deadline - time.monotonic()) * 1000))
 
 
+def _migration_head() -> str:
+    from alembic.script import ScriptDirectory
+
+    import outbox.migrate
+
+    head = ScriptDirectory(str(outbox.migrate._MIGRATIONS)).get_current_head()
+    assert head is not None
+    return head
+
+
+# The newest schema revision (what an upgrade to "head" applies).
+HEAD = _migration_head()
+
+
 def settings(**overrides: Any) -> RelaySettings:
     base: dict[str, Any] = {
         "batch_size": 100,
@@ -116,6 +130,20 @@ def expire_leases(engine: sa.Engine, ids: list[int] | None = None) -> None:
                 "WHERE status = 'claimed' AND (CAST(:ids AS bigint[]) IS NULL OR id = ANY(CAST(:ids AS bigint[])))"
             ),
             {"ids": ids},
+        )
+
+
+def receive(engine: sa.Engine, claims: Any, channel: str | None = None) -> list[Any]:
+    """Take the sender's receipt of these claims (a sender started them): a
+    lease that then runs out counts an attempt."""
+    from outbox import store
+
+    claims = list(claims)
+    if not claims:
+        return []
+    with engine.begin() as conn:
+        return store.receive_claimed(
+            conn, channel or claims[0].channel, [(c.id, c.claim_token) for c in claims], 5
         )
 
 

@@ -10,7 +10,15 @@ import outbox
 from outbox import sender, store
 from outbox.channels import Outcome
 from outbox.handoff import HandOff
-from support import LambdaContext, ScriptedChannel, attempts, install_channel, row, settings
+from support import (
+    LambdaContext,
+    ScriptedChannel,
+    attempts,
+    install_channel,
+    receive,
+    row,
+    settings,
+)
 
 
 def enqueue(engine: sa.Engine, n: int = 1, **options: object) -> list[int]:
@@ -129,7 +137,8 @@ def test_a_sender_whose_lease_was_taken_changes_nothing_and_says_so(engine: sa.E
     install_channel(ScriptedChannel())
     (mid,) = enqueue(engine)
     stale = claim(engine)
-    with engine.begin() as conn:  # the reaper released it and another dispatcher re-claimed it
+    receive(engine, stale)  # a slow sender took it ...
+    with engine.begin() as conn:  # ... the reaper released it and another dispatcher re-claimed it
         conn.execute(sa.text("UPDATE outbox_message SET lease_expires_at = now() - interval '1s'"))
         store.reap_expired(conn, 10, store.Backoff(0, 0, 5))
     fresh = claim(engine)

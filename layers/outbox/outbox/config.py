@@ -103,9 +103,17 @@ class RelaySettings:
 
     batch_size: int = 100
     lease_seconds: int = 120
-    max_attempts: int = 5
-    backoff_base_seconds: float = 2.0
-    backoff_cap_seconds: float = 900.0
+    # Retries span 31 to 62 minutes from the first failure to dead (the seven
+    # jittered delays 30 s .. 30 min before attempts 2..8): a real provider
+    # outage, not half a minute of one, is what a message must outlive.
+    max_attempts: int = 8
+    backoff_base_seconds: float = 30.0
+    backoff_cap_seconds: float = 1800.0
+    # Deferrals (throttling) a message may take before each counts an attempt.
+    max_deferrals: int = 20
+    # A message not delivered this long after it was first due ends expired
+    # (unless it set its own deliver-by time); 0: no default.
+    default_ttl_seconds: int = 86_400
     retention_days: int = 7
     # The longest a sender runs (its Lambda timeout) and the longest an async
     # event may wait in Lambda's queue: invariant 4 wants both inside the lease.
@@ -135,9 +143,11 @@ class RelaySettings:
         settings = cls(
             batch_size=_int(env, "BATCH_SIZE", 100, 1, 10_000),
             lease_seconds=_int(env, "LEASE_SECONDS", 120, 5, 86_400),
-            max_attempts=_int(env, "MAX_ATTEMPTS", 5, 1, 1_000),
-            backoff_base_seconds=_float(env, "BACKOFF_BASE_SECONDS", 2.0, 0.0, 86_400.0),
-            backoff_cap_seconds=_float(env, "BACKOFF_CAP_SECONDS", 900.0, 0.0, 604_800.0),
+            max_attempts=_int(env, "MAX_ATTEMPTS", 8, 1, 1_000),
+            backoff_base_seconds=_float(env, "BACKOFF_BASE_SECONDS", 30.0, 0.0, 86_400.0),
+            backoff_cap_seconds=_float(env, "BACKOFF_CAP_SECONDS", 1800.0, 0.0, 604_800.0),
+            max_deferrals=_int(env, "MAX_DEFERRALS", 20, 0, 10_000),
+            default_ttl_seconds=_int(env, "DEFAULT_TTL_SECONDS", 86_400, 0, 366 * 86_400),
             retention_days=_int(env, "RETENTION_DAYS", 7, 0, 3650),
             sender_timeout_seconds=_int(env, "SENDER_TIMEOUT_SECONDS", 30, 1, 900),
             max_event_age_seconds=_int(env, "MAX_EVENT_AGE_SECONDS", 60, 0, 21_600),

@@ -517,7 +517,7 @@ def main() -> int:
             result: dict[str, Any] = reaper(
                 {"execution_id": f"demo-reap-{name}"}, LambdaContext("outbox-reaper", 60)
             )
-            reclaimed += result["reclaimed"] + result["dead"]
+            reclaimed += result["reclaimed"] + result["not_started"] + result["dead"]
             return result
 
         with Progress(
