@@ -478,12 +478,14 @@ def redrive(
 @click.option("--reason", default="cancelled by operator", show_default=True)
 @json_option
 def cancel(ids: tuple[int, ...], reason: str, as_json: bool) -> None:
-    """Cancel pending messages (all ids must be pending, or nothing changes)."""
+    """Cancel messages: pending ones, or failed, dead or expired ones holding
+    their ordering key (its later messages then go). All ids must qualify, or
+    nothing changes."""
     from . import store
 
     wanted = _check_ids(ids)
     with database() as engine, engine.begin() as conn:
-        _locked_ids(conn, wanted, ("pending",), "cancel")
+        _locked_ids(conn, wanted, store.CANCELLABLE_STATUSES, "cancel")
         done = store.cancel(conn, wanted, reason)
     _report("cancelled", sorted(done), as_json)
 

@@ -43,6 +43,7 @@ _METRIC = {
     "dead": "Dead",
     "suppressed": "Suppressed",
     "deferred": "Deferred",
+    "expired": "Expired",
 }
 
 
@@ -162,7 +163,7 @@ def run(
         status = statuses.get(s.id)
         if status is None:
             continue
-        key = "deferred" if s.outcome == "deferred" else status
+        key = "deferred" if s.outcome == "deferred" and status == "pending" else status
         report.statuses[key] += 1
         ids_by_status.setdefault(key, []).append(s.id)
         if s.error:

@@ -846,19 +846,27 @@ def held_count(conn: sa.Connection) -> int:
 
 # --- operator transitions ---------------------------------------------------
 
+# Pending rows, and the rows that hold their ordering key: cancelling a
+# failed, dead or expired row is how an operator lets its successors go
+# without sending it again.
+CANCELLABLE_STATUSES = ("pending", *HOLDING_STATUSES)
 _CANCEL = sa.text(
     """
     UPDATE outbox_message SET status = 'cancelled', settled_at = now(),
         last_error = COALESCE(:reason, last_error)
-    WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'pending'
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND status = ANY(CAST(:statuses AS text[]))
     RETURNING id
     """
 )
 
 
 def cancel(conn: sa.Connection, ids: Sequence[int], reason: str | None = None) -> set[int]:
-    """pending -> cancelled. Rows in any other state are left alone (returned ids say which)."""
-    rows = conn.execute(_CANCEL, {"ids": list(ids), "reason": reason}).all()
+    """pending | failed | dead | expired -> cancelled. Rows in any other state
+    are left alone (returned ids say which)."""
+    rows = conn.execute(
+        _CANCEL,
+        {"ids": list(ids), "reason": reason, "statuses": list(CANCELLABLE_STATUSES)},
+    ).all()
     return {r.id for r in rows}
 
 
