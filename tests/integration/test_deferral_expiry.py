@@ -208,7 +208,7 @@ def test_expired_rows_are_terminal_and_an_operator_can_redrive_them(engine: sa.E
 @pytest.mark.parametrize(
     ("options", "field"),
     [
-        ({"expires_at": datetime(2030, 1, 1)}, "expires_at"),  # noqa: DTZ001 - naive on purpose
+        ({"expires_at": datetime(2030, 1, 1)}, "expires_at"),  # naive on purpose
         ({"expires_at": "2030-01-01T00:00:00Z"}, "expires_at"),
         ({"ttl": 0}, "ttl"),
         ({"ttl": -1}, "ttl"),

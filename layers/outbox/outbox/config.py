@@ -111,6 +111,8 @@ class RelaySettings:
     backoff_cap_seconds: float = 1800.0
     # Deferrals (throttling) a message may take before each counts an attempt.
     max_deferrals: int = 20
+    # The shortest deferral: "retry after 0 s" must not loop a message.
+    min_deferral_seconds: float = 5.0
     # A message not delivered this long after it was first due ends expired
     # (unless it set its own deliver-by time); 0: no default.
     default_ttl_seconds: int = 86_400
@@ -147,6 +149,7 @@ class RelaySettings:
             backoff_base_seconds=_float(env, "BACKOFF_BASE_SECONDS", 30.0, 0.0, 86_400.0),
             backoff_cap_seconds=_float(env, "BACKOFF_CAP_SECONDS", 1800.0, 0.0, 604_800.0),
             max_deferrals=_int(env, "MAX_DEFERRALS", 20, 0, 10_000),
+            min_deferral_seconds=_float(env, "MIN_DEFERRAL_SECONDS", 5.0, 0.0, 3600.0),
             default_ttl_seconds=_int(env, "DEFAULT_TTL_SECONDS", 86_400, 0, 366 * 86_400),
             retention_days=_int(env, "RETENTION_DAYS", 7, 0, 3650),
             sender_timeout_seconds=_int(env, "SENDER_TIMEOUT_SECONDS", 30, 1, 900),

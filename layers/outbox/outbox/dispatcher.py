@@ -49,6 +49,7 @@ def backoff_of(settings: RelaySettings) -> store.Backoff:
         settings.backoff_cap_seconds,
         settings.max_attempts,
         max_deferrals=settings.max_deferrals,
+        min_deferral_seconds=settings.min_deferral_seconds,
         default_ttl_seconds=settings.default_ttl_seconds or None,
     )
 
