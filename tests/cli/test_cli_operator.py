@@ -183,6 +183,18 @@ def test_status_counts_per_channel_and_status(run: Any, engine: sa.Engine) -> No
     assert "email" in table.stdout and "1 past their lease" in table.stdout
 
 
+def test_status_shows_messages_held_behind_a_failed_one(run: Any, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        head, *_ = outbox.enqueue_many(
+            conn, [{"channel": "email", "payload": EMAIL, "ordering_key": "K"}] * 3
+        )
+    settle_all(engine, "failed")
+    assert json.loads(run("status", "--json").stdout)["held"] == 2
+    assert "held 2: pending behind a failed" in run("status").stdout
+    assert "cancelled 1" in run("cancel", str(head)).stdout  # the key goes on
+    assert json.loads(run("status", "--json").stdout)["held"] == 0
+
+
 def test_list_filters_and_limits(run: Any, engine: sa.Engine) -> None:
     seed(engine, 2)
     failed = settle_all(engine, "failed")

@@ -277,7 +277,8 @@ def enqueue(
 @cli.command()
 @json_option
 def status(as_json: bool) -> None:
-    """Messages per channel and status, oldest due age, claims past their lease."""
+    """Messages per channel and status, oldest due age, claims past their lease,
+    and pending messages held behind a failed row of their ordering key."""
     from . import store
 
     with database() as engine, engine.connect() as conn:
@@ -302,6 +303,7 @@ def status(as_json: bool) -> None:
                 "claimed": backlog.claimed,
                 "expired_claims": backlog.expired_claims,
                 "dead": backlog.dead,
+                "held": backlog.held,
             }
         )
         return
@@ -311,6 +313,11 @@ def status(as_json: bool) -> None:
         f"{backlog.oldest_due_age_seconds:.1f}s), claimed {backlog.claimed} "
         f"({backlog.expired_claims} past their lease), dead {backlog.dead}"
     )
+    if backlog.held:
+        click.echo(
+            f"held {backlog.held}: pending behind a failed, dead or expired message of their "
+            "ordering key; redrive or cancel that message to let them go"
+        )
 
 
 def print_status_table(groups: Sequence[Any], title: str = "messages") -> None:
