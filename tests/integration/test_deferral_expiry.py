@@ -231,3 +231,32 @@ def test_a_bad_deliver_by_time_is_refused_and_writes_nothing(
 @pytest.fixture(autouse=True)
 def _scripted_channel() -> None:
     install_channel(ScriptedChannel())
+
+
+def test_the_default_retry_window_outlives_a_half_hour_outage(engine: sa.Engine) -> None:
+    """Issue 9 item 3: with the production defaults, the waits between the
+    attempts of a message that keeps failing add up to 30.75-61.5 minutes
+    (jitter 50-100 %) before it is dead."""
+    from outbox.config import RelaySettings
+    from outbox.dispatcher import backoff_of
+
+    defaults = RelaySettings()
+    install_channel(ScriptedChannel(answers=[Outcome.retry("provider down")] * 20))
+    (mid,) = enqueue(engine)
+    waits = []
+    for _ in range(defaults.max_attempts):
+        (c,) = claim(engine)
+        with engine.begin() as conn:
+            store.settle(
+                conn,
+                [store.Settlement(c.id, c.claim_token, "retry", error="provider down")],
+                backoff_of(defaults),
+            )
+            if row(conn, mid).status == "pending":
+                waits.append(wait_seconds(conn, mid))
+        make_due(engine)
+    with engine.connect() as conn:
+        assert (row(conn, mid).status, row(conn, mid).attempts) == ("dead", 8)
+    assert len(waits) == 7
+    assert 1845 - 1 <= sum(waits) <= 3690
+    assert max(waits) <= 1800  # the cap
