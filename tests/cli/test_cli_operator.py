@@ -138,6 +138,37 @@ def test_enqueue_inline_and_from_file_with_options(
     assert statuses(engine) == {"pending": 2}
 
 
+def test_enqueue_with_a_ttl_and_a_failure_policy(run: Any, engine: sa.Engine) -> None:
+    result = run(
+        "enqueue",
+        "--channel",
+        "email",
+        "--payload",
+        json.dumps(EMAIL),
+        "--ordering-key",
+        "customer-7",
+        "--delay",
+        "10m",
+        "--ttl",
+        "1h",
+        "--on-predecessor-failure",
+        "cancel",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    message_id = json.loads(result.stdout)["id"]
+    with engine.connect() as conn:
+        policy, expires_in = conn.execute(
+            sa.text(
+                "SELECT on_predecessor_failure, EXTRACT(EPOCH FROM expires_at - now()) "
+                "FROM outbox_message WHERE id = :id"
+            ),
+            {"id": message_id},
+        ).one()
+    assert policy == "cancel"
+    assert 4190 < float(expires_in) <= 4200  # the hour counts from when it is due
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [

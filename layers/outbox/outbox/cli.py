@@ -238,6 +238,16 @@ def _read_payload(text: str) -> Any:
 @click.option("--priority", type=int, default=0, show_default=True)
 @click.option("--delay", type=Duration(), default=None, help="Not before this long (45s, 10m, 1h).")
 @click.option("--max-attempts", type=int, default=None, help="Overrides the relay's default.")
+@click.option(
+    "--ttl", type=Duration(), default=None, help="Expire if not delivered this long after due."
+)
+@click.option(
+    "--on-predecessor-failure",
+    type=click.Choice(["hold", "cancel"]),
+    default="hold",
+    show_default=True,
+    help="When an earlier message of the ordering key fails: wait for an operator, or cancel.",
+)
 @json_option
 def enqueue(
     channel: str,
@@ -247,6 +257,8 @@ def enqueue(
     priority: int,
     delay: float | None,
     max_attempts: int | None,
+    ttl: float | None,
+    on_predecessor_failure: str,
     as_json: bool,
 ) -> None:
     """Enqueue one message (validated like outbox.enqueue); prints its id."""
@@ -265,6 +277,8 @@ def enqueue(
                     priority=priority,
                     delay=delay,
                     max_attempts=max_attempts,
+                    ttl=ttl,
+                    on_predecessor_failure=on_predecessor_failure,
                 )
         except ValidationError as exc:
             fail(str(exc), 2)
