@@ -470,9 +470,9 @@ def redrive(
     since: float | None,
     as_json: bool,
 ) -> None:
-    """Send dead or failed messages again (attempts reset, history kept).
+    """Send dead, failed or expired messages again (attempts reset, history kept).
 
-    Either IDS, or --status dead|failed with optional --channel and --since.
+    Either IDS, or --status dead|failed|expired with optional --channel and --since.
     """
     from . import store
 
@@ -480,10 +480,14 @@ def redrive(
     if ids and (wanted or channels_ or since is not None):
         fail("give either message ids or --status/--channel/--since, not both", 2)
     if not ids and not wanted:
-        fail("give message ids, or --status dead (or failed)", 2)
+        fail("give message ids, or --status dead (or failed, expired)", 2)
     bad = sorted(set(wanted) - set(store.REDRIVABLE_STATUSES))
     if bad:
-        fail(f"cannot redrive status {bad[0]!r}; choose from dead, failed", 2)
+        fail(
+            f"cannot redrive status {bad[0]!r}; "
+            f"choose from {', '.join(store.REDRIVABLE_STATUSES)}",
+            2,
+        )
     with database() as engine, engine.begin() as conn:
         if ids:
             wanted_ids = _check_ids(ids)
