@@ -484,8 +484,7 @@ def redrive(
     bad = sorted(set(wanted) - set(store.REDRIVABLE_STATUSES))
     if bad:
         fail(
-            f"cannot redrive status {bad[0]!r}; "
-            f"choose from {', '.join(store.REDRIVABLE_STATUSES)}",
+            f"cannot redrive status {bad[0]!r}; choose from {', '.join(store.REDRIVABLE_STATUSES)}",
             2,
         )
     with database() as engine, engine.begin() as conn:
