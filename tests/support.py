@@ -40,20 +40,6 @@ class LambdaContext:
         return max(0, int((self._deadline - time.monotonic()) * 1000))
 
 
-def _migration_head() -> str:
-    from alembic.script import ScriptDirectory
-
-    import outbox.migrate
-
-    head = ScriptDirectory(str(outbox.migrate._MIGRATIONS)).get_current_head()
-    assert head is not None
-    return head
-
-
-# The newest schema revision (what an upgrade to "head" applies).
-HEAD = _migration_head()
-
-
 def settings(**overrides: Any) -> RelaySettings:
     base: dict[str, Any] = {
         "batch_size": 100,
