@@ -14,8 +14,11 @@ stops when the last one finds nothing left to claim.
 * relay: the real dispatcher path (``dispatcher.dispatch_once`` ->
   ``store.claim``), the hand-off event (``HandOff.to_event``, JSON-encoded as
   the Lambda invoke would, then ``HandOff.from_event`` inside the sender), and
-  the real ``sender.run``: fenced re-read, the no-op provider, one batched
-  fenced settle that writes the attempt rows.
+  the real ``sender.run``: the receipt (a compare-and-set UPDATE returning the
+  payloads), the no-op provider, one batched fenced settle that writes the
+  attempt rows.
+* relay-read: the relay as it was before the receipt, for its cost: the same,
+  but the sender takes its rows with the former fenced plain SELECT.
 * worker: ``outbox worker``'s loop (``Worker.run_once``): claim, in-process
   hand-off, send and settle in one process.
 """
@@ -103,7 +106,9 @@ def _baseline_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
 
 
 def _protocol_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[], None]]:
-    """The relay's three statements, verbatim from store.py, with nothing around them."""
+    """The relay's three statements, verbatim from store.py, with nothing around them:
+    the claim, the sender's receipt (payloads come back as text and are decoded here,
+    as the sender does) and the settle that writes the attempt rows."""
     import pg8000.native
 
     from outbox import store
@@ -112,17 +117,24 @@ def _protocol_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
     common.no_delay(conn)
     claim_sql, read_sql, settle_sql = (
         store._CLAIM_ALL.text,
-        store._LOAD_CLAIMED.text,
+        store._RECEIVE_CLAIMED.text,
         store._SETTLE.text,
     )
-    backoff = {"backoff_base": 30.0, "backoff_cap": 1800.0, "default_max": 8}
+    backoff = {
+        "backoff_base": 30.0,
+        "backoff_cap": 1800.0,
+        "default_max": 8,
+        "max_deferrals": 20,
+    }
     statements = [0]
 
     def column(name: str) -> int:
         return [c["name"] for c in conn.columns].index(name)
 
     def step() -> int:
-        claimed = conn.run(claim_sql, batch_size=batch, lease_seconds=float(LEASE_SECONDS))
+        claimed = conn.run(
+            claim_sql, batch_size=batch, lease_seconds=float(LEASE_SECONDS), default_ttl=86400.0
+        )
         statements[0] += 1
         if not claimed:
             return 0
@@ -134,7 +146,9 @@ def _protocol_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
             channel=common.CHANNEL,
             default_max=8,
         )
-        i_id, i_token = column("id"), column("claim_token")
+        i_id, i_token, i_payload = column("id"), column("claim_token"), column("payload")
+        for r in rows:
+            json.loads(r[i_payload])
         settlements = json.dumps(
             [
                 {
@@ -234,10 +248,65 @@ def _worker_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[
     return step, engine.dispose
 
 
+# The sender's read before the receipt (a plain fenced SELECT), kept here only
+# to measure what the receipt costs: the ``relay-read`` cell.
+FENCED_READ = """
+    SELECT m.id, m.channel, CAST(m.payload AS text) AS payload, m.attempts + 1 AS attempt,
+           COALESCE(m.max_attempts, :default_max) AS max_attempts, m.claim_token,
+           m.dedupe_key, m.ordering_key,
+           EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8 AS lease_left
+    FROM outbox_message AS m
+    JOIN unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
+      ON m.id = h.id AND m.claim_token = h.token
+    WHERE m.status = 'claimed' AND m.channel = :channel AND m.lease_expires_at > now()
+    ORDER BY m.id
+"""
+
+
+def _relay_read_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[], None]]:
+    import sqlalchemy as sa
+
+    from outbox import store
+
+    statement = store._sql(FENCED_READ)
+
+    def fenced_read(
+        conn: sa.Connection, channel: str, claims: Any, default_max: int
+    ) -> list[store.ClaimedMessage]:
+        pairs = list(claims)
+        rows = conn.execute(
+            statement,
+            {
+                "ids": store.array_literal(i for i, _ in pairs),
+                "tokens": store.array_literal(t for _, t in pairs),
+                "channel": channel,
+                "default_max": default_max,
+            },
+        ).all()
+        return [
+            store.ClaimedMessage(
+                r.id,
+                r.channel,
+                r.payload,
+                r.attempt,
+                r.max_attempts,
+                r.claim_token,
+                r.dedupe_key,
+                r.ordering_key,
+                float(r.lease_left),
+            )
+            for r in rows
+        ]
+
+    store.receive_claimed = fenced_read  # type: ignore[assignment]  # this worker process only
+    return _relay_stepper(url, batch)
+
+
 STEPPERS = {
     "baseline": _baseline_stepper,
     "protocol": _protocol_stepper,
     "relay": _relay_stepper,
+    "relay-read": _relay_read_stepper,
     "worker": _worker_stepper,
 }
 

@@ -65,7 +65,7 @@ def run(rows: int, batch: int = 100) -> list[dict[str, Any]]:
     """One cell per kind on a private embedded server; ratios against the raw baseline."""
     from outbox import devdb
 
-    kinds = [k for k in throughput.STEPPERS if k != "worker"] + ["worker"]
+    kinds = ["baseline", "protocol", "relay", "worker"]
     if peer.available():
         kinds.append("pgqueuer")
     with (
