@@ -44,7 +44,9 @@ def _days_or_never(env: Mapping[str, str], name: str) -> int | None:
     raw = (env.get(name) or "never").strip().lower()
     if raw == "never":
         return None
-    return _int(env, name, 0, 1, 3650)
+    if not raw.isdigit():
+        raise ConfigError(name, f"must be a whole number of days or never, got {raw!r}")
+    return _int({name: raw}, name, 0, 1, 3650)
 
 
 def _check_database_url(url: str) -> None:
