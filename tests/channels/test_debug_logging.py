@@ -97,7 +97,9 @@ def test_a_debug_pass_logs_no_payload_secret_or_token(
     # The reaper over an expired claim.
     with engine.begin() as conn:
         outbox.enqueue(conn, "email", EMAIL)
-        store.claim(conn, 10, 120)
+        claims = store.claim(conn, 10, 120)
+        # a sender took it (its receipt), then crashed: the lease runs out
+        store.receive_claimed(conn, "email", [(c.id, c.claim_token) for c in claims], 3)
     expire_leases(engine)
     assert reaper.run(engine, settings(), lambda: 10.0).reclaimed == 1
 

@@ -88,7 +88,9 @@ def test_the_relay_user_runs_the_whole_relay(relay_user: sa.Engine) -> None:
     assert sorted(scripted.sent) == ids
     with relay_user.begin() as conn:
         extra = outbox.enqueue(conn, "scripted", {"n": 99}, max_attempts=1)
-        store.claim(conn, 10, 60)
+        claims = store.claim(conn, 10, 60)
+        # a sender took it (its receipt), then crashed: the lease runs out
+        store.receive_claimed(conn, "scripted", [(c.id, c.claim_token) for c in claims], 3)
     expire_leases(relay_user)
     report = reaper.run(relay_user, relay, lambda: 30.0)
     assert report.dead == 1 and report.backlog is not None

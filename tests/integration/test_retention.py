@@ -72,7 +72,9 @@ def test_a_message_reaped_to_dead_survives_the_same_run(engine: sa.Engine) -> No
     install_channel(ScriptedChannel())
     with engine.begin() as conn:
         message_id = outbox.enqueue(conn, "scripted", {"n": 1}, max_attempts=1)
-        store.claim(conn, 10, 60)
+        claims = store.claim(conn, 10, 60)
+        # a sender took it (its receipt), then crashed: the lease runs out
+        store.receive_claimed(conn, "scripted", [(c.id, c.claim_token) for c in claims], 3)
     expire_leases(engine)
     report = reaper.run(engine, settings(retention_days=1), lambda: 30.0)
     assert (report.dead, report.pruned) == (1, 0)
