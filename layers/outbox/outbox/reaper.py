@@ -1,8 +1,9 @@
 """The reaper: the one recovery path (invariant 5).
 
 Each scheduled run releases claims whose lease expired (the attempt counts;
-a row out of attempts goes to ``dead``), prunes terminal rows past the
-retention window in bounded batches, and publishes backlog metrics.
+a row out of attempts goes to ``dead``), publishes the outcome events waiting
+(``outcomes.py``; a bus that fails only delays them), prunes terminal rows past
+the retention window in bounded batches, and publishes backlog metrics.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 
-from . import store
-from .config import RelaySettings
+from . import outcomes, store
+from .config import OutcomeEventSettings, RelaySettings
 from .dispatcher import backoff_of
 from .observability import count, gauge
 
@@ -29,11 +31,23 @@ class ReapReport:
     reclaimed: int = 0
     dead: int = 0
     pruned: int = 0
+    events_published: int = 0
+    events_refused: int = 0
+    events_dropped: int = 0
+    events_waiting: int = 0
     backlog: store.Backlog | None = None
 
 
-def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], float]) -> ReapReport:
+def run(
+    engine: sa.Engine,
+    settings: RelaySettings,
+    time_left: Callable[[], float],
+    outcome_events: OutcomeEventSettings | None = None,
+    events_client: Callable[[], Any] | None = None,
+) -> ReapReport:
+    """``events_client`` makes the EventBridge client, on first need."""
     report = ReapReport()
+    outcome_events = outcome_events or OutcomeEventSettings()
     backoff = backoff_of(settings)
     while time_left() > _MIN_TIME_FOR_A_BATCH:
         with engine.begin() as conn:
@@ -51,6 +65,12 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
     count("Reclaimed", report.reclaimed)
     count("Dead", report.dead)
 
+    if outcome_events.bus and events_client is not None:
+        published = outcomes.publish(engine, events_client(), outcome_events, time_left)
+        report.events_published, report.events_refused = published.published, published.refused
+    count("OutcomeEventsPublished", report.events_published)
+    count("OutcomeEventsRefused", report.events_refused)
+
     while time_left() > _MIN_TIME_FOR_A_BATCH:
         with engine.begin() as conn:
             pruned = store.prune(conn, settings.retention_days * 86400, PRUNE_BATCH_SIZE)
@@ -58,21 +78,34 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
         if pruned < PRUNE_BATCH_SIZE:
             break
     count("Pruned", report.pruned)
+    if not outcome_events.bus:
+        # Publishing is off: nothing else removes the events the trigger writes.
+        with engine.begin() as conn:
+            report.events_dropped = store.drop_outcome_events(
+                conn, settings.retention_days * 86400, PRUNE_BATCH_SIZE
+            )
 
     with engine.begin() as conn:
         report.backlog = store.backlog(conn)
+        report.events_waiting, oldest_event_age = store.outcome_event_backlog(conn)
     b = report.backlog
     # Gauges go out even at zero, so alarms see data rather than "missing".
     gauge("PendingMessages", b.pending)
     gauge("DeadMessages", b.dead)
     gauge("ExpiredClaims", b.expired_claims)
     gauge("OldestPendingAgeSeconds", b.oldest_due_age_seconds, seconds=True)
+    gauge("UnpublishedOutcomeEvents", report.events_waiting)
+    gauge("OldestUnpublishedOutcomeEventAgeSeconds", oldest_event_age, seconds=True)
     log.info(
         "reaper run",
         extra={
             "reclaimed": report.reclaimed,
             "dead": report.dead,
             "pruned": report.pruned,
+            "outcome_events_published": report.events_published,
+            "outcome_events_refused": report.events_refused,
+            "outcome_events_dropped": report.events_dropped,
+            "outcome_events_waiting": report.events_waiting,
             "pending": b.pending,
             "oldest_due_age_seconds": round(b.oldest_due_age_seconds, 3),
             "dead_total": b.dead,
