@@ -13,9 +13,9 @@ from typing import Any
 import boto3
 import pytest
 import sqlalchemy as sa
+from logscan import find_leaks
 
 import outbox
-from logscan import find_leaks
 from outbox import feedback, outcomes, reaper, store
 from outbox.config import OutcomeEventSettings
 from support import EMAIL, expire_leases, settings
@@ -333,7 +333,7 @@ def test_with_publishing_off_events_are_dropped_after_the_retention(engine: sa.E
 
 
 def test_publishers_never_share_an_event(engine: sa.Engine) -> None:
-    ids = enqueue(engine, 3)
+    enqueue(engine, 3)
     settle_all(engine, "failed", "x")
     with engine.begin() as first, engine.begin() as second:
         taken_first = store.take_outcome_events(first, 2, 300)
