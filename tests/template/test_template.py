@@ -21,7 +21,9 @@ from cfnlint.decode import cfn_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
-NON_CHANNEL_FUNCTIONS = {"dispatcher", "reaper", "migrate"}
+NON_CHANNEL_FUNCTIONS = {"dispatcher", "reaper", "migrate", "feedback"}
+# The one function triggered by SNS: SES events from the configuration set's topic.
+FEEDBACK_TRIGGER = ("FeedbackFunction", "SNS", "SesFeedbackTopic")
 SCHEDULER_INPUT = {
     "execution_id": "<aws.scheduler.execution-id>",
     "scheduled_time": "<aws.scheduler.scheduled-time>",
@@ -233,6 +235,9 @@ def schedule_violations(template: dict[str, Any]) -> list[str]:
     for name, props in functions(template).items():
         for event_name, event in props.get("Events", {}).items():
             where = f"{name}/{event_name}"
+            topic = event.get("Properties", {}).get("Topic", {})
+            if (name, event["Type"], topic.get("Ref")) == FEEDBACK_TRIGGER:
+                continue
             if event["Type"] != "ScheduleV2":
                 found.append(f"{where}: {event['Type']} (schedules use EventBridge Scheduler)")
                 continue
@@ -249,7 +254,11 @@ def schedule_violations(template: dict[str, Any]) -> list[str]:
                 payload = None
             if payload != SCHEDULER_INPUT:
                 found.append(f"{where}: Input is not the scheduler context the code reads")
-    scheduled = {folder_of(props) for props in functions(template).values() if props.get("Events")}
+    scheduled = {
+        folder_of(props)
+        for props in functions(template).values()
+        if any(e["Type"] == "ScheduleV2" for e in props.get("Events", {}).values())
+    }
     if scheduled != {"dispatcher", "reaper"}:
         found.append(f"scheduled functions are {sorted(scheduled)}")
     return found
@@ -277,7 +286,8 @@ def layout_violations(template: dict[str, Any], root: Path = ROOT) -> list[str]:
     for folder in sorted(set(by_folder) - folders):
         found.append(f"{by_folder[folder]} has no functions/{folder}/app.py")
     for folder in sorted(folders | set(by_folder)):
-        if not (root / "events" / f"{folder}.json").is_file():
+        samples = [root / "events" / f"{folder}.json", *(root / "events").glob(f"{folder}-*.json")]
+        if not any(p.is_file() for p in samples):
             found.append(f"events/{folder}.json is missing")
     for name, props in functions(template).items():
         if props.get("Handler", template["Globals"]["Function"].get("Handler")) != "app.handler":
@@ -428,6 +438,12 @@ def test_event_files_are_what_the_triggers_send() -> None:
             assert event["ResourceType"] == "Custom::OutboxSchema"
         elif name == "migrate-invoke":
             assert event == {}
+        elif name.startswith("feedback-"):
+            from outbox import feedback
+
+            (notification,) = feedback.notifications(event)
+            parsed = feedback.from_notification(notification)
+            assert parsed is not None and parsed.provider_message_id.startswith("EXAMPLE"), name
         else:
             assert HandOff.from_event(event).channel == name
 
