@@ -13,15 +13,15 @@ from typing import Any
 import boto3
 import pytest
 import sqlalchemy as sa
+from logscan import find_leaks
+from test_email_end_to_end import load_handler
+from test_outcome_events import BUS, Bus
 
 import outbox
-from logscan import find_leaks
 from outbox import reaper
 from outbox.config import OutcomeEventSettings
 from outbox.handoff import CallableInvoker
 from support import EMAIL, LambdaContext, attempts, row, settings
-from test_email_end_to_end import load_handler
-from test_outcome_events import BUS, Bus
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
 CONFIGURATION_SET = "outbox-relay-outbox"
@@ -46,9 +46,9 @@ def ses_to_sns(aws: None, relay_env: dict[str, str], monkeypatch: pytest.MonkeyP
         },
     )
     queue = sqs.create_queue(QueueName="sns-deliveries")["QueueUrl"]
-    queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])[
-        "Attributes"
-    ]["QueueArn"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
     sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn)
     monkeypatch.setenv("SES_CONFIGURATION_SET", CONFIGURATION_SET)
     return sns, sqs, queue
