@@ -347,3 +347,12 @@ def _no_leftover_trigger(migrated_engine: sa.Engine) -> Iterator[None]:
     yield
     with migrated_engine.begin() as conn:
         store.set_delivered_outcome_events(conn, False)
+
+
+def test_the_worker_publishes_them_too(engine: sa.Engine, bus: Bus) -> None:
+    from outbox.worker import Worker
+
+    (failed,) = enqueue(engine, 1)
+    settle_all(engine, "failed", "x")
+    Worker(engine, settings(), channels=["email"], outcome_events=ON).reap()
+    assert [e["detail"]["id"] for e in bus.received()] == [failed]
