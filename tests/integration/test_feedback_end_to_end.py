@@ -14,8 +14,8 @@ import boto3
 import pytest
 import sqlalchemy as sa
 from logscan import find_leaks
+from outcome_support import BUS, Bus
 from test_email_end_to_end import load_handler
-from test_outcome_events import BUS, Bus
 
 import outbox
 from outbox import reaper
