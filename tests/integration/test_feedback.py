@@ -232,3 +232,37 @@ def test_the_feedback_function_handler(engine: sa.Engine, relay_env: dict[str, s
     assert result["moved"] == {"bounced": 1}
     with engine.connect() as conn:
         assert row(conn, mid).status == "bounced"
+
+
+def test_the_same_bounce_delivered_concurrently_is_recorded_once(engine: sa.Engine) -> None:
+    """SNS may deliver one event to two invocations at once: one attempt row, one
+    transition, one outcome event, whichever commits first."""
+    import threading
+
+    event = sample("feedback-bounce")
+    complaint_event = sample("feedback-complaint")
+    provider_id = ses_message(event)["mail"]["messageId"]
+    complaint = ses_message(complaint_event)
+    complaint["mail"]["messageId"] = provider_id
+    mid = delivered_email(engine, provider_id)
+    events = [event] * 6 + [with_ses_message(complaint_event, complaint)] * 2
+    start = threading.Barrier(len(events))
+    reports: list[feedback.FeedbackReport] = []
+
+    def deliver(e: dict[str, Any]) -> None:
+        start.wait()
+        reports.append(feedback.handle(engine, e))
+
+    threads = [threading.Thread(target=deliver, args=(e,)) for e in events]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert sum(sum(r.moved.values()) for r in reports) == 1  # one transition, bounce or complaint
+    assert sum(r.repeated for r in reports) == len(events) - 2
+    with engine.connect() as conn:
+        final, history = row(conn, mid).status, attempts(conn, mid)
+    assert sorted(a.outcome for a in history) == ["bounced", "complained", "delivered"]
+    assert [e.status for e in outcome_events(engine)] == [final]
+    assert final in ("bounced", "complained")

@@ -96,11 +96,11 @@ def handle(engine: sa.Engine, event: Any) -> FeedbackReport:
                 report.recorded[result.outcome] += 1
                 if result.new_status:
                     report.moved[result.new_status] += 1
-    _publish(report)
+    _report(report)
     return report
 
 
-def _publish(report: FeedbackReport) -> None:
+def _report(report: FeedbackReport) -> None:
     count("FeedbackBounced", report.moved["bounced"])
     count("FeedbackComplained", report.moved["complained"])
     count("FeedbackTransientBounces", report.recorded["transient_bounce"])
