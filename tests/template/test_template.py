@@ -414,6 +414,31 @@ def test_the_layer_is_built_for_the_runtime_without_boto(template: dict[str, Any
     assert names & {"boto3", "botocore", "aws-xray-sdk"} == set()
 
 
+def test_feedback_and_outcome_events_are_wired_with_least_privilege(
+    template: dict[str, Any],
+) -> None:
+    res = template["Resources"]
+    feedback = res["FeedbackFunction"]["Properties"]
+    assert feedback["Policies"] == [{"Ref": "DatabaseAccessPolicy"}]  # the database, nothing else
+    assert feedback["Events"]["SesFeedback"] == {
+        "Type": "SNS",
+        "Properties": {"Topic": {"Ref": "SesFeedbackTopic"}},
+    }
+    destination = res["SesFeedbackEventDestination"]["Properties"]["EventDestination"]
+    assert destination["SnsDestination"] == {"TopicARN": {"Ref": "SesFeedbackTopic"}}
+    assert set(destination["MatchingEventTypes"]) == {"bounce", "complaint", "delivery"}
+    (publisher,) = [st for name, st in statements(template) if name == "ReaperFunction"]
+    assert publisher["Action"] == "events:PutEvents"
+    assert _strings(publisher["Resource"]) == [
+        "arn:${AWS::Partition}:events:${AWS::Region}:${AWS::AccountId}:event-bus/"
+        "${OutcomeEventBusName}"
+    ]
+    email_env = res["EmailFunction"]["Properties"]["Environment"]["Variables"]
+    assert email_env["SES_CONFIGURATION_SET"]["Fn::If"][0] == "CreateSesConfigurationSet"
+    schema = res["SchemaMigration"]["Properties"]
+    assert schema["OutcomeEventsDelivered"] == {"Ref": "OutcomeEventsDelivered"}
+
+
 def test_migrations_run_on_deploy_when_asked(template: dict[str, Any]) -> None:
     schema = template["Resources"]["SchemaMigration"]
     assert schema["Type"] == "Custom::OutboxSchema"
