@@ -145,11 +145,20 @@ def database(*, autocommit: bool = False) -> Iterator[sa.Engine]:
         message = _db_message(exc)
         if "outbox_message" in message and "does not exist" in message:
             fail("the outbox tables do not exist yet: run `outbox migrate` first")
-        if exc.connection_invalidated or isinstance(exc, sa.exc.InterfaceError):
+        if isinstance(exc, sa.exc.InterfaceError) or (
+            exc.connection_invalidated and not _server_reported(exc)
+        ):
             fail(f"cannot reach the database: {message}")
         fail(f"database error: {message}")
     finally:
         engine.dispose()
+
+
+def _server_reported(exc: sa.exc.DBAPIError) -> bool:
+    """The server answered with an error (pg8000 carries its fields in a dict);
+    the engine still discards such a connection, but the database was reached."""
+    args: tuple[Any, ...] = getattr(exc.orig, "args", ())
+    return bool(args) and isinstance(args[0], dict)
 
 
 def _db_message(exc: sa.exc.DBAPIError) -> str:
@@ -180,9 +189,11 @@ def _channels(values: Sequence[str]) -> list[str] | None:
 
 
 def _check_ids(ids: Sequence[int]) -> list[int]:
-    bad = [i for i in ids if i < 1]
+    from .handoff import MAX_MESSAGE_ID
+
+    bad = [i for i in ids if not 1 <= i <= MAX_MESSAGE_ID]
     if bad:
-        fail(f"message ids are positive integers, got {bad[0]}", 2)
+        fail(f"message ids are positive integers up to {MAX_MESSAGE_ID}, got {bad[0]}", 2)
     return sorted(set(ids))
 
 
@@ -386,10 +397,23 @@ def show(message_id: int, as_json: bool) -> None:
         history = store.attempt_history(conn, message_id) if row else []
     if row is None:
         fail(f"no message with id {message_id}")
+    message = _row_dict(row)
+    message["payload"] = _stored_payload(message["payload"])
     if as_json:
-        emit_json({"message": _row_dict(row), "attempts": [_row_dict(a) for a in history]})
+        emit_json({"message": message, "attempts": [_row_dict(a) for a in history]})
         return
-    print_message(_row_dict(row), [_row_dict(a) for a in history])
+    print_message(message, [_row_dict(a) for a in history])
+
+
+def _stored_payload(text: str) -> Any:
+    """The payload decoded, or, when it is beyond the payload limits (a row
+    written past the producer), its stored JSON text as it is."""
+    from .payloads import decode
+
+    try:
+        return decode(text)
+    except ValidationError:
+        return text
 
 
 def print_message(message: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> None:
@@ -402,7 +426,10 @@ def print_message(message: Mapping[str, Any], history: Sequence[Mapping[str, Any
     for key, value in message.items():
         if value is None:
             continue
-        shown = json.dumps(value, ensure_ascii=False) if key == "payload" else _jsonable(value)
+        if key == "payload":
+            shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        else:
+            shown = _jsonable(value)
         fields.add_row(key, str(shown))
     out.print(fields)
     attempts = Table(title="attempts")

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
-from . import channels, store
+from . import channels, payloads, store
 from .errors import ValidationError
 
 MAX_PAYLOAD_BYTES = 256 * 1024
@@ -72,6 +73,8 @@ def _delay_seconds(value: Any) -> float:
 
 
 def _payload_json(channel: channels.Channel, payload: Any) -> str:
+    # The shape first: a schema validator and the JSON encoder both recurse.
+    payloads.check_shape(payload)
     channel.validate(payload)
     try:
         text = store.payload_json(payload)
@@ -116,6 +119,21 @@ def prepare(
     )
 
 
+@contextmanager
+def _redacted_errors() -> Iterator[None]:
+    """The application's engine may show bound parameters in its errors (the
+    payloads: phone numbers, one-time codes); an error from ``enqueue`` never
+    does, whatever engine the caller built. The exception keeps its type, so
+    the caller's retry logic (a lock or serialization failure) still works."""
+    try:
+        yield
+    except sa.exc.StatementError as exc:
+        from .db import redact
+
+        redact(exc)
+        raise
+
+
 def _check_connection(conn: Any) -> sa.Connection:
     if not isinstance(conn, sa.Connection):
         raise ValidationError("conn", "must be a SQLAlchemy Connection (engine.begin() gives one)")
@@ -147,7 +165,8 @@ def enqueue(
         delay=delay,
         max_attempts=max_attempts,
     )
-    return store.insert_messages(_check_connection(conn), [message])[0]
+    with _redacted_errors():
+        return store.insert_messages(_check_connection(conn), [message])[0]
 
 
 def enqueue_many(conn: sa.Connection, messages: Iterable[Mapping[str, Any]]) -> list[int]:
@@ -157,6 +176,8 @@ def enqueue_many(conn: sa.Connection, messages: Iterable[Mapping[str, Any]]) -> 
     raises ValidationError (its field prefixed with ``messages[i].``) and none is written.
     """
     conn = _check_connection(conn)
+    if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Iterable):
+        raise ValidationError("messages", "must be a list of dicts")
     prepared = []
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping):
@@ -171,4 +192,5 @@ def enqueue_many(conn: sa.Connection, messages: Iterable[Mapping[str, Any]]) -> 
             prepared.append(prepare(**message))
         except ValidationError as exc:
             raise ValidationError(f"messages[{index}].{exc.field}", exc.problem) from None
-    return store.insert_messages(conn, prepared)
+    with _redacted_errors():
+        return store.insert_messages(conn, prepared)

@@ -14,13 +14,19 @@
   deletes them.
 
 Revision ID: 0007
-Revises: 0001
+Revises: 0003
 """
+
+import importlib
 
 from alembic import op
 
+# The relay role of revision 0003: its users settle, reap and publish, so they
+# write (through the trigger) and delete outcome events.
+_relay_role = importlib.import_module("outbox.migrations.versions.0003_relay_role").relay_role
+
 revision = "0007"
-down_revision = "0001"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
@@ -78,6 +84,7 @@ def upgrade() -> None:
         """
     )
     op.execute("CREATE INDEX outbox_outcome_event_due ON outbox_outcome_event (publish_after, id)")
+    op.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_outcome_event TO {_relay_role()}")
     op.execute(
         """
         CREATE FUNCTION outbox_record_outcome_event() RETURNS trigger
