@@ -19,7 +19,7 @@ from outcome_support import BACKOFF, BUS, Bus, lease_ends, settle_all
 import outbox
 from outbox import feedback, reaper, store
 from outbox.config import OutcomeEventSettings
-from support import EMAIL, expire_leases, settings
+from support import EMAIL, expire_leases, receive, settings
 
 
 @pytest.fixture
@@ -92,6 +92,7 @@ def test_every_kind_of_transition_publishes_one_event_and_never_the_payload(
             ],
             BACKOFF,
         )
+    receive(engine, [claims[reaped]])  # its sender started, then died
     expire_leases(engine, [reaped])
     feedback.handle(engine, bounce_event(f"ses-{bounced}"))
     feedback.handle(engine, bounce_event(f"ses-{complained}", "Complaint"))
@@ -245,6 +246,7 @@ def test_a_bus_that_refuses_delays_the_events_and_never_the_relay(
         store.settle(
             conn, [store.Settlement(claims[0].id, claims[0].claim_token, "failed", "x")], BACKOFF
         )
+    receive(engine, claims[1:])  # their senders started, then died
     expire_leases(engine, [c.id for c in claims[1:]])
 
     report = reap(engine)  # no bus "outbox-outcomes" in this account yet
@@ -300,3 +302,17 @@ def test_the_worker_publishes_them_too(engine: sa.Engine, bus: Bus) -> None:
     settle_all(engine, "failed", "x")
     Worker(engine, settings(), channels=["email"], outcome_events=ON).reap()
     assert [e["detail"]["id"] for e in bus.received()] == [failed]
+
+
+def test_a_message_past_its_deliver_by_time_publishes_expired(engine: sa.Engine, bus: Bus) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    with engine.begin() as conn:
+        late = outbox.enqueue(
+            conn, "email", EMAIL, expires_at=datetime.now(UTC) - timedelta(hours=1)
+        )
+    report = reap(engine)
+    assert report.expired == 1 and report.events_published == 1
+    (event,) = bus.received()
+    assert event["detail-type"] == "Outbox Message Expired"
+    assert (event["detail"]["id"], event["detail"]["status"]) == (late, "expired")

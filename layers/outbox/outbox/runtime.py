@@ -99,7 +99,10 @@ class Runtime:
         )
         return {
             "reclaimed": report.reclaimed,
+            "not_started": report.not_started,
             "dead": report.dead,
+            "expired": report.expired,
+            "cancelled": report.cancelled,
             "pruned": report.pruned,
             "outcome_events": {
                 "published": report.events_published,

@@ -104,7 +104,7 @@ class Worker:
             self.outcome_events,
             self._events,
         )
-        self.report.reaped += result.reclaimed + result.dead
+        self.report.reaped += result.reclaimed + result.not_started + result.dead + result.expired
         return result
 
     def _events(self) -> Any:

@@ -40,8 +40,10 @@ _OUTCOMES = (
     "'delivered', 'retry', 'failed', 'dead', 'suppressed', 'deferred', 'expired', "
     "'not_started', 'bounced', 'complained', 'transient_bounce', 'delivery_confirmed'"
 )
-_OLD_STATUSES = "'pending', 'claimed', 'delivered', 'failed', 'dead', 'suppressed', 'cancelled'"
-_OLD_OUTCOMES = "'delivered', 'retry', 'failed', 'dead', 'suppressed', 'deferred', 'expired'"
+# What revision 0002 left (every status already; the outcomes before feedback).
+_OLD_OUTCOMES = (
+    "'delivered', 'retry', 'failed', 'dead', 'suppressed', 'deferred', 'expired', 'not_started'"
+)
 
 # The transitions that always produce an outcome event; ``delivered`` has its
 # own trigger, disabled unless OUTCOME_EVENTS_DELIVERED is on (store.py).
@@ -138,4 +140,4 @@ def downgrade() -> None:
     op.execute("DROP INDEX outbox_message_email_provider_id")
     op.execute("DROP INDEX outbox_attempt_feedback")
     op.execute("ALTER TABLE outbox_attempt DROP COLUMN feedback_id")
-    _replace_checks(_OLD_STATUSES, _OLD_OUTCOMES)
+    _replace_checks(_STATUSES, _OLD_OUTCOMES)
