@@ -201,7 +201,7 @@ def test_handlers_never_import_the_cli_or_dev_tools() -> None:
     """The Lambda import path stays lean: no click, rich, moto, yaml or pgserver."""
     code = (
         "import sys, runpy\n"
-        "for role in ('dispatcher', 'reaper', 'email', 'migrate'):\n"
+        "for role in ('dispatcher', 'reaper', 'email', 'migrate', 'feedback'):\n"
         f"    sys.path.insert(0, '{REPO}/functions/' + role)\n"
         f"    runpy.run_path('{REPO}/functions/' + role + '/app.py')\n"
         "    sys.path.pop(0)\n"
@@ -217,3 +217,52 @@ def test_handlers_never_import_the_cli_or_dev_tools() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("sample", "status", "recorded"),
+    [
+        ("feedback-bounce", "bounced", "bounced"),
+        ("feedback-complaint", "complained", "complained"),
+        ("feedback-delivery", "delivered", "delivery_confirmed"),
+        ("feedback-eventbridge-bounce", "bounced", "bounced"),
+    ],
+)
+def test_the_feedback_samples_run_through_the_real_template(
+    engine: sa.Engine,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    sample: str,
+    status: str,
+    recorded: str,
+) -> None:
+    from outbox import feedback, store
+
+    event_file = REPO / "events" / f"{sample}.json"
+    (notification,) = feedback.notifications(json.loads(event_file.read_text()))
+    provider_id = notification["mail"]["messageId"]
+    with engine.begin() as conn:
+        mid = outbox.enqueue(conn, "email", EMAIL)
+    with engine.begin() as conn:
+        (claim,) = store.claim(conn, 1, 60)
+        store.settle(
+            conn,
+            [store.Settlement(mid, claim.claim_token, "delivered", None, provider_id)],
+            store.Backoff(1, 60, 5),
+        )
+    saved_env, saved_path = dict(os.environ), list(sys.path)
+    monkeypatch.chdir(REPO)
+    try:
+        result = CliRunner().invoke(
+            cli,
+            ["invoke", "FeedbackFunction", str(event_file), "--json"],
+            # the template's DB_SSLMODE is verify-full; a local Postgres has no TLS
+            env={"DATABASE_URL": database_url, "DB_SSLMODE": "disable"},
+        )
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.path[:] = saved_path
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["recorded"] == {recorded: 1}
+    assert statuses(engine) == {status: 1}

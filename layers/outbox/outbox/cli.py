@@ -601,11 +601,12 @@ def worker(
     """
     import dataclasses
 
-    from .config import RelaySettings
+    from .config import OutcomeEventSettings, RelaySettings
     from .worker import Worker
 
     try:
         settings = RelaySettings.from_env(os.environ)
+        outcome_events = OutcomeEventSettings.from_env(os.environ)
     except ConfigError as exc:
         fail(str(exc), 2)
     if batch_size is not None:
@@ -623,7 +624,12 @@ def worker(
     try:
         with database(autocommit=True) as engine:
             report = Worker(
-                engine, settings, channels=wanted, stop=stop, reap_interval_seconds=reap_interval
+                engine,
+                settings,
+                channels=wanted,
+                stop=stop,
+                reap_interval_seconds=reap_interval,
+                outcome_events=outcome_events,
             ).run(once=once, until_empty=until_empty)
     finally:
         for s, handler in previous.items():
