@@ -110,25 +110,19 @@ def test_real_reaper_and_dispatcher_against_the_database(
     reaper = invoke(project, "ReaperFunction", "event.json", "--env-vars", "env.json", event=event)
     assert reaper.exit_code == 0, reaper.output
     assert json.loads(reaper.stdout)["backlog"]["pending"] == 3
-    # The dispatcher would hand off to Lambda: with no function for a channel
-    # in CHANNEL_FUNCTIONS, its rows fail as unroutable (nothing leaves the machine).
+    # A dispatcher with no channel function map would fail every row it claims
+    # as unroutable: it refuses to start instead, in one line, and claims nothing.
     env_file.write_text(
         json.dumps({"Parameters": {"DATABASE_URL": database_url, "CHANNEL_FUNCTIONS": "{}"}})
     )
-    # Not declared in the template: --env-vars ignores it (as SAM does), the
-    # process environment reaches the handler as it is.
-    dispatcher = invoke(
-        project,
-        "DispatcherFunction",
-        "event.json",
-        "--env-vars",
-        "env.json",
-        env={"DISPATCH_BUDGET_SECONDS": "0.3"},
+    dispatcher = invoke(project, "DispatcherFunction", "event.json", "--env-vars", "env.json")
+    assert dispatcher.exit_code == 1, dispatcher.output
+    assert dispatcher.stderr.strip().splitlines()[-1].startswith(
+        "Error: DispatcherFunction failed at init: ConfigError: configuration CHANNEL_FUNCTIONS"
     )
-    assert dispatcher.exit_code == 0, dispatcher.output
-    report = json.loads(dispatcher.stdout)
-    assert report["claimed"] == 3 and report["unroutable"] == 3
-    assert statuses(engine) == {"failed": 3}
+    assert "Traceback" not in dispatcher.stderr
+    assert json.loads(dispatcher.stdout)["errorType"] == "ConfigError"
+    assert statuses(engine) == {"pending": 3}
 
 
 def test_handler_exception_prints_traceback_and_error_document(project: Path) -> None:
@@ -211,7 +205,11 @@ def test_handlers_never_import_the_cli_or_dev_tools() -> None:
         "if m in sys.modules]\n"
         "print(bad)\n"
     )
-    env = {**os.environ, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
+        "CHANNEL_FUNCTIONS": '{"email": "outbox-email"}',
+    }
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )
