@@ -117,8 +117,12 @@ def test_real_reaper_and_dispatcher_against_the_database(
     )
     dispatcher = invoke(project, "DispatcherFunction", "event.json", "--env-vars", "env.json")
     assert dispatcher.exit_code == 1, dispatcher.output
-    assert dispatcher.stderr.strip().splitlines()[-1].startswith(
-        "Error: DispatcherFunction failed at init: ConfigError: configuration CHANNEL_FUNCTIONS"
+    assert (
+        dispatcher.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "Error: DispatcherFunction failed at init: ConfigError: configuration CHANNEL_FUNCTIONS"
+        )
     )
     assert "Traceback" not in dispatcher.stderr
     assert json.loads(dispatcher.stdout)["errorType"] == "ConfigError"

@@ -660,7 +660,9 @@ def invoke_(
                     "map of the template names it)",
                     2,
                 )
-            event = invoke.claim_event(channel, claim_limit)
+            event = invoke.claim_event(
+                channel, claim_limit, lambda line: click.echo(line, err=True)
+            )
         else:
             event = _read_json_file(str(event_file), "event file")
     except invoke.InvokeError as exc:
@@ -675,8 +677,8 @@ def invoke_(
     if outcome.error is not None:
         click.echo(outcome.traceback or "", err=True, nl=False)
         click.echo(json.dumps(outcome.error))
-        error_type, message = outcome.error["errorType"], outcome.error["errorMessage"]
-        message = " ".join(str(message).split())  # one line, whatever the driver says
+        error_type = outcome.error["errorType"]
+        message = " ".join((outcome.summary or outcome.error["errorMessage"]).split())
         if outcome.phase == "init":
             fail(f"{spec.logical_id} failed at init: {error_type}: {message}")
         fail(f"{spec.logical_id} raised {error_type}: {message}")

@@ -34,6 +34,7 @@ import threading
 import time
 import traceback
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -300,6 +301,16 @@ def _refs(value: Any) -> Iterator[str]:
             yield from _refs(item)
 
 
+def _number(value: Any) -> float | None:
+    """A numeric property; parameter values (overrides above all) arrive as strings."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value) if isinstance(value, int | float | str) else None
+    except ValueError:
+        return None
+
+
 def _env_string(value: Any) -> str | None:
     """A variable's value as Lambda gets it (SAM's stringify), None when it is
     still an intrinsic."""
@@ -387,12 +398,11 @@ def function_spec(
         )
 
     unresolved: dict[str, str] = {}
-    timeout = props.get("Timeout", DEFAULT_TIMEOUT_SECONDS)
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool):
-        unresolved["Timeout"] = resolver.unresolved_reason(timeout)
+    timeout = _number(props.get("Timeout", DEFAULT_TIMEOUT_SECONDS))
+    if timeout is None:
+        unresolved["Timeout"] = resolver.unresolved_reason(props.get("Timeout"))
         timeout = DEFAULT_TIMEOUT_SECONDS
-    memory = props.get("MemorySize", DEFAULT_MEMORY_MB)
-    memory = int(memory) if isinstance(memory, int) else DEFAULT_MEMORY_MB
+    memory = _number(props.get("MemorySize", DEFAULT_MEMORY_MB)) or DEFAULT_MEMORY_MB
 
     declared = ((props.get("Environment") or {}).get("Variables")) or {}
     env_vars = env_vars or {}
@@ -438,7 +448,7 @@ def function_spec(
         handler,
         code_dir,
         float(timeout),
-        memory,
+        int(memory),
         environment,
         layer_dirs,
         unresolved,
@@ -451,12 +461,14 @@ def banner(spec: FunctionSpec) -> str:
     """The line said before the function runs: what runs, and for how long it may."""
     line = f"invoking {spec.logical_id} ({spec.handler}, Timeout {spec.timeout_seconds:g}s)"
     budget = spec.environment.get("DISPATCH_BUDGET_SECONDS")
-    with contextlib.suppress(ValueError, TypeError):
-        if budget is not None and float(budget) >= 5:
-            line += (
-                f": it keeps polling for due messages for DISPATCH_BUDGET_SECONDS={budget}s "
-                '(0 under "DispatcherFunction" in --env-vars makes it one pass)'
-            )
+    if "CHANNEL_FUNCTIONS" in spec.environment and budget is not None:  # the dispatcher
+        with contextlib.suppress(ValueError):
+            if float(budget) >= 5:
+                line += (
+                    f": it keeps claiming for DISPATCH_BUDGET_SECONDS={budget}s; "
+                    '"DISPATCH_BUDGET_SECONDS": "0" under "DispatcherFunction" in '
+                    "--env-vars makes it one pass"
+                )
     return line
 
 
@@ -484,7 +496,9 @@ def channel_of(
     return None
 
 
-def claim_event(channel: str, limit: int) -> Callable[[], dict[str, Any]]:
+def claim_event(
+    channel: str, limit: int, say: Callable[[str], None] | None = None
+) -> Callable[[], dict[str, Any]]:
     """What the dispatcher would send: claim up to ``limit`` due rows of
     ``channel`` (with the function's LEASE_SECONDS and database settings, read
     from the environment once the function has started) and make the hand-off
@@ -505,6 +519,9 @@ def claim_event(channel: str, limit: int) -> Callable[[], dict[str, Any]]:
             engine.dispose()
         if not claims:
             raise InvokeError(f"--claim: no due pending {channel} message to claim")
+        if say is not None:  # ids only: claim tokens stay out of every output but the event
+            ids = ", ".join(str(c.id) for c in claims)
+            say(f"claimed {len(claims)} {channel} message(s) for the hand-off event: ids {ids}")
         return HandOff(channel, tuple(claims)).to_event()
 
     return make
@@ -554,31 +571,61 @@ class InvokeResult:
     timed_out: bool = False
     # "init" when the function failed at its cold start, "invoke" in the handler.
     phase: str = "invoke"
+    # One line for an expected failure (no traceback then).
+    summary: str | None = None
 
 
-def expected_failure(exc: BaseException) -> bool:
-    """A failure the user can act on from its message alone (a setting, a bad
-    event, a database or AWS endpoint that does not answer): no traceback."""
+# SQLSTATE classes of a database that refused the session itself: connection
+# exceptions, bad credentials, no such database.
+_CONNECT_SQLSTATES = ("08", "28", "3D")
+
+
+def _sqlstate(exc: BaseException | None) -> tuple[str | None, str]:
+    """(SQLSTATE, message) of a pg8000 error, whose argument is the server's fields."""
+    args = exc.args if exc is not None else ()
+    fields = args[0] if args and isinstance(args[0], dict) else {}
+    return fields.get("C"), str(fields.get("M") or exc)
+
+
+def expected_failure(exc: BaseException) -> str | None:
+    """One line for a failure the user can act on from its message alone (a
+    setting, a bad event, a database or AWS endpoint that does not answer or
+    refuses the session); None for anything else, which keeps its traceback."""
     import sqlalchemy.exc
 
-    expected: tuple[type[BaseException], ...] = (
-        OutboxError,
-        sqlalchemy.exc.OperationalError,
-        sqlalchemy.exc.InterfaceError,
-    )
+    if isinstance(exc, OutboxError):
+        return str(exc)
+    if isinstance(exc, sqlalchemy.exc.DBAPIError):
+        code, message = _sqlstate(exc.orig)
+        connecting = isinstance(
+            exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError
+        ) or (code or "").startswith(_CONNECT_SQLSTATES)
+        if connecting:
+            hint = " (a local Postgres has no TLS: DB_SSLMODE=disable)" if "SSL" in message else ""
+            return f"the database refused the connection: {message}" + (
+                f" ({code})" if code else hint
+            )
+        if code == "42P01":  # undefined table: a database nobody migrated yet
+            return (
+                f"{message}: the database has no outbox schema yet "
+                "(run `outbox migrate`, or invoke MigrateFunction)"
+            )
+        return None
     with contextlib.suppress(ImportError):
         from botocore.exceptions import BotoCoreError
 
-        expected += (BotoCoreError,)
-    return isinstance(exc, expected)
+        if isinstance(exc, BotoCoreError):
+            return str(exc)
+    return None
 
 
-def error_document(exc: BaseException, with_stack: bool = True) -> dict[str, Any]:
-    """What Lambda returns for an unhandled exception."""
+def error_document(exc: BaseException, summary: str | None = None) -> dict[str, Any]:
+    """What Lambda returns for an unhandled exception; an expected failure
+    carries its one-line summary and no stack."""
     return {
-        "errorMessage": str(exc),
+        "errorMessage": summary or str(exc),
         "errorType": type(exc).__name__,
-        "stackTrace": traceback.format_tb(exc.__traceback__) if with_stack else [],
+        "stackTrace": [] if summary else traceback.format_tb(exc.__traceback__),
     }
 
 
@@ -667,14 +714,17 @@ def invoke(
             # The deadline starts with the call, as Lambda's does after the init.
             context = LambdaContext(spec.logical_id, spec.timeout_seconds, spec.memory_mb)
             started = time.monotonic()
-            with _logs_to_stderr():
+            with _logs_to_stderr(), warnings.catch_warnings():
+                # Powertools warns on every invocation that counted no metric; in
+                # a local run that is noise, not a problem with the function.
+                warnings.filterwarnings("ignore", "No application metrics to publish")
                 outcome.result = handler(payload, context)
     except InvokeError:
         raise
     except Exception as exc:
-        expected = expected_failure(exc)
-        outcome.error = error_document(exc, with_stack=not expected)
-        outcome.traceback = None if expected else traceback.format_exc()
+        outcome.summary = expected_failure(exc)
+        outcome.error = error_document(exc, outcome.summary)
+        outcome.traceback = None if outcome.summary else traceback.format_exc()
     outcome.duration_seconds = time.monotonic() - started
     outcome.timed_out = outcome.duration_seconds > spec.timeout_seconds
     return outcome
