@@ -219,3 +219,18 @@ def test_handlers_never_import_the_cli_or_dev_tools() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_long_invocation_says_it_is_still_running(project: Path) -> None:
+    from outbox import invoke as invoke_module
+
+    template = invoke_module.load_template(project / "template.yaml")
+    spec = invoke_module.function_spec(template, project, "SlowFunction", shell={})
+    said: list[str] = []
+    outcome = invoke_module.invoke(spec, {}, progress=said.append, progress_every=0.25)
+    assert outcome.timed_out  # it sleeps 1.2 s on a 1 s Timeout
+    assert len(said) >= 3
+    assert all(
+        line.startswith("SlowFunction still running: ") and line.endswith("s of its 1s Timeout")
+        for line in said
+    ), said

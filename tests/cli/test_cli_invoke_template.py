@@ -397,6 +397,7 @@ def test_parameter_overrides_then_shell_then_env_file_in_sams_order() -> None:
         ({"DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/db"}, "disable"),
         ({"DATABASE_URL": "postgresql://postgres@localhost/db"}, "disable"),
         ({"DATABASE_URL": "postgresql://postgres@[::1]:5432/db"}, "disable"),
+        ({"DATABASE_URL": "postgresql://postgres@/db?unix_sock=/tmp/.s.PGSQL.5432"}, "disable"),
         ({"DATABASE_URL": "postgresql://app@db.example.com/db"}, "verify-full"),
         ({}, "verify-full"),
         (
@@ -405,7 +406,7 @@ def test_parameter_overrides_then_shell_then_env_file_in_sams_order() -> None:
         ),
     ],
 )
-def test_tls_is_off_by_default_only_for_a_loopback_database_url(
+def test_tls_is_off_by_default_only_for_a_database_on_this_machine(
     shell: dict[str, str], sslmode: str
 ) -> None:
     assert spec("ReaperFunction", shell=shell).environment["DB_SSLMODE"] == sslmode

@@ -327,7 +327,8 @@ def _local_dir(base: Path, value: Any) -> Path | None:
     return None
 
 
-def _is_loopback_url(url: str | None) -> bool:
+def _is_local_url(url: str | None) -> bool:
+    """A database URL on this machine: a loopback host, or a unix socket (no host)."""
     if not url:
         return False
     from sqlalchemy.engine import make_url
@@ -338,7 +339,7 @@ def _is_loopback_url(url: str | None) -> bool:
     except ArgumentError:
         return False
     if host is None or host == "localhost":
-        return host == "localhost"
+        return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -430,9 +431,9 @@ def function_spec(
 
     # The template asks for verified TLS, as AWS needs; a Postgres on this
     # machine has none. Unless DB_SSLMODE was set on purpose (env file or
-    # shell), a loopback DATABASE_URL gets a plaintext connection.
+    # shell), a DATABASE_URL on loopback or a unix socket gets plaintext.
     database_url = environment.get("DATABASE_URL") or shell.get("DATABASE_URL")
-    if sources.get("DB_SSLMODE") == "template" and _is_loopback_url(database_url):
+    if sources.get("DB_SSLMODE") == "template" and _is_local_url(database_url):
         environment["DB_SSLMODE"], sources["DB_SSLMODE"] = "disable", "local-default"
 
     layer_dirs: list[Path] = []
