@@ -387,6 +387,7 @@ def test_parameter_overrides_then_shell_then_env_file_in_sams_order() -> None:
     assert (
         email.sources["MAX_ATTEMPTS"] == "env-vars" and email.sources["RETENTION_DAYS"] == "shell"
     )
+    assert email.ignored_env_sections == ["NotDeclaredAnywhere"]  # said, as a likely typo
     reaper = spec("ReaperFunction", env_vars, shell, overrides)
     assert reaper.environment["BATCH_SIZE"] == "10"  # EmailFunction's section is its own
 

@@ -669,6 +669,8 @@ def invoke_(
         fail(str(exc), 2)
     for name, reason in sorted(spec.unresolved.items()):
         click.echo(f"note: {name} left unset: {reason}", err=True)
+    for section in spec.ignored_env_sections:
+        click.echo(f"note: env vars file section {section!r} names no function: ignored", err=True)
     click.echo(invoke.banner(spec), err=True)
     try:
         outcome = invoke.invoke(spec, event, progress=lambda line: click.echo(line, err=True))

@@ -105,6 +105,8 @@ class FunctionSpec:
     # Where each variable's value came from: env-vars, shell, template or local-default.
     sources: dict[str, str] = field(default_factory=dict)
     function_name: str | None = None
+    # Sections of the env vars file that name no function of the template (a typo?).
+    ignored_env_sections: list[str] = field(default_factory=list)
 
     @property
     def skipped_variables(self) -> list[str]:
@@ -444,6 +446,8 @@ def function_spec(
             layer_dir = _local_dir(template_dir, content)
             if layer_dir is not None and layer_dir.is_dir():
                 layer_dirs.append(layer_dir)
+    names = {*known, *(p.get("FunctionName") for p in properties.values())}
+    ignored = sorted(k for k in env_vars if k != "Parameters" and k not in names)
     return FunctionSpec(
         logical_id,
         handler,
@@ -455,6 +459,7 @@ def function_spec(
         unresolved,
         sources,
         function_name,
+        ignored,
     )
 
 
