@@ -2,7 +2,8 @@
 
     outbox migrate | enqueue | status | list | show | redrive | cancel | prune
     outbox worker            the relay in one process (dispatcher, senders, reaper)
-    outbox invoke FN EVENT   run a function of template.yaml in process (no Docker)
+    outbox invoke FN EVENT   run a function of template.yaml in process (no Docker;
+                             --claim N for a live event)
 
 Every command takes ``--json``. A bad argument or an unknown id prints one
 line on stderr, exits non-zero and changes nothing.
