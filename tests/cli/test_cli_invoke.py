@@ -82,7 +82,13 @@ def test_probe_gets_handler_env_context_and_its_folder_first(project: Path) -> N
         "MAX_ATTEMPTS": "9",  # Parameters of --env-vars, over the template's !Ref
         "LEASE_SECONDS": "300",  # the shell, over the template's literal
     }
-    assert "PROBE_UNRESOLVED" in result.stderr  # an intrinsic nothing resolved: said, left unset
+    # What nothing resolves is said, and left unset: a parameter without a
+    # default, and a !GetAtt (it exists only in CloudFormation).
+    assert "note: PROBE_UNRESOLVED left unset: Fn::GetAtt has no local value" in result.stderr
+    assert (
+        "note: DATABASE_URL left unset: parameter DatabaseUrl has no default "
+        "(--parameter-overrides DatabaseUrl=...)" in result.stderr
+    )
     assert out["lambda_env"] == {
         "AWS_LAMBDA_FUNCTION_NAME": "ProbeFunction",
         "AWS_LAMBDA_FUNCTION_TIMEOUT": "7",
@@ -234,3 +240,28 @@ def test_a_long_invocation_says_it_is_still_running(project: Path) -> None:
         line.startswith("SlowFunction still running: ") and line.endswith("s of its 1s Timeout")
         for line in said
     ), said
+
+
+def test_each_invocation_starts_with_a_logger_free_of_earlier_keys(
+    project: Path, engine: sa.Engine, database_url: str
+) -> None:
+    """As in a fresh Lambda environment: the correlation id one invocation set
+    is not on the next function's log lines (here they share one logger)."""
+    from outbox import invoke as invoke_module
+    from outbox.observability import logger
+
+    (project / "env.json").write_text(json.dumps({"Parameters": {"DATABASE_URL": database_url}}))
+    reaper = invoke(
+        project,
+        "ReaperFunction",
+        "event.json",
+        "--env-vars",
+        "env.json",
+        event={"execution_id": "x-1"},
+    )
+    assert reaper.exit_code == 0, reaper.output
+    assert logger.get_current_keys().get("correlation_id") == "x-1"
+    template = invoke_module.load_template(project / "template.yaml")
+    probe = invoke_module.function_spec(template, project, "ProbeFunction", shell={})
+    assert invoke_module.invoke(probe, {}).error is None
+    assert "correlation_id" not in logger.get_current_keys()

@@ -7,7 +7,9 @@ Globals plugin, parameter defaults and ``--parameter-overrides`` by its
 ``SamParameterValues``, ``Ref``/``Fn::Sub`` by its intrinsics resolver. As in
 ``sam local``, a ``Ref`` to a resource is its logical id, the pseudo
 parameters have local values (account 123456789012, stack ``local``), and
-conditions are evaluated so that ``Fn::If`` picks its branch.
+conditions are evaluated so that ``Fn::If`` picks its branch; what is left is
+the condition and list functions (Fn::Equals/Not/And/Or, Fn::Join/Select/
+Split) over literal values, evaluated here.
 
 A variable of the function's environment takes its value from the
 ``--env-vars`` file (its ``Parameters``, then the function's own section),
@@ -203,6 +205,14 @@ class Resolver:
         region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         values.add_pseudo_parameter_values(boto3.session.Session(region_name=region or "us-east-1"))
         self.parameters: dict[str, Any] = values.parameter_values
+        for name, definition in declared.items():
+            # A list parameter's Ref is a list (its value is comma-separated).
+            kind = str((definition or {}).get("Type", ""))
+            value = self.parameters.get(name)
+            if (kind.startswith("List<") or kind == "CommaDelimitedList") and isinstance(
+                value, str
+            ):
+                self.parameters[name] = [item.strip() for item in value.split(",")]
         self.declared_parameters = set(declared)
         # `sam local` resolves a Ref to a resource as its logical id (how
         # `sam local start-lambda` names the functions it serves).
@@ -233,6 +243,10 @@ class Resolver:
                         return self._finish(arg[1] if chosen else arg[2])
                 if key == "Fn::Sub" and isinstance(arg, str) and "${" not in arg.replace("${!", ""):
                     return arg.replace("${!", "${")
+                if key in ("Fn::Join", "Fn::Select", "Fn::Split"):
+                    literal = _list_function(key, self._finish(arg))
+                    if literal is not None:
+                        return literal
             items = {k: self._finish(v) for k, v in value.items()}
             return {k: v for k, v in items.items() if v != NO_VALUE}
         if isinstance(value, list):
@@ -278,6 +292,24 @@ class Resolver:
             return f"parameter {missing[0]} has no default (--parameter-overrides {missing[0]}=...)"
         function = next(iter(value)) if isinstance(value, dict) and value else "intrinsic"
         return f"{function} has no local value"
+
+
+def _list_function(key: str, arg: Any) -> Any:
+    """Fn::Join, Fn::Select and Fn::Split over literal arguments; None otherwise."""
+    if not isinstance(arg, list) or len(arg) != 2:
+        return None
+    first, second = arg
+    if key == "Fn::Join" and isinstance(first, str) and isinstance(second, list):
+        parts = [_scalar(item) for item in second]
+        return None if None in parts else first.join(str(p) for p in parts)
+    if key == "Fn::Split" and isinstance(first, str) and first and isinstance(second, str):
+        return second.split(first)
+    if key == "Fn::Select" and isinstance(second, list):
+        try:
+            return second[int(first)]
+        except (TypeError, ValueError, IndexError):
+            return None
+    return None
 
 
 def _scalar(value: Any) -> str | None:
@@ -710,6 +742,12 @@ def invoke(
             "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
         }
     )
+    # A Lambda execution environment serves one function: its logger carries
+    # no keys (correlation id, execution id) from another function's call.
+    # Here the relay's logger is one object for every function invoked.
+    from .observability import logger as relay_logger
+
+    relay_logger.clear_state()
     started = time.monotonic()
     outcome = InvokeResult(phase="init")
     try:
