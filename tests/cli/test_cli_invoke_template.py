@@ -65,6 +65,11 @@ def newcomer(
     os.environ.clear()
     os.environ.update(saved_env)
     sys.path[:] = saved_path
+    # The invoked functions' engines (a Lambda keeps its own until it is recycled).
+    for name, module in list(sys.modules.items()):
+        engine = getattr(getattr(module, "runtime", None), "_engine", None)
+        if name.startswith("outbox_fn_") and engine is not None:
+            engine.dispose()
 
 
 def run(*args: str, stdin: str | None = None) -> Result:
@@ -420,3 +425,23 @@ def test_tls_is_off_by_default_only_for_a_database_on_this_machine(
     shell: dict[str, str], sslmode: str
 ) -> None:
     assert spec("ReaperFunction", shell=shell).environment["DB_SSLMODE"] == sslmode
+
+
+def test_the_shipped_env_file_names_only_what_the_template_declares() -> None:
+    """env.local.json stays in step with template.yaml: SAM ignores a variable
+    the function does not declare, so a stale one would do nothing, silently."""
+    env = json.loads((REPO / "env.local.json").read_text())
+    declared = {
+        name: set(spec(name).environment) | set(spec(name).unresolved)
+        for name in env
+        if name != "Parameters"
+    }
+    every_function = set().union(
+        *(
+            set(spec(f).environment) | set(spec(f).unresolved)
+            for f in invoke.function_names(template())
+        )
+    )
+    assert set(env["Parameters"]) <= every_function
+    for function, variables in declared.items():
+        assert set(env[function]) <= variables, function
