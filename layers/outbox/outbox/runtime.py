@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from . import dispatcher, reaper, sender
 from .config import DatabaseSettings, OutcomeEventSettings, RelaySettings
-from .errors import ValidationError
+from .errors import ConfigError, ValidationError
 from .handoff import Invoker, LambdaInvoker
 from .observability import logger
 
@@ -41,6 +41,21 @@ class Runtime:
         self._engine: sa.Engine | None = None
         self._invoker: Invoker | None = None
         self._events_client: Any = None
+
+    @classmethod
+    def for_dispatcher(cls, env: Mapping[str, str] | None = None) -> Runtime:
+        """The dispatcher's runtime. With no channel function map every row it
+        claims would fail as unroutable: it refuses to start instead, naming the
+        setting (the template always sets it; locally, `outbox worker` hands off
+        in process)."""
+        runtime = cls(env)
+        if not runtime.settings.channel_functions:
+            raise ConfigError(
+                "CHANNEL_FUNCTIONS",
+                "is empty, so the dispatcher has no function to hand any message to "
+                "(it maps each channel to its function; run `outbox worker` to send locally)",
+            )
+        return runtime
 
     @property
     def engine(self) -> sa.Engine:
