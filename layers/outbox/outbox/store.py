@@ -249,10 +249,20 @@ _CLAIM = """
     WHERE m.id = due.id AND m.status = 'pending'
     RETURNING m.id, m.channel, m.claim_token, m.attempts + 1 AS attempt
 """
-_CLAIM_ALL = _sql(_CLAIM.format(channel_filter=""))
-_CLAIM_CHANNELS = _sql(
-    _CLAIM.format(channel_filter="AND m.channel = ANY(CAST(:channels AS text[]))")
-)
+_ONLY_CHANNELS = "AND m.channel = ANY(CAST(:channels AS text[]))"
+# Channels the dispatcher is not to claim for this pass (at capacity, throttled).
+_SKIP_CHANNELS = "AND m.channel <> ALL(CAST(:skip_channels AS text[]))"
+_CLAIM_STATEMENTS = {
+    (only, skip): _sql(
+        _CLAIM.format(
+            channel_filter=" ".join(
+                f for f, on in ((_ONLY_CHANNELS, only), (_SKIP_CHANNELS, skip)) if on
+            )
+        )
+    )
+    for only in (False, True)
+    for skip in (False, True)
+}
 
 
 def claim(
@@ -260,16 +270,39 @@ def claim(
     batch_size: int,
     lease_seconds: float,
     channels: Sequence[str] | None = None,
+    skip_channels: Sequence[str] = (),
 ) -> list[Claim]:
-    """Claim up to ``batch_size`` due rows, highest priority first, for one lease."""
+    """Claim up to ``batch_size`` due rows, highest priority first, for one lease:
+    of ``channels`` only when given, and of no channel in ``skip_channels``."""
     params: dict[str, Any] = {"batch_size": batch_size, "lease_seconds": float(lease_seconds)}
-    statement = _CLAIM_ALL
     if channels is not None:
-        statement, params["channels"] = _CLAIM_CHANNELS, array_literal(channels)
+        params["channels"] = array_literal(channels)
+    if skip_channels:
+        params["skip_channels"] = array_literal(skip_channels)
+    statement = _CLAIM_STATEMENTS[(channels is not None, bool(skip_channels))]
     rows = conn.execute(statement, params).all()
     claims = [Claim(r.id, r.channel, r.claim_token, r.attempt) for r in rows]
     claims.sort(key=lambda c: c.id)
     return claims
+
+
+_CLAIMED_COUNTS = _sql(
+    """
+    SELECT channel, count(*) AS n FROM outbox_message
+    WHERE status = 'claimed' AND channel = ANY(CAST(:channels AS text[]))
+    GROUP BY channel
+    """
+)
+
+
+def claimed_counts(conn: sa.Connection, channels: Sequence[str]) -> dict[str, int]:
+    """{channel: rows claimed now} for the given channels (absent: none). The
+    claimed rows are few (bounded by the channels' budgets) and found through
+    the partial index of claimed rows."""
+    if not channels:
+        return {}
+    rows = conn.execute(_CLAIMED_COUNTS, {"channels": array_literal(channels)}).all()
+    return {r.channel: int(r.n) for r in rows}
 
 
 _RELEASE = _sql(
