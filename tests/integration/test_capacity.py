@@ -30,7 +30,7 @@ def enqueue(engine: sa.Engine, n: int, channel: str = "email") -> list[int]:
 
 def claimed(engine: sa.Engine, channel: str) -> int:
     with engine.connect() as conn:
-        return int(store.claimed_counts(conn, [channel]).get(channel, 0))
+        return store.channel_load(conn, [channel]).claimed.get(channel, 0)
 
 
 def collector() -> tuple[CallableInvoker, list[dict[str, Any]]]:
@@ -88,18 +88,46 @@ def test_the_budget_costs_one_small_statement_per_pass(engine: sa.Engine) -> Non
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         statements.append(statement)
 
+    def count_pass(relay: Any) -> int:
+        statements.clear()
+        dispatcher.dispatch_once(engine, invoker, relay)
+        return len(statements)
+
     invoker, _ = collector()
+    budgeted = settings(channel_concurrency={"email": 10})
     sa.event.listen(engine, "before_cursor_execute", record)
     try:
-        dispatcher.dispatch_once(engine, invoker, settings())
-        without = len(statements)
-        statements.clear()
-        dispatcher.dispatch_once(engine, invoker, settings(channel_concurrency={"email": 10}))
-        with_budget = len(statements)
+        # Nothing pending: the load statement replaces the claim.
+        assert (count_pass(settings()), count_pass(budgeted)) == (1, 1)
+        enqueue(engine, 3, "webhook")
+        assert count_pass(budgeted) == 2  # load, then claim
+        load = statements[0]
+        enqueue(engine, 3, "webhook")
+        assert count_pass(settings()) == 1
     finally:
         sa.event.remove(engine, "before_cursor_execute", record)
-    assert (without, with_budget) == (1, 2)
-    assert "status = 'claimed'" in statements[0] and "GROUP BY channel" in statements[0]
+    assert "status = 'claimed'" in load and "ORDER BY channel LIMIT 1" in load
+
+
+def test_the_channel_load_is_index_probes_whatever_the_backlog(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_message (channel, payload) "
+                "SELECT CASE WHEN g % 1000 = 0 THEN 'webhook' ELSE 'email' END, '{}' "
+                "FROM generate_series(1, 20000) AS g"
+            )
+        )
+        conn.execute(sa.text("ANALYZE outbox_message"))
+        load = store.channel_load(conn, ["email"])
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                sa.text("EXPLAIN " + str(store._CHANNEL_LOAD)), {"channels": "{email}"}
+            )
+        )
+    assert load == store.ChannelLoad(["email", "webhook"], {})
+    assert "outbox_message_due_by_channel" in plan and "Seq Scan" not in plan
 
 
 class ThrottlingEmail:

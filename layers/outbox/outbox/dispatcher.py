@@ -8,16 +8,19 @@ once: the claim's SKIP LOCKED compare-and-set keeps them apart.
 A channel with an in-flight budget (RelaySettings.in_flight_budgets) is never
 given more claimed rows than its function can start within the lease: a row
 claimed beyond that would only wait in Lambda's queue until it was dropped
-for age. Each pass counts the claimed rows per budgeted channel (one small
-statement over the claimed rows) and leaves out of its claim the channels
-without room for a whole batch, and those Lambda just throttled.
+for age. Each pass first counts the claimed rows per budgeted channel and
+lists the channels with pending rows (one small statement, served by the
+indexes of claimed rows and of pending rows by channel), then claims for the
+channels with room for a whole batch, leaving out the others and those Lambda
+just throttled. Dispatchers running at once each see the same room, so with N
+of them a channel may go over its budget by up to N - 1 batches.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -60,46 +63,48 @@ class DispatchReport:
 
 @dataclass(frozen=True)
 class ClaimPlan:
-    """What one pass claims: how many rows, and which channels it leaves out."""
+    """What one pass claims: how many rows, and of which channels (None: all)."""
 
     batch_size: int
-    skip_channels: tuple[str, ...]
+    channels: Sequence[str] | None
 
 
 def plan_claim(
     conn: sa.Connection,
     settings: RelaySettings,
     channels: Sequence[str] | None,
-    cooling: Sequence[str] = (),
+    cooling: Collection[str] = (),
 ) -> ClaimPlan | None:
     """The claim of one pass under the channels' in-flight budgets; None when
-    every channel in scope is full or cooling (nothing to claim).
+    there is nothing this pass may claim.
 
     A budgeted channel takes part only with room for a whole quantum of rows
     (the batch size, or the smallest budget in scope when that is smaller),
     and the claim asks for no more than the least room among the channels
-    that take part: so no channel ever goes over its budget, and a channel
-    with little room left sits the pass out instead of shrinking everyone's
-    batch (a full channel drops out of the claim until its senders settle,
-    and the others are claimed meanwhile)."""
+    taking part: so no channel ever goes over its budget, and a channel with
+    little room left sits the pass out rather than shrinking everyone's
+    batch. When a channel sits out (or rests after a throttle), the claim
+    names the channels that have pending rows and may take them, so that a
+    full channel's backlog neither holds up the others nor has to be walked
+    past (the per-channel index of migration 0008 serves both)."""
     budgets = settings.in_flight_budgets()
-    in_scope = [c for c in budgets if channels is None or c in channels]
-    skip = set(cooling)
-    open_channels = [c for c in in_scope if c not in skip]
-    if not open_channels:
-        return _plan(settings.batch_size, skip, channels)
-    claimed = store.claimed_counts(conn, open_channels)
-    room = {c: budgets[c] - claimed.get(c, 0) for c in open_channels}
-    quantum = min(settings.batch_size, *(budgets[c] for c in open_channels))
-    skip.update(c for c in open_channels if room[c] < quantum)
-    rooms_taking_part = [room[c] for c in open_channels if c not in skip]
-    return _plan(min([settings.batch_size, *rooms_taking_part]), skip, channels)
-
-
-def _plan(batch: int, skip: set[str], channels: Sequence[str] | None) -> ClaimPlan | None:
-    if channels is not None and all(c in skip for c in channels):
+    budgeted = [c for c in budgets if channels is None or c in channels]
+    if not budgeted and not cooling:
+        return ClaimPlan(settings.batch_size, channels)
+    load = store.channel_load(conn, budgeted)
+    taking_part = [c for c in budgeted if c not in cooling]
+    room = {c: budgets[c] - load.claimed.get(c, 0) for c in taking_part}
+    quantum = min([settings.batch_size, *(budgets[c] for c in taking_part)])
+    left_out = set(cooling) | {c for c in taking_part if room[c] < quantum}
+    batch = min([settings.batch_size, *(room[c] for c in taking_part if c not in left_out)])
+    wanted = [
+        c
+        for c in load.pending_channels
+        if c not in left_out and (channels is None or c in channels)
+    ]
+    if not wanted:  # nothing pending, or only for channels sitting out
         return None
-    return ClaimPlan(batch, tuple(sorted(skip)))
+    return ClaimPlan(batch, channels if not left_out else wanted)
 
 
 def backoff_of(settings: RelaySettings) -> store.Backoff:
@@ -128,9 +133,7 @@ def dispatch_once(
         plan = plan_claim(conn, settings, channels, list(cooling))
         if plan is None:
             return report
-        claims = store.claim(
-            conn, plan.batch_size, settings.lease_seconds, channels, plan.skip_channels
-        )
+        claims = store.claim(conn, plan.batch_size, settings.lease_seconds, plan.channels)
     report.claimed = len(claims)
     report.full = len(claims) >= plan.batch_size
     if not claims:

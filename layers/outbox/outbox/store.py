@@ -249,20 +249,10 @@ _CLAIM = """
     WHERE m.id = due.id AND m.status = 'pending'
     RETURNING m.id, m.channel, m.claim_token, m.attempts + 1 AS attempt
 """
-_ONLY_CHANNELS = "AND m.channel = ANY(CAST(:channels AS text[]))"
-# Channels the dispatcher is not to claim for this pass (at capacity, throttled).
-_SKIP_CHANNELS = "AND m.channel <> ALL(CAST(:skip_channels AS text[]))"
-_CLAIM_STATEMENTS = {
-    (only, skip): _sql(
-        _CLAIM.format(
-            channel_filter=" ".join(
-                f for f, on in ((_ONLY_CHANNELS, only), (_SKIP_CHANNELS, skip)) if on
-            )
-        )
-    )
-    for only in (False, True)
-    for skip in (False, True)
-}
+_CLAIM_ALL = _sql(_CLAIM.format(channel_filter=""))
+_CLAIM_CHANNELS = _sql(
+    _CLAIM.format(channel_filter="AND m.channel = ANY(CAST(:channels AS text[]))")
+)
 
 
 def claim(
@@ -270,39 +260,55 @@ def claim(
     batch_size: int,
     lease_seconds: float,
     channels: Sequence[str] | None = None,
-    skip_channels: Sequence[str] = (),
 ) -> list[Claim]:
-    """Claim up to ``batch_size`` due rows, highest priority first, for one lease:
-    of ``channels`` only when given, and of no channel in ``skip_channels``."""
+    """Claim up to ``batch_size`` due rows, highest priority first, for one lease."""
     params: dict[str, Any] = {"batch_size": batch_size, "lease_seconds": float(lease_seconds)}
+    statement = _CLAIM_ALL
     if channels is not None:
-        params["channels"] = array_literal(channels)
-    if skip_channels:
-        params["skip_channels"] = array_literal(skip_channels)
-    statement = _CLAIM_STATEMENTS[(channels is not None, bool(skip_channels))]
+        statement, params["channels"] = _CLAIM_CHANNELS, array_literal(channels)
     rows = conn.execute(statement, params).all()
     claims = [Claim(r.id, r.channel, r.claim_token, r.attempt) for r in rows]
     claims.sort(key=lambda c: c.id)
     return claims
 
 
-_CLAIMED_COUNTS = _sql(
+@dataclass(frozen=True)
+class ChannelLoad:
+    """Which channels have pending rows, and how many rows some have claimed."""
+
+    pending_channels: list[str]
+    claimed: dict[str, int]
+
+
+_CHANNEL_LOAD = _sql(
     """
-    SELECT channel, count(*) AS n FROM outbox_message
+    WITH RECURSIVE pending AS (
+        -- A skip scan of the per-channel index: one probe per channel name.
+        (SELECT channel FROM outbox_message WHERE status = 'pending' ORDER BY channel LIMIT 1)
+        UNION ALL
+        SELECT (SELECT m.channel FROM outbox_message AS m
+                WHERE m.status = 'pending' AND m.channel > p.channel
+                ORDER BY m.channel LIMIT 1)
+        FROM pending AS p WHERE p.channel IS NOT NULL
+    )
+    SELECT channel, NULL::bigint AS claimed FROM pending WHERE channel IS NOT NULL
+    UNION ALL
+    -- The claimed rows are few (bounded by the budgets): the lease index finds them.
+    SELECT channel, count(*) FROM outbox_message
     WHERE status = 'claimed' AND channel = ANY(CAST(:channels AS text[]))
     GROUP BY channel
     """
 )
 
 
-def claimed_counts(conn: sa.Connection, channels: Sequence[str]) -> dict[str, int]:
-    """{channel: rows claimed now} for the given channels (absent: none). The
-    claimed rows are few (bounded by the channels' budgets) and found through
-    the partial index of claimed rows."""
-    if not channels:
-        return {}
-    rows = conn.execute(_CLAIMED_COUNTS, {"channels": array_literal(channels)}).all()
-    return {r.channel: int(r.n) for r in rows}
+def channel_load(conn: sa.Connection, channels: Sequence[str]) -> ChannelLoad:
+    """The channels that have pending rows (due or not), and the rows claimed
+    now for each of ``channels`` (absent: none), in one statement."""
+    rows = conn.execute(_CHANNEL_LOAD, {"channels": array_literal(channels)}).all()
+    return ChannelLoad(
+        pending_channels=[r.channel for r in rows if r.claimed is None],
+        claimed={r.channel: int(r.claimed) for r in rows if r.claimed is not None},
+    )
 
 
 _RELEASE = _sql(
