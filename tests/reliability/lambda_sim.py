@@ -539,13 +539,26 @@ def check(engine: sa.Engine, sim: LambdaSim, ids: list[int], started: float) -> 
                 {"lo": min(ids), "hi": max(ids)},
             ).all()
         )
+        # Calls the sender gave up at their deadline (counted as a retry) that
+        # the provider still completed: the README's third duplicate case.
+        abandoned = {
+            (r.message_id, r.attempt)
+            for r in conn.execute(
+                sa.text(
+                    "SELECT message_id, attempt FROM outbox_attempt "
+                    "WHERE error = :error AND message_id BETWEEN :lo AND :hi"
+                ),
+                {"error": sender.DEADLINE_EXCEEDED, "lo": min(ids), "hi": max(ids)},
+            )
+        }
     by_id = {r.id: r for r in rows}
     sends = sim.provider.sends
     per_attempt = Counter((s.message_id, s.attempt) for s in sends)
     sent_ids = Counter(s.message_id for s in sends)
-    unsettled = sim.record.unsettled
+    unsettled = sim.record.unsettled | abandoned
     # A send is explained when its attempt was settled delivered, or its
-    # invocation died (or lost its lease) after the receipt.
+    # invocation died (or lost its lease) after the receipt, or the sender
+    # gave the call up at its deadline.
     unexplained = sorted(
         key
         for key in per_attempt
