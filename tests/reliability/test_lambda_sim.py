@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -185,3 +186,46 @@ def test_a_provider_outage_of_ten_simulated_minutes_ends_no_message_dead(
     assert report.refused_by_outage > 0
     assert report.first_send_after_seconds is not None
     assert report.first_send_after_seconds >= outage
+
+
+def test_a_sender_that_crashes_at_init_surfaces_and_does_not_loop_forever(
+    sim_engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broken deploy: every invocation of the channel function fails at init,
+    so no sender ever takes a receipt. No attempt is counted (capacity is not
+    the message's fault), so nothing goes dead for it; it surfaces as the
+    function's failed events (its on-failure destination, alarmed) and as the
+    reaper's LeaseExpiredNotStarted metric (alarmed), and the deliver-by time
+    ends the rows `expired` instead of letting them go round forever."""
+    from outbox import reaper
+
+    counted: Counter[str] = Counter()
+    real_count = reaper.count
+
+    def spy(name: str, value: float = 1) -> None:
+        counted[name] += int(value)
+        real_count(name, value)
+
+    monkeypatch.setattr(reaper, "count", spy)
+    report = lambda_sim.run(
+        sim_engine,
+        lambda_sim.sim_settings(default_ttl_seconds=6),
+        Faults(init_crash=True),
+        messages=40,
+        concurrency=2,
+        timeout_seconds=60,
+    )
+    show(report)
+    assert not report.violations, report.violations
+    assert report.statuses == {"expired": 40}
+    assert report.attempt_counts == {0: 40}  # no attempt for a row never started
+    assert report.sends == 0
+    assert report.record.function_errors  # each crashed event: on-failure destination
+    assert counted["LeaseExpiredNotStarted"] >= 40
+    with sim_engine.connect() as conn:
+        outcomes = dict(
+            conn.execute(  # type: ignore[arg-type]
+                sa.text("SELECT outcome, count(*) FROM outbox_attempt GROUP BY outcome")
+            ).all()
+        )
+    assert outcomes.get("expired") == 40 and set(outcomes) <= {"expired", "not_started"}

@@ -108,8 +108,14 @@ def plan_claim(
 
 
 def backoff_of(settings: RelaySettings) -> store.Backoff:
+    """The retry policy the settings describe."""
     return store.Backoff(
-        settings.backoff_base_seconds, settings.backoff_cap_seconds, settings.max_attempts
+        settings.backoff_base_seconds,
+        settings.backoff_cap_seconds,
+        settings.max_attempts,
+        max_deferrals=settings.max_deferrals,
+        min_deferral_seconds=settings.min_deferral_seconds,
+        default_ttl_seconds=settings.default_ttl_seconds or None,
     )
 
 
@@ -133,7 +139,13 @@ def dispatch_once(
         plan = plan_claim(conn, settings, channels, list(cooling))
         if plan is None:
             return report
-        claims = store.claim(conn, plan.batch_size, settings.lease_seconds, plan.channels)
+        claims = store.claim(
+            conn,
+            plan.batch_size,
+            settings.lease_seconds,
+            plan.channels,
+            default_ttl_seconds=settings.default_ttl_seconds or None,
+        )
     report.claimed = len(claims)
     report.full = len(claims) >= plan.batch_size
     if not claims:
@@ -152,7 +164,7 @@ def dispatch_once(
                         c.id,
                         c.claim_token,
                         "failed",
-                        error=f"no function is configured for channel {c.channel!r}",
+                        error=unroutable_reason(invoker, c.channel),
                     )
                     for c in unroutable
                 ],
@@ -194,6 +206,14 @@ def dispatch_once(
             report.throttled = len(released)
         count(metric, len(released))
     return report
+
+
+def unroutable_reason(invoker: Invoker, channel: str) -> str:
+    """What is missing for ``channel``, in the invoker's words when it has them."""
+    explain = getattr(invoker, "missing_route", None)
+    if callable(explain):
+        return str(explain(channel))
+    return f"no function is configured for channel {channel!r}"
 
 
 def _hand_off_all(invoker: Invoker, handoffs: list[HandOff]) -> tuple[list[HandOff], list[HandOff]]:
