@@ -510,9 +510,71 @@ def test_globals_set_every_setting_the_code_reads(template: dict[str, Any]) -> N
     read = set(re.findall(r"env(?:\.get\(|, )\"([A-Z][A-Z0-9_]+)\"", source))
     assert {"LEASE_SECONDS", "DB_SSLMODE"} <= read  # the scan itself works
     local_only = {"DATABASE_URL", "DB_CONNECT_TIMEOUT", "SETTLE_MARGIN_SECONDS"}
-    local_only.add("CHANNEL_FUNCTIONS")  # the dispatcher's own, not a global
+    # the dispatcher's own, not globals
+    local_only |= {"CHANNEL_FUNCTIONS", "CHANNEL_CONCURRENCY", "CHANNEL_MAX_IN_FLIGHT"}
     globals_env = set(template["Globals"]["Function"]["Environment"]["Variables"])
     assert read - local_only - globals_env == set()
+
+
+def capacity_violations(template: dict[str, Any]) -> list[str]:
+    """The dispatcher's CHANNEL_CONCURRENCY names, for every channel it routes,
+    the parameter that sets that channel function's reserved concurrency."""
+    found = []
+    dispatcher = next(p for p in functions(template).values() if folder_of(p) == "dispatcher")
+    variables = dispatcher["Environment"]["Variables"]
+    raw = variables["CHANNEL_CONCURRENCY"]["Fn::Sub"]
+    concurrency = json.loads(re.sub(r"\$\{([A-Za-z0-9]+)\}", r'"\1"', raw))
+    for channel, function in sorted(_channel_map(template).items()):
+        reserved = functions(template).get(function, {}).get("ReservedConcurrentExecutions")
+        if not isinstance(reserved, dict) or concurrency.get(channel) != reserved.get("Ref"):
+            found.append(
+                f"CHANNEL_CONCURRENCY[{channel!r}] is not {function}'s reserved concurrency"
+            )
+    for channel in sorted(set(concurrency) - set(_channel_map(template))):
+        found.append(f"CHANNEL_CONCURRENCY names {channel!r}, which the dispatcher does not route")
+    if variables.get("CHANNEL_MAX_IN_FLIGHT") != {"Ref": "ChannelMaxInFlight"}:
+        found.append("CHANNEL_MAX_IN_FLIGHT is not the ChannelMaxInFlight parameter")
+    return found
+
+
+def test_the_dispatchers_budgets_follow_each_channels_reserved_concurrency(
+    template: dict[str, Any],
+) -> None:
+    from outbox.config import RelaySettings
+
+    assert capacity_violations(template) == []
+    # The defaults give the budgets the README states.
+    params = {name: str(p.get("Default")) for name, p in template["Parameters"].items()}
+    dispatcher = next(p for p in functions(template).values() if folder_of(p) == "dispatcher")
+    raw = dispatcher["Environment"]["Variables"]["CHANNEL_CONCURRENCY"]["Fn::Sub"]
+    env = {
+        key: str(default(template, value))
+        for _, key, value in environment(template)
+        if isinstance(default(template, value), int | float | str)
+    }
+    env["CHANNEL_CONCURRENCY"] = re.sub(r"\$\{([A-Za-z0-9]+)\}", lambda m: params[m[1]], raw)
+    budgets = RelaySettings.from_env(env).in_flight_budgets()
+    assert budgets == {
+        "email": 600,
+        "sms": 300,
+        "push": 300,
+        "webhook": 600,
+        "eventbridge": 300,
+        "sqs": 300,
+    }
+
+    bad = copy.deepcopy(template)
+    bad_dispatcher = bad["Resources"]["DispatcherFunction"]["Properties"]
+    bad_dispatcher["Environment"]["Variables"]["CHANNEL_CONCURRENCY"]["Fn::Sub"] = raw.replace(
+        "${SmsConcurrency}", "${PushConcurrency}"
+    ).replace('"sqs"', '"fax"')
+    del bad_dispatcher["Environment"]["Variables"]["CHANNEL_MAX_IN_FLIGHT"]
+    assert capacity_violations(bad) == [
+        "CHANNEL_CONCURRENCY['sms'] is not SmsFunction's reserved concurrency",
+        "CHANNEL_CONCURRENCY['sqs'] is not SqsFunction's reserved concurrency",
+        "CHANNEL_CONCURRENCY names 'fax', which the dispatcher does not route",
+        "CHANNEL_MAX_IN_FLIGHT is not the ChannelMaxInFlight parameter",
+    ]
 
 
 def test_the_layer_is_built_for_the_runtime_without_boto(template: dict[str, Any]) -> None:

@@ -373,6 +373,45 @@ def claim(
     return claims
 
 
+@dataclass(frozen=True)
+class ChannelLoad:
+    """Which channels have pending rows, and how many rows some have claimed."""
+
+    pending_channels: list[str]
+    claimed: dict[str, int]
+
+
+_CHANNEL_LOAD = _sql(
+    """
+    WITH RECURSIVE pending AS (
+        -- A skip scan of the per-channel index: one probe per channel name.
+        (SELECT channel FROM outbox_message WHERE status = 'pending' ORDER BY channel LIMIT 1)
+        UNION ALL
+        SELECT (SELECT m.channel FROM outbox_message AS m
+                WHERE m.status = 'pending' AND m.channel > p.channel
+                ORDER BY m.channel LIMIT 1)
+        FROM pending AS p WHERE p.channel IS NOT NULL
+    )
+    SELECT channel, NULL::bigint AS claimed FROM pending WHERE channel IS NOT NULL
+    UNION ALL
+    -- The claimed rows are few (bounded by the budgets): the lease index finds them.
+    SELECT channel, count(*) FROM outbox_message
+    WHERE status = 'claimed' AND channel = ANY(CAST(:channels AS text[]))
+    GROUP BY channel
+    """
+)
+
+
+def channel_load(conn: sa.Connection, channels: Sequence[str]) -> ChannelLoad:
+    """The channels that have pending rows (due or not), and the rows claimed
+    now for each of ``channels`` (absent: none), in one statement."""
+    rows = conn.execute(_CHANNEL_LOAD, {"channels": array_literal(channels)}).all()
+    return ChannelLoad(
+        pending_channels=[r.channel for r in rows if r.claimed is None],
+        claimed={r.channel: int(r.claimed) for r in rows if r.claimed is not None},
+    )
+
+
 _RELEASE = _sql(
     """
     UPDATE outbox_message AS m
