@@ -12,13 +12,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import coldstart, common, enqueue, growth, latency, peer, providers, throughput, wal
+from . import (
+    coldstart,
+    common,
+    drain,
+    enqueue,
+    growth,
+    latency,
+    peer,
+    providers,
+    throughput,
+    wal,
+)
 
 SECTIONS = (
     "throughput",
     "receipt",
     "wal",
     "providers",
+    "drain",
     "growth",
     "latency",
     "enqueue",
@@ -74,6 +86,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="milliseconds per provider call, e.g. 20,100",
     )
     p.add_argument("--provider-rows", type=int, default=2_000, help="rows per provider cell")
+    p.add_argument(
+        "--drain-rows", type=int, default=100_000, help="backlog drained through the simulator"
+    )
     p.add_argument("--growth-pending", type=int, default=10_000)
     p.add_argument("--growth-settled", type=int, default=1_000_000)
     p.add_argument("--growth-busy", type=int, default=200_000, help="rows of a busy day's churn")
@@ -104,6 +119,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.coldstart_repeats = 1
         args.wal_rows = min(args.wal_rows, 300)
         args.provider_rows = min(args.provider_rows, 200)
+        args.drain_rows = min(args.drain_rows, 300)
         args.repeat = 1
     return args
 
@@ -135,6 +151,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             cells += wal.run(args.wal_rows)
         if "providers" in args.only:
             cells += _providers(dbs, args)
+        if "drain" in args.only:
+            with dbs.fresh("drain") as url:
+                log(f"drain: {args.drain_rows} rows through the Lambda simulator ...")
+                cells.append({"name": "drain", **drain.run(url, args.drain_rows, 50)})
         if "receipt" in args.only:
             cells += _receipt(dbs, args)
         if "growth" in args.only:
@@ -389,6 +409,14 @@ def table(cells: list[dict[str, Any]]) -> str:
                 f"sender instance, bound {c['bound_rows_per_s']:.0f} "
                 f"(send_concurrency {c['send_concurrency']} / latency): "
                 f"{c['of_bound']:.2f} of the bound"
+            )
+        elif name == "drain":
+            lines.append(
+                f"{'drain':<12} {c['rows']} rows, reserved concurrency "
+                f"{c['reserved_concurrency']}, {c['latency_ms']} ms provider: {c['seconds']:.1f} s "
+                f"(ideal {c['ideal_seconds']:.1f} s, {c['of_bound']:.2f} of the bound), "
+                f"{c['dropped_for_age']} events dropped for age, "
+                f"{c['other_attempt_rows']} attempts not delivered"
             )
         elif name == "receipt":
             lines.append(

@@ -63,6 +63,9 @@ def test_quick_run_writes_well_formed_cells(
         assert cell["rows"] > 0 and cell["wal_bytes_per_message"] > 0
     # The raw baseline claims and settles: two statements per batch of 100.
     assert wal["baseline"]["statements_per_message"] == pytest.approx(0.02, abs=0.005)
+    (drained,) = by_name["drain"]
+    assert drained["delivered"] == drained["rows"] and drained["dropped_for_age"] == 0
+    assert drained["violations"] == []
     (provider,) = by_name["provider"]
     assert provider["delivered"] == provider["rows"] and 0 < provider["of_bound"] <= 1.05
 
