@@ -84,7 +84,7 @@ def test_reaper_racing_a_settle_never_leaves_a_row_both_delivered_and_pending(
     seen: set[str] = set()
     for _ in range(10):
         with engine.begin() as conn:
-            conn.execute(sa.text("TRUNCATE outbox_attempt, outbox_message"))
+            conn.execute(sa.text("TRUNCATE outbox_attempt, outbox_message, outbox_dedupe"))
         ids = enqueue(engine, 30)
         # Each provider call takes about as long as the lease has left.
         install_channel(FakeEmail(name="email", answers=[random.uniform(0.1, 0.3) for _ in ids]))

@@ -55,7 +55,9 @@ class OutboxModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         with self.engine.begin() as conn:
-            conn.execute(sa.text("TRUNCATE outbox_attempt, outbox_message RESTART IDENTITY"))
+            conn.execute(
+                sa.text("TRUNCATE outbox_attempt, outbox_message, outbox_dedupe RESTART IDENTITY")
+            )
         self.rows: dict[int, Row] = {}
         self.tokens: list[tuple[int, uuid.UUID]] = []  # every claim ever issued
         self.clock = itertools.count(1)

@@ -19,9 +19,11 @@ import re
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
+
+from .errors import DedupeConflict, OutboxError
 
 TERMINAL_STATUSES = ("delivered", "failed", "dead", "suppressed", "cancelled")
 SEND_OUTCOMES = ("delivered", "retry", "failed", "suppressed", "deferred")
@@ -148,41 +150,118 @@ def array_literal(values: Iterable[Any]) -> str:
 
 # --- enqueue ---------------------------------------------------------------
 
+# Dedupe is scoped to (channel, dedupe_key, recipient): a key names an event,
+# and one event fans out to many recipients. The keys live in outbox_dedupe
+# for the dedupe window, apart from the messages (which may be pruned sooner).
+# The recipient fingerprints and payload digests are computed in the database
+# (functions of migration 0006), so a producer in any language gets the same.
 _INSERT = _sql(
     """
-    INSERT INTO outbox_message
-        (channel, payload, dedupe_key, ordering_key, priority, available_at, max_attempts)
-    SELECT channel, payload, dedupe_key, ordering_key, priority,
-           now() + make_interval(secs => delay_s), max_attempts
-    FROM ROWS FROM (
-        unnest(CAST(:channels AS text[])),
-        -- the payloads travel as one JSON array: no per-element escaping
-        jsonb_array_elements(CAST(:payloads AS jsonb)),
-        unnest(CAST(:dedupe_keys AS text[])), unnest(CAST(:ordering_keys AS text[])),
-        unnest(CAST(:priorities AS int[])), unnest(CAST(:delays AS float8[])),
-        unnest(CAST(:max_attempts AS int[]))
-    ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
-                           delay_s, max_attempts, ord)
-    ORDER BY ord
-    ON CONFLICT (channel, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-    RETURNING id, channel, dedupe_key
+    WITH input AS (
+        SELECT i.*,
+               -- ids are drawn first so that a key's entry can name its message
+               nextval('outbox_message_id_seq') AS new_id,
+               CASE WHEN i.dedupe_key IS NOT NULL
+                    THEN outbox_recipient_fingerprint(i.channel, i.payload) END AS fingerprint,
+               CASE WHEN i.dedupe_key IS NOT NULL
+                    THEN outbox_payload_digest(i.payload) END AS digest
+        FROM ROWS FROM (
+            unnest(CAST(:channels AS text[])),
+            -- the payloads travel as one JSON array: no per-element escaping
+            jsonb_array_elements(CAST(:payloads AS jsonb)),
+            unnest(CAST(:dedupe_keys AS text[])), unnest(CAST(:ordering_keys AS text[])),
+            unnest(CAST(:priorities AS int[])), unnest(CAST(:delays AS float8[])),
+            unnest(CAST(:max_attempts AS int[]))
+        ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
+                               delay_s, max_attempts, ord)
+        ORDER BY i.ord
+    ),
+    keyed AS (  -- the first of each (channel, key, recipient) in the list stands for it
+        SELECT DISTINCT ON (channel, dedupe_key, fingerprint)
+               ord, new_id, channel, dedupe_key, fingerprint, digest
+        FROM input WHERE dedupe_key IS NOT NULL
+        ORDER BY channel, dedupe_key, fingerprint, ord
+    ),
+    held AS (  -- keys already taken when this statement began
+        SELECT k.ord, d.message_id, d.payload_digest
+        FROM keyed AS k JOIN outbox_dedupe AS d
+          ON d.channel = k.channel AND d.dedupe_key = k.dedupe_key
+         AND d.recipient_fingerprint = k.fingerprint
+    ),
+    conflicts AS (  -- a payload other than the one its key was first given
+        SELECT i.ord FROM input AS i
+        JOIN keyed AS k ON k.channel = i.channel AND k.dedupe_key = i.dedupe_key
+                       AND k.fingerprint = i.fingerprint
+        LEFT JOIN held AS h ON h.ord = k.ord
+        WHERE i.digest <> COALESCE(h.payload_digest, k.digest)
+    ),
+    taken AS (  -- nothing at all is written when any message conflicts
+        INSERT INTO outbox_dedupe
+            (channel, dedupe_key, recipient_fingerprint, payload_digest, message_id)
+        SELECT k.channel, k.dedupe_key, k.fingerprint, k.digest, k.new_id FROM keyed AS k
+        WHERE NOT EXISTS (SELECT 1 FROM conflicts)
+          AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.ord = k.ord)
+        ORDER BY k.ord
+        ON CONFLICT DO NOTHING  -- taken meanwhile by a transaction that committed since
+        RETURNING message_id
+    ),
+    inserted AS (
+        INSERT INTO outbox_message (id, channel, payload, dedupe_key, ordering_key, priority,
+                                    available_at, max_attempts, recipient_fingerprints)
+        OVERRIDING SYSTEM VALUE
+        SELECT new_id, channel, payload, dedupe_key, ordering_key, priority,
+               now() + make_interval(secs => delay_s), max_attempts,
+               outbox_recipient_fingerprints(channel, payload)
+        FROM input
+        WHERE NOT EXISTS (SELECT 1 FROM conflicts)
+          AND (dedupe_key IS NULL OR new_id IN (SELECT message_id FROM taken))
+        ORDER BY ord
+    )
+    SELECT i.ord,
+           i.ord IN (SELECT ord FROM conflicts) AS conflict,
+           CASE WHEN i.dedupe_key IS NULL THEN i.new_id
+                WHEN k.new_id IN (SELECT message_id FROM taken) THEN k.new_id
+                ELSE h.message_id END AS id,  -- NULL: taken since the snapshot
+           i.dedupe_key IS NULL OR i.new_id IN (SELECT message_id FROM taken) AS created,
+           k.ord AS first_ord, h.message_id AS held_id
+    FROM input AS i
+    LEFT JOIN keyed AS k ON k.channel = i.channel AND k.dedupe_key = i.dedupe_key
+                        AND k.fingerprint = i.fingerprint
+    LEFT JOIN held AS h ON h.ord = k.ord
+    ORDER BY i.ord
     """
 )
 
-_EXISTING_BY_DEDUPE = sa.text(
+# Takes back what one _INSERT wrote, inside the caller's transaction.
+_UNDO_INSERT = _sql(
     """
-    SELECT m.id, m.channel, m.dedupe_key FROM outbox_message m
-    JOIN unnest(CAST(:channels AS text[]), CAST(:dedupe_keys AS text[])) AS k(channel, dedupe_key)
-      ON m.channel = k.channel AND m.dedupe_key = k.dedupe_key
+    WITH keys AS (
+        DELETE FROM outbox_dedupe WHERE message_id = ANY(CAST(:ids AS bigint[]))
+    )
+    DELETE FROM outbox_message WHERE id = ANY(CAST(:ids AS bigint[]))
     """
 )
+# A key taken by a transaction that committed after our statement's snapshot
+# leaves its message without an id; the statement is then taken back and run
+# again, and the fresh snapshot sees the key. Only a key pruned in between
+# needs another round.
+_INSERT_ROUNDS = 3
 
 
-def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list[int]:
+class Enqueued(NamedTuple):
+    """The id of an enqueued message, and whether this call created it (False:
+    a replay of its (channel, dedupe_key, recipient) returned the existing one)."""
+
+    id: int
+    created: bool
+
+
+def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list[Enqueued]:
     """Insert validated messages in one statement; returns their ids in order.
 
-    A (channel, dedupe_key) that already exists, or repeats within the list,
-    yields the existing id instead of a second row.
+    A (channel, dedupe_key, recipient) that already exists, or repeats within
+    the list, with the same payload yields the existing id; with another
+    payload, DedupeConflict is raised and nothing is written.
     """
     if not messages:
         return []
@@ -196,35 +275,23 @@ def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list
         "delays": [float(m.delay_seconds) for m in messages],
         "max_attempts": [m.max_attempts for m in messages],
     }
-    # Identity values are drawn in the order the SELECT produces rows (ORDER BY
-    # ord), so the ids sorted ascending are the inserted messages in input order.
-    rows = sorted(conn.execute(_INSERT, params).all(), key=lambda r: r.id)
-    if len(rows) == len(messages):  # the common case: no dedupe key collided
-        return [row.id for row in rows]
-    # Some keys collided: pair up what was inserted and look the rest up by
-    # their dedupe key. The look-up is
-    # a separate statement so that it sees a row another transaction committed
-    # while our INSERT waited on its unique-index entry.
-    by_key = {(r.channel, r.dedupe_key): r.id for r in rows if r.dedupe_key is not None}
-    plain_ids = iter(r.id for r in rows if r.dedupe_key is None)
-    missing = [
-        (m.channel, m.dedupe_key)
-        for m in messages
-        if m.dedupe_key is not None and (m.channel, m.dedupe_key) not in by_key
-    ]
-    if missing:
-        found = conn.execute(
-            _EXISTING_BY_DEDUPE,
-            {
-                "channels": array_literal([c for c, _ in missing]),
-                "dedupe_keys": array_literal([k for _, k in missing]),
-            },
-        ).all()
-        by_key.update({(r.channel, r.dedupe_key): r.id for r in found})
-    return [
-        next(plain_ids) if m.dedupe_key is None else by_key[(m.channel, m.dedupe_key)]
-        for m in messages
-    ]
+    for _ in range(_INSERT_ROUNDS):
+        rows = conn.execute(_INSERT, params).all()
+        conflict = next((r for r in rows if r.conflict), None)
+        if conflict is not None:
+            index = conflict.ord - 1
+            message = messages[index]
+            raise DedupeConflict(
+                message.channel,
+                str(message.dedupe_key),
+                index=index,
+                existing_id=conflict.held_id,
+                first_index=None if conflict.held_id is not None else conflict.first_ord - 1,
+            )
+        if all(r.id is not None for r in rows):
+            return [Enqueued(r.id, r.created) for r in rows]
+        conn.execute(_UNDO_INSERT, {"ids": array_literal(r.id for r in rows if r.created)})
+    raise OutboxError("dedupe keys kept changing under a concurrent enqueue; try again")
 
 
 # --- claim -----------------------------------------------------------------
@@ -392,16 +459,17 @@ _SETTLE = _sql(
         FROM decided AS d
         -- The fence: a sender whose lease was taken matches nothing here.
         WHERE m.id = d.id AND m.claim_token = d.token AND m.status = 'claimed'
-        RETURNING m.id, m.status, m.claimed_at, d.outcome, d.attempts_after, d.error,
-                  d.provider_id, d.duration_ms
+        RETURNING m.id, m.status, m.claimed_at, m.channel, m.recipient_fingerprints, d.outcome,
+                  d.attempts_after, d.error, d.provider_id, d.duration_ms
     ),
     logged AS (
         INSERT INTO outbox_attempt
-            (message_id, attempt, outcome, error, provider_message_id, claimed_at, duration_ms)
+            (message_id, attempt, outcome, error, provider_message_id, claimed_at, duration_ms,
+             channel, recipient_fingerprints)
         SELECT id,
                attempts_after + CASE WHEN outcome = 'deferred' THEN 1 ELSE 0 END,
                CASE WHEN status = 'dead' THEN 'dead' ELSE outcome END,
-               error, provider_id, claimed_at, duration_ms
+               error, provider_id, claimed_at, duration_ms, channel, recipient_fingerprints
         FROM settled
     )
     SELECT id, status FROM settled
@@ -470,12 +538,13 @@ _REAP = _sql(
             settled_at = CASE WHEN {_EXHAUSTED_SQL} THEN now() END
         FROM expired AS e
         WHERE m.id = e.id
-        RETURNING m.id, m.status, m.attempts, m.claimed_at
+        RETURNING m.id, m.status, m.attempts, m.claimed_at, m.channel, m.recipient_fingerprints
     ),
     logged AS (
-        INSERT INTO outbox_attempt (message_id, attempt, outcome, error, claimed_at)
+        INSERT INTO outbox_attempt
+            (message_id, attempt, outcome, error, claimed_at, channel, recipient_fingerprints)
         SELECT id, attempts, CASE WHEN status = 'dead' THEN 'dead' ELSE 'expired' END,
-               :error, claimed_at
+               :error, claimed_at, channel, recipient_fingerprints
         FROM released
     )
     SELECT id, status FROM released
@@ -511,7 +580,10 @@ def prune(
     batch_size: int,
     statuses: Sequence[str] = TERMINAL_STATUSES,
 ) -> int:
-    """Delete up to ``batch_size`` terminal rows settled before the window (attempts cascade)."""
+    """Delete up to ``batch_size`` terminal rows settled before the window.
+
+    Their attempt history stays (``prune_attempts`` has its own retention), and
+    so do their dedupe keys (``prune_dedupe_keys``, the dedupe window)."""
     bad = set(statuses) - set(TERMINAL_STATUSES)
     if bad:
         raise ValueError(f"only terminal rows can be pruned, not {sorted(bad)}")
@@ -522,6 +594,56 @@ def prune(
             "older_than_seconds": float(older_than_seconds),
             "batch_size": batch_size,
         },
+    )
+    return result.rowcount
+
+
+_PRUNE_ATTEMPTS = sa.text(
+    """
+    WITH doomed AS (
+        SELECT id FROM outbox_attempt
+        WHERE finished_at < now() - make_interval(secs => :older_than_seconds)
+        ORDER BY finished_at
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM outbox_attempt AS a USING doomed WHERE a.id = doomed.id
+    """
+)
+
+
+def prune_attempts(conn: sa.Connection, older_than_seconds: float, batch_size: int) -> int:
+    """Delete up to ``batch_size`` attempt rows that finished before the window
+    (the send log's own retention, whether or not their message still exists)."""
+    result = conn.execute(
+        _PRUNE_ATTEMPTS,
+        {"older_than_seconds": float(older_than_seconds), "batch_size": batch_size},
+    )
+    return result.rowcount
+
+
+_PRUNE_DEDUPE_KEYS = sa.text(
+    """
+    WITH doomed AS (
+        SELECT channel, dedupe_key, recipient_fingerprint FROM outbox_dedupe
+        WHERE created_at < now() - make_interval(secs => :older_than_seconds)
+        ORDER BY created_at
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM outbox_dedupe AS d USING doomed
+    WHERE (d.channel, d.dedupe_key, d.recipient_fingerprint)
+        = (doomed.channel, doomed.dedupe_key, doomed.recipient_fingerprint)
+    """
+)
+
+
+def prune_dedupe_keys(conn: sa.Connection, older_than_seconds: float, batch_size: int) -> int:
+    """Release up to ``batch_size`` dedupe keys first used before the window:
+    the same key for the same recipient then makes a new message."""
+    result = conn.execute(
+        _PRUNE_DEDUPE_KEYS,
+        {"older_than_seconds": float(older_than_seconds), "batch_size": batch_size},
     )
     return result.rowcount
 
@@ -760,3 +882,46 @@ def redrive_matching(
         },
     ).all()
     return {r.id for r in rows}
+
+
+# --- the send log: attempts by recipient -------------------------------------
+
+_RECIPIENT_HISTORY = sa.text(
+    """
+    WITH wanted AS (  -- the address as each channel normalises it, fingerprinted
+        SELECT c AS channel, outbox_fingerprint(outbox_normalize_address(c, :address)) AS fp
+        FROM unnest(CAST(:channels AS text[])) AS c
+    )
+    SELECT a.finished_at, a.channel, a.message_id, a.attempt, a.outcome, a.error,
+           a.provider_message_id, a.claimed_at, a.duration_ms,
+           m.status AS message_status, m.dedupe_key
+    FROM outbox_attempt AS a
+    LEFT JOIN outbox_message AS m ON m.id = a.message_id
+    -- one array of fingerprints for the GIN index, then the channel each belongs to
+    WHERE a.recipient_fingerprints && ARRAY(SELECT fp FROM wanted)
+      AND EXISTS (SELECT 1 FROM wanted AS w
+                  WHERE w.channel = a.channel AND w.fp = ANY(a.recipient_fingerprints))
+    ORDER BY a.finished_at DESC, a.id DESC
+    LIMIT :limit
+    """
+)
+
+
+def recipient_history(
+    conn: sa.Connection, address: str, channels: Sequence[str], limit: int = 50
+) -> list[sa.Row[Any]]:
+    """The attempts that went to ``address`` on the given channels, newest
+    first. The address is fingerprinted in the database with the installation's
+    key, as at enqueue; it is never stored. ``message_status`` and
+    ``dedupe_key`` are None once the message was pruned."""
+    _check_channels(channels)
+    if not channels:
+        raise ValueError("at least one channel is needed")
+    if not 1 <= limit <= 10_000:
+        raise ValueError("limit must be between 1 and 10000")
+    return list(
+        conn.execute(
+            _RECIPIENT_HISTORY,
+            {"address": address, "channels": array_literal(channels), "limit": limit},
+        ).all()
+    )

@@ -1,0 +1,239 @@
+"""Dedupe scoped to the recipient, and a send log that outlives its messages.
+
+* ``outbox_fingerprint_key``: one row, the installation's random HMAC key,
+  generated here. Recipient fingerprints are HMAC-SHA256 of a normalised
+  address under it, so a fingerprint names nobody without the key, and every
+  producer (Python, or SQL from another language) computes the same one
+  because the functions below do it inside the database.
+* ``outbox_recipients(channel, payload)``: each built-in channel's recipient
+  addresses, normalised; ``outbox_recipient_fingerprint(channel, payload)``:
+  the dedupe scope; ``outbox_recipient_fingerprints(channel, payload)``: one
+  fingerprint per address, for the send log.
+* ``outbox_dedupe``: the dedupe keys, unique per (channel, dedupe_key,
+  recipient fingerprint), each with the digest of its payload (a repeat with
+  another payload is a conflict) and the id of its message. Kept for the
+  dedupe window, independently of the message rows (the reaper prunes both).
+* ``outbox_attempt`` keeps its channel and the recipients' fingerprints and no
+  longer cascades from its message: the attempt history has its own retention.
+
+Revision ID: 0006
+Revises: 0001
+"""
+
+import secrets
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0006"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+FUNCTIONS = [
+    # HMAC's padded key (RFC 2104): the key zero-filled to SHA-256's 64-byte
+    # block, each byte XOR pad. Used for the generated columns below.
+    """
+    CREATE FUNCTION outbox_hmac_pad(key bytea, pad integer) RETURNS bytea
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+        SELECT string_agg(
+                   set_byte(decode('00', 'hex'), 0,
+                            (CASE WHEN i < length(key) THEN get_byte(key, i) ELSE 0 END) # pad),
+                   ''::bytea ORDER BY i)
+        FROM generate_series(0, 63) AS i
+    $$
+    """,
+    # HMAC-SHA256(key, identity) with the installation's key: equal to
+    # hmac.new(key, identity.encode(), hashlib.sha256).digest() in Python.
+    """
+    CREATE FUNCTION outbox_fingerprint(identity text) RETURNS bytea
+    LANGUAGE sql STABLE STRICT PARALLEL SAFE AS $$
+        SELECT sha256(k.outer_pad || sha256(k.inner_pad || convert_to(identity, 'UTF8')))
+        FROM outbox_fingerprint_key AS k
+    $$
+    """,
+    # How a channel's address is compared: email addresses ignore case and
+    # surrounding spaces; phone numbers (E.164, checked at enqueue), endpoint
+    # ARNs, URLs, buses and queues are taken as written.
+    """
+    CREATE FUNCTION outbox_normalize_address(channel text, address text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+        SELECT CASE WHEN channel = 'email' THEN lower(btrim(address)) ELSE address END
+    $$
+    """,
+    # The addresses a message goes to, normalised, sorted, without repeats.
+    # A channel this function does not know has none (its dedupe scope is
+    # then the channel as a whole).
+    """
+    CREATE FUNCTION outbox_recipients(channel text, payload jsonb) RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+        SELECT CASE channel
+            WHEN 'email' THEN ARRAY(
+                SELECT DISTINCT outbox_normalize_address('email', a #>> '{}')
+                FROM unnest(CAST(ARRAY['$.to[*]', '$.cc[*]', '$.bcc[*]'] AS jsonpath[])) AS p,
+                     jsonb_path_query(payload, p) AS a
+                WHERE jsonb_typeof(a) = 'string'
+                ORDER BY 1)
+            WHEN 'sms' THEN array_remove(ARRAY[payload ->> 'to'], NULL)
+            WHEN 'push' THEN array_remove(ARRAY[payload ->> 'endpoint_arn'], NULL)
+            WHEN 'webhook' THEN array_remove(ARRAY[payload ->> 'url'], NULL)
+            -- '' is the relay's default bus (EVENT_BUS_NAME)
+            WHEN 'eventbridge' THEN ARRAY[COALESCE(payload ->> 'event_bus', '')]
+            WHEN 'sqs' THEN array_remove(ARRAY[payload ->> 'queue_url'], NULL)
+            ELSE CAST('{}' AS text[]) END
+    $$
+    """,
+    # The dedupe scope: who the message is for. An event bus's target is the
+    # rule that matches, so source and detail-type belong to it.
+    """
+    CREATE FUNCTION outbox_recipient_identity(channel text, payload jsonb) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+        SELECT CASE channel
+            WHEN 'eventbridge' THEN concat_ws(E'\\n', COALESCE(payload ->> 'event_bus', ''),
+                                              payload ->> 'source', payload ->> 'detail_type')
+            ELSE array_to_string(outbox_recipients(channel, payload), E'\\n') END
+    $$
+    """,
+    """
+    CREATE FUNCTION outbox_recipient_fingerprint(channel text, payload jsonb) RETURNS bytea
+    LANGUAGE sql STABLE PARALLEL SAFE AS $$
+        SELECT outbox_fingerprint(outbox_recipient_identity(channel, payload))
+    $$
+    """,
+    """
+    CREATE FUNCTION outbox_recipient_fingerprints(channel text, payload jsonb) RETURNS bytea[]
+    LANGUAGE sql STABLE PARALLEL SAFE AS $$
+        SELECT ARRAY(SELECT outbox_fingerprint(r) FROM unnest(outbox_recipients(channel, payload)) AS r)
+    $$
+    """,
+    # What a replay must repeat exactly: jsonb's text is canonical (key order,
+    # spacing), so equal payloads have equal digests.
+    """
+    CREATE FUNCTION outbox_payload_digest(payload jsonb) RETURNS bytea
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+        SELECT sha256(convert_to(CAST(payload AS text), 'UTF8'))
+    $$
+    """,
+]
+
+
+def upgrade() -> None:
+    hmac_pad, *functions = FUNCTIONS
+    op.execute(hmac_pad)
+    op.execute(
+        """
+        CREATE TABLE outbox_fingerprint_key (
+            singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+            key       bytea   NOT NULL CHECK (length(key) = 32),
+            inner_pad bytea   GENERATED ALWAYS AS (outbox_hmac_pad(key, 54)) STORED,  -- 0x36
+            outer_pad bytea   GENERATED ALWAYS AS (outbox_hmac_pad(key, 92)) STORED   -- 0x5c
+        )
+        """
+    )
+    # The key is made here, once per installation, and never leaves the database.
+    op.execute(
+        sa.text("INSERT INTO outbox_fingerprint_key (key) VALUES (:key)").bindparams(
+            key=secrets.token_bytes(32)
+        )
+    )
+    for function in functions:
+        op.execute(function)
+
+    op.execute("ALTER TABLE outbox_message ADD COLUMN recipient_fingerprints bytea[]")
+    op.execute(
+        "UPDATE outbox_message "
+        "SET recipient_fingerprints = outbox_recipient_fingerprints(channel, payload)"
+    )
+    op.execute("ALTER TABLE outbox_message ALTER COLUMN recipient_fingerprints SET NOT NULL")
+
+    op.execute(
+        """
+        CREATE TABLE outbox_dedupe (
+            channel               text        NOT NULL,
+            dedupe_key            text        NOT NULL,
+            recipient_fingerprint bytea       NOT NULL,
+            payload_digest        bytea       NOT NULL,
+            -- no foreign key: the key outlives a pruned message when the
+            -- dedupe window is longer than the retention
+            message_id            bigint      NOT NULL,
+            created_at            timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (channel, dedupe_key, recipient_fingerprint)
+        )
+        """
+    )
+    op.execute("CREATE INDEX outbox_dedupe_created ON outbox_dedupe (created_at)")
+    # Existing keys keep holding: the oldest row of each (old scope: one per
+    # channel and key) becomes the entry.
+    op.execute(
+        """
+        INSERT INTO outbox_dedupe
+            (channel, dedupe_key, recipient_fingerprint, payload_digest, message_id, created_at)
+        SELECT channel, dedupe_key, outbox_recipient_fingerprint(channel, payload),
+               outbox_payload_digest(payload), id, created_at
+        FROM outbox_message WHERE dedupe_key IS NOT NULL
+        ON CONFLICT DO NOTHING
+        """
+    )
+    op.execute("DROP INDEX outbox_message_dedupe")
+
+    op.execute("ALTER TABLE outbox_attempt DROP CONSTRAINT outbox_attempt_message_id_fkey")
+    op.execute(
+        "ALTER TABLE outbox_attempt ADD COLUMN channel text, "
+        "ADD COLUMN recipient_fingerprints bytea[]"
+    )
+    op.execute(
+        "UPDATE outbox_attempt AS a SET channel = m.channel, "
+        "recipient_fingerprints = m.recipient_fingerprints "
+        "FROM outbox_message AS m WHERE m.id = a.message_id"
+    )
+    op.execute(
+        "ALTER TABLE outbox_attempt ALTER COLUMN channel SET NOT NULL, "
+        "ALTER COLUMN recipient_fingerprints SET NOT NULL"
+    )
+    # "Did they get it?": attempts by any of their recipients' fingerprints.
+    op.execute(
+        "CREATE INDEX outbox_attempt_recipient ON outbox_attempt USING gin (recipient_fingerprints)"
+    )
+    # The attempt history's own retention, pruned oldest first.
+    op.execute("CREATE INDEX outbox_attempt_finished ON outbox_attempt (finished_at)")
+
+
+def downgrade() -> None:
+    op.execute("DROP INDEX outbox_attempt_finished")
+    op.execute("DROP INDEX outbox_attempt_recipient")
+    op.execute(
+        "DELETE FROM outbox_attempt AS a "
+        "WHERE NOT EXISTS (SELECT 1 FROM outbox_message AS m WHERE m.id = a.message_id)"
+    )
+    op.execute(
+        "ALTER TABLE outbox_attempt DROP COLUMN channel, DROP COLUMN recipient_fingerprints, "
+        "ADD CONSTRAINT outbox_attempt_message_id_fkey FOREIGN KEY (message_id) "
+        "REFERENCES outbox_message (id) ON DELETE CASCADE"
+    )
+    # The old scope is one message per (channel, dedupe_key): later repeats lose their key.
+    op.execute(
+        """
+        UPDATE outbox_message AS m SET dedupe_key = NULL
+        WHERE dedupe_key IS NOT NULL AND EXISTS (
+            SELECT 1 FROM outbox_message AS p
+            WHERE p.channel = m.channel AND p.dedupe_key = m.dedupe_key AND p.id < m.id)
+        """
+    )
+    op.execute(
+        "CREATE UNIQUE INDEX outbox_message_dedupe ON outbox_message (channel, dedupe_key) "
+        "WHERE dedupe_key IS NOT NULL"
+    )
+    op.execute("DROP TABLE outbox_dedupe")
+    op.execute("ALTER TABLE outbox_message DROP COLUMN recipient_fingerprints")
+    op.execute("DROP TABLE outbox_fingerprint_key")
+    for name in (
+        "outbox_payload_digest(jsonb)",
+        "outbox_recipient_fingerprints(text, jsonb)",
+        "outbox_recipient_fingerprint(text, jsonb)",
+        "outbox_recipient_identity(text, jsonb)",
+        "outbox_recipients(text, jsonb)",
+        "outbox_normalize_address(text, text)",
+        "outbox_fingerprint(text)",
+        "outbox_hmac_pad(bytea, integer)",
+    ):
+        op.execute(f"DROP FUNCTION {name}")
