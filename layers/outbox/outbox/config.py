@@ -107,6 +107,10 @@ class RelaySettings:
     backoff_base_seconds: float = 2.0
     backoff_cap_seconds: float = 900.0
     retention_days: int = 7
+    # The send log (outbox_attempt) and the dedupe keys each have their own
+    # retention, independent of the messages'.
+    attempt_retention_days: int = 90
+    dedupe_window_days: int = 30
     # The longest a sender runs (its Lambda timeout) and the longest an async
     # event may wait in Lambda's queue: invariant 4 wants both inside the lease.
     sender_timeout_seconds: int = 30
@@ -139,6 +143,8 @@ class RelaySettings:
             backoff_base_seconds=_float(env, "BACKOFF_BASE_SECONDS", 2.0, 0.0, 86_400.0),
             backoff_cap_seconds=_float(env, "BACKOFF_CAP_SECONDS", 900.0, 0.0, 604_800.0),
             retention_days=_int(env, "RETENTION_DAYS", 7, 0, 3650),
+            attempt_retention_days=_int(env, "ATTEMPT_RETENTION_DAYS", 90, 0, 3650),
+            dedupe_window_days=_int(env, "DEDUPE_WINDOW_DAYS", 30, 0, 3650),
             sender_timeout_seconds=_int(env, "SENDER_TIMEOUT_SECONDS", 30, 1, 900),
             max_event_age_seconds=_int(env, "MAX_EVENT_AGE_SECONDS", 60, 0, 21_600),
             handoff_chunk_size=_int(env, "HANDOFF_CHUNK_SIZE", 20, 1, 1_000),
@@ -149,7 +155,17 @@ class RelaySettings:
             channel_functions=functions,
         )
         settings.check_lease()
+        settings.check_retention()
         return settings
+
+    def check_retention(self) -> None:
+        """A message's history must not vanish while the message is still shown."""
+        if self.attempt_retention_days < self.retention_days:
+            raise ConfigError(
+                "ATTEMPT_RETENTION_DAYS",
+                f"{self.attempt_retention_days} must not be below RETENTION_DAYS "
+                f"({self.retention_days}): a message would lose its attempts before it is pruned",
+            )
 
     def check_lease(self) -> None:
         """Invariant 4: a sender and its queued event must fit inside the lease."""

@@ -1,8 +1,10 @@
 """The reaper: the one recovery path (invariant 5).
 
 Each scheduled run releases claims whose lease expired (the attempt counts;
-a row out of attempts goes to ``dead``), prunes terminal rows past the
-retention window in bounded batches, and publishes backlog metrics.
+a row out of attempts goes to ``dead``), prunes in bounded batches terminal
+rows past their retention, attempt rows past theirs (the send log outlives
+its messages) and dedupe keys past the dedupe window, and publishes backlog
+metrics.
 """
 
 from __future__ import annotations
@@ -29,7 +31,26 @@ class ReapReport:
     reclaimed: int = 0
     dead: int = 0
     pruned: int = 0
+    pruned_attempts: int = 0
+    released_dedupe_keys: int = 0
     backlog: store.Backlog | None = None
+
+
+def _prune(
+    engine: sa.Engine,
+    prune: Callable[[sa.Connection, float, int], int],
+    days: int,
+    time_left: Callable[[], float],
+) -> int:
+    """Bounded batches, each its own short transaction, until done or out of time."""
+    total = 0
+    while time_left() > _MIN_TIME_FOR_A_BATCH:
+        with engine.begin() as conn:
+            deleted = prune(conn, days * 86400, PRUNE_BATCH_SIZE)
+        total += deleted
+        if deleted < PRUNE_BATCH_SIZE:
+            break
+    return total
 
 
 def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], float]) -> ReapReport:
@@ -51,13 +72,16 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
     count("Reclaimed", report.reclaimed)
     count("Dead", report.dead)
 
-    while time_left() > _MIN_TIME_FOR_A_BATCH:
-        with engine.begin() as conn:
-            pruned = store.prune(conn, settings.retention_days * 86400, PRUNE_BATCH_SIZE)
-        report.pruned += pruned
-        if pruned < PRUNE_BATCH_SIZE:
-            break
+    report.pruned = _prune(engine, store.prune, settings.retention_days, time_left)
     count("Pruned", report.pruned)
+    report.pruned_attempts = _prune(
+        engine, store.prune_attempts, settings.attempt_retention_days, time_left
+    )
+    count("PrunedAttempts", report.pruned_attempts)
+    report.released_dedupe_keys = _prune(
+        engine, store.prune_dedupe_keys, settings.dedupe_window_days, time_left
+    )
+    count("ReleasedDedupeKeys", report.released_dedupe_keys)
 
     with engine.begin() as conn:
         report.backlog = store.backlog(conn)
@@ -73,6 +97,8 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
             "reclaimed": report.reclaimed,
             "dead": report.dead,
             "pruned": report.pruned,
+            "pruned_attempts": report.pruned_attempts,
+            "released_dedupe_keys": report.released_dedupe_keys,
             "pending": b.pending,
             "oldest_due_age_seconds": round(b.oldest_due_age_seconds, 3),
             "dead_total": b.dead,

@@ -103,7 +103,8 @@ FUNCTIONS = [
     """
     CREATE FUNCTION outbox_recipient_fingerprints(channel text, payload jsonb) RETURNS bytea[]
     LANGUAGE sql STABLE PARALLEL SAFE AS $$
-        SELECT ARRAY(SELECT outbox_fingerprint(r) FROM unnest(outbox_recipients(channel, payload)) AS r)
+        SELECT ARRAY(SELECT outbox_fingerprint(r)
+                     FROM unnest(outbox_recipients(channel, payload)) AS r)
     $$
     """,
     # What a replay must repeat exactly: jsonb's text is canonical (key order,
@@ -144,7 +145,12 @@ def upgrade() -> None:
         "UPDATE outbox_message "
         "SET recipient_fingerprints = outbox_recipient_fingerprints(channel, payload)"
     )
-    op.execute("ALTER TABLE outbox_message ALTER COLUMN recipient_fingerprints SET NOT NULL")
+    # The default only serves rows written by hand (tests, repairs): every
+    # enqueue path computes the fingerprints.
+    op.execute(
+        "ALTER TABLE outbox_message ALTER COLUMN recipient_fingerprints SET DEFAULT '{}', "
+        "ALTER COLUMN recipient_fingerprints SET NOT NULL"
+    )
 
     op.execute(
         """
@@ -188,6 +194,7 @@ def upgrade() -> None:
     )
     op.execute(
         "ALTER TABLE outbox_attempt ALTER COLUMN channel SET NOT NULL, "
+        "ALTER COLUMN recipient_fingerprints SET DEFAULT '{}', "
         "ALTER COLUMN recipient_fingerprints SET NOT NULL"
     )
     # "Did they get it?": attempts by any of their recipients' fingerprints.
