@@ -38,6 +38,9 @@ BASE = {"DATABASE_URL": "postgresql://postgres@127.0.0.1/test"}
         ({**BASE, "BACKOFF_BASE_SECONDS": "10", "BACKOFF_CAP_SECONDS": "5"}, "BACKOFF_CAP_SECONDS"),
         ({**BASE, "DB_SSLMODE": "prefer"}, "DB_SSLMODE"),
         ({"DB_SECRET_ARN": "arn:x", "DB_SSLMODE": "disable"}, "DB_SSLMODE"),
+        ({**BASE, "RETENTION_DAYS": "30", "ATTEMPT_RETENTION_DAYS": "7"}, "ATTEMPT_RETENTION_DAYS"),
+        ({**BASE, "ATTEMPT_RETENTION_DAYS": "-1"}, "ATTEMPT_RETENTION_DAYS"),
+        ({**BASE, "DEDUPE_WINDOW_DAYS": "a month"}, "DEDUPE_WINDOW_DAYS"),
     ],
 )
 def test_bad_configuration_fails_at_cold_start_naming_the_setting(
@@ -51,6 +54,13 @@ def test_bad_configuration_fails_at_cold_start_naming_the_setting(
 def test_defaults_keep_the_lease_longer_than_timeout_plus_event_age() -> None:
     s = RelaySettings.from_env(BASE)
     assert s.lease_seconds > s.sender_timeout_seconds + s.max_event_age_seconds
+
+
+def test_the_send_log_and_dedupe_keys_have_retentions_of_their_own() -> None:
+    s = RelaySettings.from_env(BASE)
+    assert (s.retention_days, s.attempt_retention_days, s.dedupe_window_days) == (7, 90, 30)
+    s = RelaySettings.from_env({**BASE, "ATTEMPT_RETENTION_DAYS": "7", "DEDUPE_WINDOW_DAYS": "0"})
+    assert (s.attempt_retention_days, s.dedupe_window_days) == (7, 0)
 
 
 def test_tls_is_verified_unless_the_url_is_local() -> None:
