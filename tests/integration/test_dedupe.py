@@ -347,3 +347,44 @@ def test_dedupe_keys_are_released_in_bounded_batches_oldest_first(engine: sa.Eng
         assert store.prune_dedupe_keys(conn, 86400 * 2.5, 3) == 0
         left = conn.execute(sa.text("SELECT message_id FROM outbox_dedupe")).scalars().all()
     assert left == [1]
+
+
+BUILT_IN = {
+    "email": {**EMAIL, "to": ["Ada@Example.net", "bob@example.net"], "bcc": ["ADA@example.net"]},
+    "sms": {"to": "+15555550100", "message": "hi"},
+    "push": {
+        "endpoint_arn": "arn:aws:sns:us-east-1:123456789012:endpoint/GCM/app/0a1b",
+        "body": "hi",
+    },
+    "webhook": {"url": "https://hooks.example.com/in", "event_type": "order.shipped", "body": {}},
+    "eventbridge": {"source": "shop", "detail_type": "T", "detail": {}},
+    "sqs": {"queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/q", "body": "x"},
+}
+
+
+def test_the_batch_insert_fingerprints_exactly_as_the_sql_functions_do(engine: sa.Engine) -> None:
+    """Producers in other languages call the single-row SQL functions; the
+    bulk INSERT must store the same values."""
+    with engine.begin() as conn:
+        outbox.enqueue_many(
+            conn,
+            [
+                {"channel": c, "payload": p, "dedupe_key": "k"}
+                for c, p in [*BUILT_IN.items(), ("email", email_to("solo@example.net"))]
+            ],
+        )
+        rows = conn.execute(
+            sa.text(
+                "SELECT m.channel, d.recipient_fingerprint "
+                "= outbox_recipient_fingerprint(m.channel, m.payload) AS dedupe_ok, "
+                "m.recipient_fingerprints = outbox_recipient_fingerprints(m.channel, m.payload) "
+                "AS send_log_ok, cardinality(m.recipient_fingerprints) AS n, "
+                "outbox_recipients(m.channel, m.payload) AS addresses "
+                "FROM outbox_message m JOIN outbox_dedupe d ON d.message_id = m.id ORDER BY m.id"
+            )
+        ).all()
+    assert [(r.channel, r.dedupe_ok, r.send_log_ok) for r in rows] == [
+        (c, True, True) for c in [*BUILT_IN, "email"]
+    ]
+    assert rows[0].addresses == ["ada@example.net", "bob@example.net"]
+    assert [r.n for r in rows] == [2, 1, 1, 1, 1, 1, 1]

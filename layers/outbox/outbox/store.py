@@ -157,14 +157,11 @@ def array_literal(values: Iterable[Any]) -> str:
 # (functions of migration 0006), so a producer in any language gets the same.
 _INSERT = _sql(
     """
-    WITH input AS (
+    WITH listed AS (
         SELECT i.*,
                -- ids are drawn first so that a key's entry can name its message
                nextval('outbox_message_id_seq') AS new_id,
-               CASE WHEN i.dedupe_key IS NOT NULL
-                    THEN outbox_recipient_fingerprint(i.channel, i.payload) END AS fingerprint,
-               CASE WHEN i.dedupe_key IS NOT NULL
-                    THEN outbox_payload_digest(i.payload) END AS digest
+               COALESCE(r.addresses, '{}') AS addresses
         FROM ROWS FROM (
             unnest(CAST(:channels AS text[])),
             -- the payloads travel as one JSON array: no per-element escaping
@@ -174,7 +171,24 @@ _INSERT = _sql(
             unnest(CAST(:max_attempts AS int[]))
         ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
                                delay_s, max_attempts, ord)
+        -- outbox_addresses is inlined: one pass over the batch, no per-row calls
+        CROSS JOIN LATERAL (
+            SELECT array_agg(a ORDER BY a) AS addresses
+            FROM outbox_addresses(i.channel, i.payload) AS a
+        ) AS r
         ORDER BY i.ord
+    ),
+    input AS (  -- fingerprints under the installation's key (migration 0006)
+        SELECT l.*,
+               ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a)
+                     FROM unnest(l.addresses) AS a) AS recipient_fingerprints,
+               CASE WHEN l.dedupe_key IS NOT NULL THEN outbox_hmac(
+                   k.inner_pad, k.outer_pad,
+                   outbox_dedupe_identity(l.channel, l.payload, l.addresses)) END AS fingerprint,
+               CASE WHEN l.dedupe_key IS NOT NULL
+                    THEN outbox_payload_digest(l.payload) END AS digest
+        FROM listed AS l
+        CROSS JOIN outbox_fingerprint_key AS k
     ),
     keyed AS (  -- the first of each (channel, key, recipient) in the list stands for it
         SELECT DISTINCT ON (channel, dedupe_key, fingerprint)
@@ -210,8 +224,7 @@ _INSERT = _sql(
                                     available_at, max_attempts, recipient_fingerprints)
         OVERRIDING SYSTEM VALUE
         SELECT new_id, channel, payload, dedupe_key, ordering_key, priority,
-               now() + make_interval(secs => delay_s), max_attempts,
-               outbox_recipient_fingerprints(channel, payload)
+               now() + make_interval(secs => delay_s), max_attempts, recipient_fingerprints
         FROM input
         WHERE NOT EXISTS (SELECT 1 FROM conflicts)
           AND (dedupe_key IS NULL OR new_id IN (SELECT message_id FROM taken))

@@ -30,9 +30,14 @@ down_revision = "0001"
 branch_labels = None
 depends_on = None
 
+# The building blocks are plain SQL expressions the planner inlines, so the
+# bulk INSERT in store.py computes every fingerprint of a batch in one pass;
+# the wrappers at the end serve single rows (another language's producer, the
+# CLI). Nested calls of non-inlinable SQL functions are avoided: Postgres plans
+# the inner one again on every call.
 FUNCTIONS = [
     # HMAC's padded key (RFC 2104): the key zero-filled to SHA-256's 64-byte
-    # block, each byte XOR pad. Used for the generated columns below.
+    # block, each byte XOR pad. Only for the generated columns of the key table.
     """
     CREATE FUNCTION outbox_hmac_pad(key bytea, pad integer) RETURNS bytea
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
@@ -43,13 +48,12 @@ FUNCTIONS = [
         FROM generate_series(0, 63) AS i
     $$
     """,
-    # HMAC-SHA256(key, identity) with the installation's key: equal to
-    # hmac.new(key, identity.encode(), hashlib.sha256).digest() in Python.
+    # HMAC-SHA256 from the padded keys: equal to
+    # hmac.new(key, message.encode(), hashlib.sha256).digest() in Python.
     """
-    CREATE FUNCTION outbox_fingerprint(identity text) RETURNS bytea
-    LANGUAGE sql STABLE STRICT PARALLEL SAFE AS $$
-        SELECT sha256(k.outer_pad || sha256(k.inner_pad || convert_to(identity, 'UTF8')))
-        FROM outbox_fingerprint_key AS k
+    CREATE FUNCTION outbox_hmac(inner_pad bytea, outer_pad bytea, message text) RETURNS bytea
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+        SELECT sha256(outer_pad || sha256(inner_pad || convert_to(message, 'UTF8')))
     $$
     """,
     # How a channel's address is compared: email addresses ignore case and
@@ -61,57 +65,81 @@ FUNCTIONS = [
         SELECT CASE WHEN channel = 'email' THEN lower(btrim(address)) ELSE address END
     $$
     """,
-    # The addresses a message goes to, normalised, sorted, without repeats.
-    # A channel this function does not know has none (its dedupe scope is
-    # then the channel as a whole).
     """
-    CREATE FUNCTION outbox_recipients(channel text, payload jsonb) RETURNS text[]
+    CREATE FUNCTION outbox_jsonb_list(value jsonb) RETURNS jsonb
     LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-        SELECT CASE channel
-            WHEN 'email' THEN ARRAY(
-                SELECT DISTINCT outbox_normalize_address('email', a #>> '{}')
-                FROM unnest(CAST(ARRAY['$.to[*]', '$.cc[*]', '$.bcc[*]'] AS jsonpath[])) AS p,
-                     jsonb_path_query(payload, p) AS a
-                WHERE jsonb_typeof(a) = 'string'
-                ORDER BY 1)
-            WHEN 'sms' THEN array_remove(ARRAY[payload ->> 'to'], NULL)
-            WHEN 'push' THEN array_remove(ARRAY[payload ->> 'endpoint_arn'], NULL)
-            WHEN 'webhook' THEN array_remove(ARRAY[payload ->> 'url'], NULL)
-            -- '' is the relay's default bus (EVENT_BUS_NAME)
-            WHEN 'eventbridge' THEN ARRAY[COALESCE(payload ->> 'event_bus', '')]
-            WHEN 'sqs' THEN array_remove(ARRAY[payload ->> 'queue_url'], NULL)
-            ELSE CAST('{}' AS text[]) END
+        SELECT CASE WHEN jsonb_typeof(value) = 'array' THEN value ELSE '[]' END
     $$
     """,
-    # The dedupe scope: who the message is for. An event bus's target is the
-    # rule that matches, so source and detail-type belong to it.
+    # The addresses a message goes to, normalised, without repeats. A channel
+    # not named here has none: its dedupe scope is the channel as a whole.
     """
-    CREATE FUNCTION outbox_recipient_identity(channel text, payload jsonb) RETURNS text
+    CREATE FUNCTION outbox_addresses(channel text, payload jsonb) RETURNS SETOF text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+        SELECT DISTINCT outbox_normalize_address(channel, a)
+        FROM jsonb_array_elements_text(CASE channel
+            WHEN 'email' THEN outbox_jsonb_list(payload -> 'to')
+                              || outbox_jsonb_list(payload -> 'cc')
+                              || outbox_jsonb_list(payload -> 'bcc')
+            WHEN 'sms' THEN jsonb_build_array(payload -> 'to')
+            WHEN 'push' THEN jsonb_build_array(payload -> 'endpoint_arn')
+            WHEN 'webhook' THEN jsonb_build_array(payload -> 'url')
+            -- '' is the relay's default bus (EVENT_BUS_NAME)
+            WHEN 'eventbridge' THEN jsonb_build_array(COALESCE(payload -> 'event_bus', '""'))
+            WHEN 'sqs' THEN jsonb_build_array(payload -> 'queue_url')
+            ELSE '[]' END) AS a
+        WHERE a IS NOT NULL
+    $$
+    """,
+    # The dedupe scope, from the sorted addresses: who the message is for. An
+    # event bus's target is the rule that matches, so source and detail-type
+    # belong to it.
+    """
+    CREATE FUNCTION outbox_dedupe_identity(channel text, payload jsonb, addresses text[])
+    RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         SELECT CASE channel
             WHEN 'eventbridge' THEN concat_ws(E'\\n', COALESCE(payload ->> 'event_bus', ''),
                                               payload ->> 'source', payload ->> 'detail_type')
-            ELSE array_to_string(outbox_recipients(channel, payload), E'\\n') END
+            ELSE array_to_string(addresses, E'\\n') END
     $$
     """,
+    # --- single-row wrappers ---------------------------------------------------
+    """
+    CREATE FUNCTION outbox_recipients(channel text, payload jsonb) RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+        SELECT ARRAY(SELECT a FROM outbox_addresses(channel, payload) AS a ORDER BY a)
+    $$
+    """,
+    # One text under the installation's key: what `outbox history` looks up.
+    """
+    CREATE FUNCTION outbox_fingerprint(message text) RETURNS bytea
+    LANGUAGE sql STABLE PARALLEL SAFE AS $$
+        SELECT outbox_hmac(k.inner_pad, k.outer_pad, message) FROM outbox_fingerprint_key AS k
+    $$
+    """,
+    # The dedupe scope of a message, as outbox_dedupe.recipient_fingerprint.
     """
     CREATE FUNCTION outbox_recipient_fingerprint(channel text, payload jsonb) RETURNS bytea
     LANGUAGE sql STABLE PARALLEL SAFE AS $$
-        SELECT outbox_fingerprint(outbox_recipient_identity(channel, payload))
+        SELECT outbox_hmac(k.inner_pad, k.outer_pad, outbox_dedupe_identity(channel, payload,
+                   ARRAY(SELECT a FROM outbox_addresses(channel, payload) AS a ORDER BY a)))
+        FROM outbox_fingerprint_key AS k
     $$
     """,
+    # One fingerprint per address, as outbox_message/outbox_attempt.recipient_fingerprints.
     """
     CREATE FUNCTION outbox_recipient_fingerprints(channel text, payload jsonb) RETURNS bytea[]
     LANGUAGE sql STABLE PARALLEL SAFE AS $$
-        SELECT ARRAY(SELECT outbox_fingerprint(r)
-                     FROM unnest(outbox_recipients(channel, payload)) AS r)
+        SELECT ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a)
+                     FROM outbox_addresses(channel, payload) AS a ORDER BY a)
+        FROM outbox_fingerprint_key AS k
     $$
     """,
     # What a replay must repeat exactly: jsonb's text is canonical (key order,
     # spacing), so equal payloads have equal digests.
     """
     CREATE FUNCTION outbox_payload_digest(payload jsonb) RETURNS bytea
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         SELECT sha256(convert_to(CAST(payload AS text), 'UTF8'))
     $$
     """,
@@ -137,6 +165,7 @@ def upgrade() -> None:
             key=secrets.token_bytes(32)
         )
     )
+    op.execute("ANALYZE outbox_fingerprint_key")  # one row: plans must know it
     for function in functions:
         op.execute(function)
 
@@ -237,10 +266,13 @@ def downgrade() -> None:
         "outbox_payload_digest(jsonb)",
         "outbox_recipient_fingerprints(text, jsonb)",
         "outbox_recipient_fingerprint(text, jsonb)",
-        "outbox_recipient_identity(text, jsonb)",
-        "outbox_recipients(text, jsonb)",
-        "outbox_normalize_address(text, text)",
         "outbox_fingerprint(text)",
+        "outbox_recipients(text, jsonb)",
+        "outbox_dedupe_identity(text, jsonb, text[])",
+        "outbox_addresses(text, jsonb)",
+        "outbox_jsonb_list(jsonb)",
+        "outbox_normalize_address(text, text)",
+        "outbox_hmac(bytea, bytea, text)",
         "outbox_hmac_pad(bytea, integer)",
     ):
         op.execute(f"DROP FUNCTION {name}")
