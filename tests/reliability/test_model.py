@@ -1,7 +1,8 @@
 """The state machine of DESIGN.md as a Python model, checked step by step
 against the real database while Hypothesis drives claim, hand-off (the
 sender's fenced load), settle (every outcome, with current and stale tokens),
-lease expiry, reap, redrive, cancel and prune in random interleavings.
+lease expiry, reap, redrive, cancel and prune in random interleavings, with
+dedupe keys (replays, conflicts, the window's end) among them.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ class OutboxModel(RuleBasedStateMachine):
         self.clock = itertools.count(1)
         # attempt rows of pruned messages: the send log outlives its messages
         self.pruned_attempt_rows = 0
+        # dedupe key -> (payload variant, message id); the model channel has no
+        # recipient of its own, so its scope is (channel, key). Keys outlive
+        # pruned messages until the window ends (release_keys).
+        self.keys: dict[str, tuple[int, int]] = {}
 
     # --- helpers ---------------------------------------------------------
 
@@ -124,6 +129,34 @@ class OutboxModel(RuleBasedStateMachine):
         stamp = next(self.clock)
         for message_id in ids:
             self.rows[message_id] = Row(message_id, priority, key, max_attempts, due_stamp=stamp)
+
+    @rule(key=st.sampled_from(["x", "y"]), variant=st.sampled_from([0, 0, 1]))
+    def enqueue_keyed(self, key: str, variant: int) -> None:
+        """A replay returns the existing id and writes nothing; another payload
+        under a held key is refused and writes nothing; a free key is a new row."""
+        held = self.keys.get(key)
+        with self.engine.begin() as conn:
+            try:
+                result = outbox.enqueue(
+                    conn, "model", {"v": variant}, dedupe_key=key, return_created=True
+                )
+            except outbox.DedupeConflict as exc:
+                assert held is not None and held[0] != variant and exc.existing_id == held[1]
+                return
+        if held is not None:
+            assert held[0] == variant and result == (held[1], False)
+            return
+        assert result.created and result.id not in self.rows
+        self.keys[key] = (variant, result.id)
+        self.rows[result.id] = Row(result.id, 0, None, None, due_stamp=next(self.clock))
+
+    @rule()
+    def release_keys(self) -> None:
+        """The dedupe window ends (the reaper's prune_dedupe_keys)."""
+        with self.engine.begin() as conn:
+            released = store.prune_dedupe_keys(conn, 0, 1000)
+        assert released == len(self.keys)
+        self.keys.clear()
 
     @rule(batch=st.integers(1, 4))
     def claim(self, batch: int) -> None:
