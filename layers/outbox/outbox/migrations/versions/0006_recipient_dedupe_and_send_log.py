@@ -170,9 +170,15 @@ def upgrade() -> None:
         op.execute(function)
 
     op.execute("ALTER TABLE outbox_message ADD COLUMN recipient_fingerprints bytea[]")
+    # Set-based, as at enqueue (the single-row wrapper would run per row).
     op.execute(
-        "UPDATE outbox_message "
-        "SET recipient_fingerprints = outbox_recipient_fingerprints(channel, payload)"
+        """
+        UPDATE outbox_message AS m
+        SET recipient_fingerprints = ARRAY(
+            SELECT outbox_hmac(k.inner_pad, k.outer_pad, a)
+            FROM outbox_addresses(m.channel, m.payload) AS a ORDER BY a)
+        FROM outbox_fingerprint_key AS k
+        """
     )
     # The default only serves rows written by hand (tests, repairs): every
     # enqueue path computes the fingerprints.
