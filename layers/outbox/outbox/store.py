@@ -245,13 +245,18 @@ _INSERT = _sql(
     """
 )
 
-# Takes back what one _INSERT wrote, inside the caller's transaction.
+# Takes back what one _INSERT wrote, inside the caller's transaction (the
+# keys by their primary key: outbox_dedupe has no index on message_id).
 _UNDO_INSERT = _sql(
     """
-    WITH keys AS (
-        DELETE FROM outbox_dedupe WHERE message_id = ANY(CAST(:ids AS bigint[]))
+    WITH gone AS (
+        DELETE FROM outbox_message WHERE id = ANY(CAST(:ids AS bigint[]))
+        RETURNING id, channel, dedupe_key, payload
     )
-    DELETE FROM outbox_message WHERE id = ANY(CAST(:ids AS bigint[]))
+    DELETE FROM outbox_dedupe AS d USING gone AS g
+    WHERE d.channel = g.channel AND d.dedupe_key = g.dedupe_key
+      AND d.recipient_fingerprint = outbox_recipient_fingerprint(g.channel, g.payload)
+      AND d.message_id = g.id
     """
 )
 # A key taken by a transaction that committed after our statement's snapshot
