@@ -154,41 +154,52 @@ def array_literal(values: Iterable[Any]) -> str:
 # and one event fans out to many recipients. The keys live in outbox_dedupe
 # for the dedupe window, apart from the messages (which may be pruned sooner).
 # The recipient fingerprints and payload digests are computed in the database
-# (functions of migration 0006), so a producer in any language gets the same.
-_INSERT = _sql(
+# (functions of migration 0006, inlined by the planner), so a producer in any
+# language gets the same.
+_INPUT_ROWS = """
+    ROWS FROM (
+        unnest(CAST(:channels AS text[])),
+        -- the payloads travel as one JSON array: no per-element escaping
+        jsonb_array_elements(CAST(:payloads AS jsonb)),
+        unnest(CAST(:dedupe_keys AS text[])), unnest(CAST(:ordering_keys AS text[])),
+        unnest(CAST(:priorities AS int[])), unnest(CAST(:delays AS float8[])),
+        unnest(CAST(:max_attempts AS int[]))
+    ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
+                           delay_s, max_attempts, ord)
+    CROSS JOIN outbox_fingerprint_key AS k
+"""
+_ADDRESSES = "ARRAY(SELECT a FROM outbox_addresses(i.channel, i.payload) AS a ORDER BY a)"
+_RECIPIENT_FINGERPRINTS = (
+    "ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a) "
+    "FROM outbox_addresses(i.channel, i.payload) AS a ORDER BY a)"
+)
+
+# A batch without dedupe keys (bulk sends): one plain INSERT.
+_INSERT_UNKEYED = _sql(
+    f"""
+    INSERT INTO outbox_message (channel, payload, ordering_key, priority, available_at,
+                                max_attempts, recipient_fingerprints)
+    SELECT i.channel, i.payload, i.ordering_key, i.priority,
+           now() + make_interval(secs => i.delay_s), i.max_attempts, {_RECIPIENT_FINGERPRINTS}
+    FROM {_INPUT_ROWS}
+    ORDER BY i.ord
+    RETURNING id
     """
-    WITH listed AS (
+)
+
+_INSERT = _sql(
+    f"""
+    WITH input AS (
         SELECT i.*,
                -- ids are drawn first so that a key's entry can name its message
                nextval('outbox_message_id_seq') AS new_id,
-               COALESCE(r.addresses, '{}') AS addresses
-        FROM ROWS FROM (
-            unnest(CAST(:channels AS text[])),
-            -- the payloads travel as one JSON array: no per-element escaping
-            jsonb_array_elements(CAST(:payloads AS jsonb)),
-            unnest(CAST(:dedupe_keys AS text[])), unnest(CAST(:ordering_keys AS text[])),
-            unnest(CAST(:priorities AS int[])), unnest(CAST(:delays AS float8[])),
-            unnest(CAST(:max_attempts AS int[]))
-        ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
-                               delay_s, max_attempts, ord)
-        -- outbox_addresses is inlined: one pass over the batch, no per-row calls
-        CROSS JOIN LATERAL (
-            SELECT array_agg(a ORDER BY a) AS addresses
-            FROM outbox_addresses(i.channel, i.payload) AS a
-        ) AS r
+               {_RECIPIENT_FINGERPRINTS} AS recipient_fingerprints,
+               CASE WHEN i.dedupe_key IS NOT NULL THEN outbox_hmac(k.inner_pad, k.outer_pad,
+                   outbox_dedupe_identity(i.channel, i.payload, {_ADDRESSES})) END AS fingerprint,
+               CASE WHEN i.dedupe_key IS NOT NULL
+                    THEN outbox_payload_digest(i.payload) END AS digest
+        FROM {_INPUT_ROWS}
         ORDER BY i.ord
-    ),
-    input AS (  -- fingerprints under the installation's key (migration 0006)
-        SELECT l.*,
-               ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a)
-                     FROM unnest(l.addresses) AS a) AS recipient_fingerprints,
-               CASE WHEN l.dedupe_key IS NOT NULL THEN outbox_hmac(
-                   k.inner_pad, k.outer_pad,
-                   outbox_dedupe_identity(l.channel, l.payload, l.addresses)) END AS fingerprint,
-               CASE WHEN l.dedupe_key IS NOT NULL
-                    THEN outbox_payload_digest(l.payload) END AS digest
-        FROM listed AS l
-        CROSS JOIN outbox_fingerprint_key AS k
     ),
     keyed AS (  -- the first of each (channel, key, recipient) in the list stands for it
         SELECT DISTINCT ON (channel, dedupe_key, fingerprint)
@@ -293,6 +304,11 @@ def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list
         "delays": [float(m.delay_seconds) for m in messages],
         "max_attempts": [m.max_attempts for m in messages],
     }
+    if all(m.dedupe_key is None for m in messages):
+        # Identity values are drawn in the order the SELECT produces rows (ORDER
+        # BY ord), so the ids sorted ascending are the messages in input order.
+        ids = sorted(conn.execute(_INSERT_UNKEYED, params).scalars().all())
+        return [Enqueued(i, True) for i in ids]
     for _ in range(_INSERT_ROUNDS):
         rows = conn.execute(_INSERT, params).all()
         conflict = next((r for r in rows if r.conflict), None)
