@@ -37,8 +37,11 @@ BASE = {"DATABASE_URL": "postgresql://postgres@127.0.0.1/test"}
         ({**BASE, "CHANNEL_FUNCTIONS": '{"email": ""}'}, "CHANNEL_FUNCTIONS"),
         ({**BASE, "BACKOFF_BASE_SECONDS": "10", "BACKOFF_CAP_SECONDS": "5"}, "BACKOFF_CAP_SECONDS"),
         ({**BASE, "DB_SSLMODE": "prefer"}, "DB_SSLMODE"),
+        ({**BASE, "MAX_DEFERRALS": "-1"}, "MAX_DEFERRALS"),
+        ({**BASE, "MIN_DEFERRAL_SECONDS": "nan"}, "MIN_DEFERRAL_SECONDS"),
+        ({**BASE, "DEFAULT_TTL_SECONDS": "1.5"}, "DEFAULT_TTL_SECONDS"),
+        ({**BASE, "DEFAULT_TTL_SECONDS": "-60"}, "DEFAULT_TTL_SECONDS"),
         ({"DB_SECRET_ARN": "arn:x", "DB_SSLMODE": "disable"}, "DB_SSLMODE"),
-        ({**BASE, "RETENTION_DAYS": "30", "ATTEMPT_RETENTION_DAYS": "7"}, "ATTEMPT_RETENTION_DAYS"),
         ({**BASE, "ATTEMPT_RETENTION_DAYS": "-1"}, "ATTEMPT_RETENTION_DAYS"),
         ({**BASE, "DEDUPE_WINDOW_DAYS": "a month"}, "DEDUPE_WINDOW_DAYS"),
     ],
@@ -59,8 +62,20 @@ def test_defaults_keep_the_lease_longer_than_timeout_plus_event_age() -> None:
 def test_the_send_log_and_dedupe_keys_have_retentions_of_their_own() -> None:
     s = RelaySettings.from_env(BASE)
     assert (s.retention_days, s.attempt_retention_days, s.dedupe_window_days) == (7, 90, 30)
-    s = RelaySettings.from_env({**BASE, "ATTEMPT_RETENTION_DAYS": "7", "DEDUPE_WINDOW_DAYS": "0"})
-    assert (s.attempt_retention_days, s.dedupe_window_days) == (7, 0)
+    s = RelaySettings.from_env({**BASE, "ATTEMPT_RETENTION_DAYS": "3", "DEDUPE_WINDOW_DAYS": "0"})
+    assert (s.attempt_retention_days, s.dedupe_window_days) == (3, 0)
+
+
+def test_issue_9_settings_are_read_with_production_defaults() -> None:
+    defaults = RelaySettings.from_env(BASE)
+    assert (defaults.max_attempts, defaults.backoff_base_seconds) == (8, 30.0)
+    assert (defaults.backoff_cap_seconds, defaults.max_deferrals) == (1800.0, 20)
+    assert (defaults.min_deferral_seconds, defaults.default_ttl_seconds) == (5.0, 86_400)
+    chosen = RelaySettings.from_env(
+        {**BASE, "MAX_DEFERRALS": "3", "MIN_DEFERRAL_SECONDS": "0.5", "DEFAULT_TTL_SECONDS": "0"}
+    )
+    assert (chosen.max_deferrals, chosen.min_deferral_seconds) == (3, 0.5)
+    assert chosen.default_ttl_seconds == 0
 
 
 def test_tls_is_verified_unless_the_url_is_local() -> None:

@@ -17,16 +17,17 @@
   longer cascades from its message: the attempt history has its own retention.
 
 Revision ID: 0006
-Revises: 0001
+Revises: 0003
 """
 
+import importlib
 import secrets
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0006"
-down_revision = "0001"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
@@ -146,6 +147,12 @@ FUNCTIONS = [
 ]
 
 
+def _relay_role() -> str:
+    """The relay's group role of revision 0003 (OUTBOX_RELAY_ROLE)."""
+    module = importlib.import_module("outbox.migrations.versions.0003_relay_role")
+    return str(module.relay_role())
+
+
 def upgrade() -> None:
     hmac_pad, *functions = FUNCTIONS
     op.execute(hmac_pad)
@@ -239,8 +246,18 @@ def upgrade() -> None:
     # The attempt history's own retention, pruned oldest first.
     op.execute("CREATE INDEX outbox_attempt_finished ON outbox_attempt (finished_at)")
 
+    # The relay (and a producer using its grants) enqueues with dedupe keys,
+    # draws message ids ahead of the insert, fingerprints with the key, and
+    # the reaper releases keys past the window.
+    role = _relay_role()
+    op.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_dedupe TO {role}")
+    op.execute(f"GRANT SELECT ON outbox_fingerprint_key TO {role}")
+    op.execute(f"GRANT USAGE ON SEQUENCE outbox_message_id_seq TO {role}")
+
 
 def downgrade() -> None:
+    role = _relay_role()
+    op.execute(f"REVOKE ALL ON SEQUENCE outbox_message_id_seq FROM {role}")
     op.execute("DROP INDEX outbox_attempt_finished")
     op.execute("DROP INDEX outbox_attempt_recipient")
     op.execute(
