@@ -388,3 +388,22 @@ def test_the_batch_insert_fingerprints_exactly_as_the_sql_functions_do(engine: s
     ]
     assert rows[0].addresses == ["ada@example.net", "bob@example.net"]
     assert [r.n for r in rows] == [2, 1, 1, 1, 1, 1, 1]
+
+
+def test_a_producer_in_sql_dedupes_by_the_same_rules(engine: sa.Engine) -> None:
+    """outbox_take_dedupe_key: what an enqueue written in SQL (another
+    language's producer) calls; it shares the keys with outbox.enqueue."""
+    take = sa.text("SELECT outbox_take_dedupe_key('email', 'k', CAST(:p AS jsonb), :id)")
+    payload = store.payload_json(email_to("Ada@example.net"))
+    with engine.begin() as conn:
+        assert conn.execute(take, {"p": payload, "id": 4242}).scalar_one() is None
+        assert conn.execute(take, {"p": payload, "id": 4243}).scalar_one() == 4242
+    with engine.begin() as conn:  # the Python producer sees the same key
+        replay = outbox.enqueue(
+            conn, "email", email_to("Ada@example.net"), dedupe_key="k", return_created=True
+        )
+        assert replay == (4242, False)
+    with pytest.raises(sa.exc.DBAPIError) as caught, engine.begin() as conn:
+        conn.execute(take, {"p": store.payload_json(email_to("ada@example.net")), "id": 1})
+    assert "'k' already names email message 4242" in str(caught.value.orig)
+    assert counts(engine) == (0, 1)

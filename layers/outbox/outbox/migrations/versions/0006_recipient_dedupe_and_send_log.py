@@ -144,6 +144,50 @@ FUNCTIONS = [
         SELECT sha256(convert_to(CAST(payload AS text), 'UTF8'))
     $$
     """,
+    # Dedupe for a single-row producer in SQL (another language): take the key
+    # of (channel, dedupe_key, recipient) for message ``new_id`` (drawn with
+    # nextval('outbox_message_id_seq') and then inserted with OVERRIDING
+    # SYSTEM VALUE and recipient_fingerprints = outbox_recipient_fingerprints).
+    # NULL: the key is now this message's, insert it. An id: a replay, insert
+    # nothing and return that id. Another payload: raises SQLSTATE 23505
+    # naming the key. The same rules as store.insert_messages.
+    """
+    CREATE FUNCTION outbox_take_dedupe_key(
+        p_channel text, p_dedupe_key text, p_payload jsonb, p_new_id bigint)
+    RETURNS bigint LANGUAGE plpgsql AS $$
+    DECLARE
+        v_fingerprint bytea := outbox_recipient_fingerprint(p_channel, p_payload);
+        v_digest bytea := outbox_payload_digest(p_payload);
+        v_held_id bigint;
+        v_held_digest bytea;
+    BEGIN
+        LOOP
+            INSERT INTO outbox_dedupe
+                (channel, dedupe_key, recipient_fingerprint, payload_digest, message_id)
+            VALUES (p_channel, p_dedupe_key, v_fingerprint, v_digest, p_new_id)
+            ON CONFLICT DO NOTHING;
+            IF FOUND THEN
+                RETURN NULL;
+            END IF;
+            -- a new statement: it sees a key committed while the INSERT waited
+            SELECT d.message_id, d.payload_digest INTO v_held_id, v_held_digest
+            FROM outbox_dedupe AS d
+            WHERE d.channel = p_channel AND d.dedupe_key = p_dedupe_key
+              AND d.recipient_fingerprint = v_fingerprint;
+            IF FOUND THEN
+                IF v_held_digest <> v_digest THEN
+                    RAISE EXCEPTION USING ERRCODE = 'unique_violation',
+                        MESSAGE = format('dedupe_key: %L already names %s message %s for this '
+                                         'recipient, with a different payload',
+                                         p_dedupe_key, p_channel, v_held_id);
+                END IF;
+                RETURN v_held_id;
+            END IF;
+            -- released by the reaper in between: take it
+        END LOOP;
+    END
+    $$
+    """,
 ]
 
 
@@ -286,6 +330,7 @@ def downgrade() -> None:
     op.execute("ALTER TABLE outbox_message DROP COLUMN recipient_fingerprints")
     op.execute("DROP TABLE outbox_fingerprint_key")
     for name in (
+        "outbox_take_dedupe_key(text, text, jsonb, bigint)",
         "outbox_payload_digest(jsonb)",
         "outbox_recipient_fingerprints(text, jsonb)",
         "outbox_recipient_fingerprint(text, jsonb)",
