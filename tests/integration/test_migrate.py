@@ -61,9 +61,9 @@ def test_upgrade_creates_the_schema_and_is_idempotent(fresh_database: sa.Engine)
     assert migrate.current(fresh_database) is None
     assert migrate.upgrade(fresh_database) == HEAD
     assert migrate.upgrade(fresh_database) == HEAD
-    assert {"outbox_message", "outbox_attempt"} <= tables(fresh_database)
+    assert {"outbox_message", "outbox_attempt", "outbox_outcome_event"} <= tables(fresh_database)
     migrate.downgrade(fresh_database, "base")
-    assert not {"outbox_message", "outbox_attempt"} & tables(fresh_database)
+    assert not {"outbox_message", "outbox_attempt", "outbox_outcome_event"} & tables(fresh_database)
 
 
 @pytest.fixture
@@ -118,7 +118,7 @@ def test_custom_resource_create_migrates_and_answers_success(
     assert answer["Status"] == "SUCCESS" and answer["Data"] == {"Revision": HEAD}
     assert (answer["RequestId"], answer["LogicalResourceId"]) == ("req-1", "OutboxSchema")
     assert answer["path"] == "/stack-response?sig=x"
-    assert {"outbox_message", "outbox_attempt"} <= tables(fresh_database)
+    assert {"outbox_message", "outbox_attempt", "outbox_outcome_event"} <= tables(fresh_database)
 
 
 def test_custom_resource_delete_keeps_the_data(
@@ -129,7 +129,7 @@ def test_custom_resource_delete_keeps_the_data(
     event = {**custom_resource_event(url, "Delete"), "PhysicalResourceId": "outbox-schema"}
     migrate_handler(event, LambdaContext(), lambda: fresh_database)
     assert response_url[0]["Status"] == "SUCCESS"
-    assert {"outbox_message", "outbox_attempt"} <= tables(fresh_database)
+    assert {"outbox_message", "outbox_attempt", "outbox_outcome_event"} <= tables(fresh_database)
 
 
 def test_custom_resource_reports_a_failed_migration(response_url: list[dict[str, Any]]) -> None:

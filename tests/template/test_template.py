@@ -21,7 +21,9 @@ from cfnlint.decode import cfn_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
-NON_CHANNEL_FUNCTIONS = {"dispatcher", "reaper", "migrate"}
+NON_CHANNEL_FUNCTIONS = {"dispatcher", "reaper", "migrate", "feedback"}
+# The one function triggered by SNS: SES events from the configuration set's topic.
+FEEDBACK_TRIGGER = ("FeedbackFunction", "SNS", "SesFeedbackTopic")
 SCHEDULER_INPUT = {
     "execution_id": "<aws.scheduler.execution-id>",
     "scheduled_time": "<aws.scheduler.scheduled-time>",
@@ -267,6 +269,9 @@ def schedule_violations(template: dict[str, Any]) -> list[str]:
     for name, props in functions(template).items():
         for event_name, event in props.get("Events", {}).items():
             where = f"{name}/{event_name}"
+            topic = event.get("Properties", {}).get("Topic", {})
+            if (name, event["Type"], topic.get("Ref")) == FEEDBACK_TRIGGER:
+                continue
             if event["Type"] != "ScheduleV2":
                 found.append(f"{where}: {event['Type']} (schedules use EventBridge Scheduler)")
                 continue
@@ -283,7 +288,11 @@ def schedule_violations(template: dict[str, Any]) -> list[str]:
                 payload = None
             if payload != SCHEDULER_INPUT:
                 found.append(f"{where}: Input is not the scheduler context the code reads")
-    scheduled = {folder_of(props) for props in functions(template).values() if props.get("Events")}
+    scheduled = {
+        folder_of(props)
+        for props in functions(template).values()
+        if any(e["Type"] == "ScheduleV2" for e in props.get("Events", {}).values())
+    }
     if scheduled != {"dispatcher", "reaper"}:
         found.append(f"scheduled functions are {sorted(scheduled)}")
     return found
@@ -311,7 +320,8 @@ def layout_violations(template: dict[str, Any], root: Path = ROOT) -> list[str]:
     for folder in sorted(set(by_folder) - folders):
         found.append(f"{by_folder[folder]} has no functions/{folder}/app.py")
     for folder in sorted(folders | set(by_folder)):
-        if not (root / "events" / f"{folder}.json").is_file():
+        samples = [root / "events" / f"{folder}.json", *(root / "events").glob(f"{folder}-*.json")]
+        if not any(p.is_file() for p in samples):
             found.append(f"events/{folder}.json is missing")
     for name, props in functions(template).items():
         if props.get("Handler", template["Globals"]["Function"].get("Handler")) != "app.handler":
@@ -580,6 +590,31 @@ def test_the_layer_is_built_for_the_runtime_without_boto(template: dict[str, Any
     assert names & {"boto3", "botocore", "aws-xray-sdk"} == set()
 
 
+def test_feedback_and_outcome_events_are_wired_with_least_privilege(
+    template: dict[str, Any],
+) -> None:
+    res = template["Resources"]
+    feedback = res["FeedbackFunction"]["Properties"]
+    assert feedback["Policies"] == [{"Ref": "DatabaseAccessPolicy"}]  # the database, nothing else
+    assert feedback["Events"]["SesFeedback"] == {
+        "Type": "SNS",
+        "Properties": {"Topic": {"Ref": "SesFeedbackTopic"}},
+    }
+    destination = res["SesFeedbackEventDestination"]["Properties"]["EventDestination"]
+    assert destination["SnsDestination"] == {"TopicARN": {"Ref": "SesFeedbackTopic"}}
+    assert set(destination["MatchingEventTypes"]) == {"bounce", "complaint", "delivery"}
+    (publisher,) = [st for name, st in statements(template) if name == "ReaperFunction"]
+    assert publisher["Action"] == "events:PutEvents"
+    assert _strings(publisher["Resource"]) == [
+        "arn:${AWS::Partition}:events:${AWS::Region}:${AWS::AccountId}:event-bus/"
+        "${OutcomeEventBusName}"
+    ]
+    email_env = res["EmailFunction"]["Properties"]["Environment"]["Variables"]
+    assert email_env["SES_CONFIGURATION_SET"]["Fn::If"][0] == "CreateSesConfigurationSet"
+    schema = res["SchemaMigration"]["Properties"]
+    assert schema["OutcomeEventsDelivered"] == {"Ref": "OutcomeEventsDelivered"}
+
+
 def test_migrations_run_on_deploy_when_asked(template: dict[str, Any]) -> None:
     schema = template["Resources"]["SchemaMigration"]
     assert schema["Type"] == "Custom::OutboxSchema"
@@ -604,6 +639,12 @@ def test_event_files_are_what_the_triggers_send() -> None:
             assert event["ResourceType"] == "Custom::OutboxSchema"
         elif name == "migrate-invoke":
             assert event == {}
+        elif name.startswith("feedback-"):
+            from outbox import feedback
+
+            (notification,) = feedback.notifications(event)
+            parsed = feedback.from_notification(notification)
+            assert parsed is not None and parsed.provider_message_id.startswith("EXAMPLE"), name
         else:
             assert HandOff.from_event(event).channel == name
 

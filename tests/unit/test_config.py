@@ -48,6 +48,8 @@ BASE = {"DATABASE_URL": "postgresql://postgres@127.0.0.1/test"}
         ({**BASE, "DEFAULT_TTL_SECONDS": "1.5"}, "DEFAULT_TTL_SECONDS"),
         ({**BASE, "DEFAULT_TTL_SECONDS": "-60"}, "DEFAULT_TTL_SECONDS"),
         ({"DB_SECRET_ARN": "arn:x", "DB_SSLMODE": "disable"}, "DB_SSLMODE"),
+        ({**BASE, "OUTCOME_EVENT_BUS": "bus with spaces"}, "OUTCOME_EVENT_BUS"),
+        ({**BASE, "OUTCOME_EVENTS_DELIVERED": "yes"}, "OUTCOME_EVENTS_DELIVERED"),
     ],
 )
 def test_bad_configuration_fails_at_cold_start_naming_the_setting(
@@ -178,3 +180,15 @@ def test_malformed_hand_off_events_are_refused_naming_the_field(event: object, f
     with pytest.raises(ValidationError) as caught:
         HandOff.from_event(event)
     assert caught.value.field == field
+
+
+def test_outcome_events_are_off_unless_a_bus_is_named() -> None:
+    from outbox.config import OutcomeEventSettings
+
+    assert OutcomeEventSettings.from_env(BASE) == OutcomeEventSettings(bus="")
+    arn = "arn:aws:events:us-east-1:123456789012:event-bus/outcomes"
+    named = OutcomeEventSettings.from_env(
+        {**BASE, "OUTCOME_EVENT_BUS": arn, "OUTCOME_EVENTS_DELIVERED": "TRUE"}
+    )
+    assert named.bus == arn and named.include_delivered
+    assert named.lease_seconds > 60  # outlives a reaper run: a live publisher keeps its events

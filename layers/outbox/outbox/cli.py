@@ -2,7 +2,8 @@
 
     outbox migrate | enqueue | status | list | show | redrive | cancel | prune
     outbox worker            the relay in one process (dispatcher, senders, reaper)
-    outbox invoke FN EVENT   run a function of template.yaml in process (no Docker)
+    outbox invoke FN EVENT   run a function of template.yaml in process (no Docker;
+                             --claim N for a live event)
 
 Every command takes ``--json``. A bad argument or an unknown id prints one
 line on stderr, exits non-zero and changes nothing.
@@ -28,7 +29,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 import sqlalchemy as sa
 
-from .errors import ConfigError, OutboxError, ValidationError
+from .errors import ConfigError, ValidationError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -601,11 +602,12 @@ def worker(
     """
     import dataclasses
 
-    from .config import RelaySettings
+    from .config import OutcomeEventSettings, RelaySettings
     from .worker import Worker
 
     try:
         settings = RelaySettings.from_env(os.environ)
+        outcome_events = OutcomeEventSettings.from_env(os.environ)
     except ConfigError as exc:
         fail(str(exc), 2)
     if batch_size is not None:
@@ -623,7 +625,12 @@ def worker(
     try:
         with database(autocommit=True) as engine:
             report = Worker(
-                engine, settings, channels=wanted, stop=stop, reap_interval_seconds=reap_interval
+                engine,
+                settings,
+                channels=wanted,
+                stop=stop,
+                reap_interval_seconds=reap_interval,
+                outcome_events=outcome_events,
             ).run(once=once, until_empty=until_empty)
     finally:
         for s, handler in previous.items():
@@ -644,8 +651,28 @@ def worker(
 
 @cli.command("invoke")
 @click.argument("function")
-@click.argument("event_file")
-@click.option("--env-vars", "env_vars_file", default=None, help="SAM-format env file (JSON).")
+@click.argument("event_file", required=False)
+@click.option(
+    "--env-vars",
+    "env_vars_file",
+    default=None,
+    help='SAM-format env file (JSON): {"Parameters": {...}, "<Function>": {...}}.',
+)
+@click.option(
+    "--parameter-overrides",
+    "parameter_overrides",
+    multiple=True,
+    help="Template parameters, SAM syntax: 'Key=Value Key2=Value2' "
+    "(or ParameterKey=Key,ParameterValue=Value).",
+)
+@click.option(
+    "--claim",
+    "claim_limit",
+    type=click.IntRange(1, 1000),
+    default=None,
+    help="Claim up to N due messages of the function's channel and pass them as the "
+    "hand-off event (a live event; instead of EVENT_FILE).",
+)
 @click.option(
     "--template",
     "-t",
@@ -656,7 +683,13 @@ def worker(
 )
 @json_option
 def invoke_(
-    function: str, event_file: str, env_vars_file: str | None, template_file: str, as_json: bool
+    function: str,
+    event_file: str | None,
+    env_vars_file: str | None,
+    parameter_overrides: tuple[str, ...],
+    claim_limit: int | None,
+    template_file: str,
+    as_json: bool,
 ) -> None:
     """Run FUNCTION of template.yaml in process with EVENT_FILE (- for stdin)
     and print its JSON result: `sam local invoke` without Docker.
@@ -664,29 +697,52 @@ def invoke_(
     The result is JSON either way; --json prints it on one line."""
     from . import invoke
 
+    if (event_file is None) == (claim_limit is None):
+        fail("give either EVENT_FILE or --claim N", 2)
     template_path = Path(template_file)
     try:
         template = invoke.load_template(template_path)
+        overrides = invoke.parse_parameter_overrides(parameter_overrides)
         env_vars = _read_json_file(env_vars_file, "env vars file") if env_vars_file else {}
-        if not isinstance(env_vars, dict):
-            fail(f"env vars file {env_vars_file} must hold a JSON object", 2)
-        spec = invoke.function_spec(template, template_path.resolve().parent, function, env_vars)
-        event = _read_json_file(event_file, "event file")
-        if spec.skipped_variables:
-            click.echo(
-                "note: unresolved template variables left unset: "
-                + ", ".join(sorted(spec.skipped_variables)),
-                err=True,
+        if not isinstance(env_vars, dict) or not all(
+            isinstance(v, dict) for v in env_vars.values()
+        ):
+            fail(f"env vars file {env_vars_file} must map Parameters or a function to an object", 2)
+        spec = invoke.function_spec(
+            template, template_path.resolve().parent, function, env_vars, None, overrides
+        )
+        event: Any
+        if claim_limit is not None:
+            channel = invoke.channel_of(template, spec.logical_id, overrides)
+            if channel is None:
+                fail(
+                    f"--claim: {spec.logical_id} is not a channel function (no CHANNEL_FUNCTIONS "
+                    "map of the template names it)",
+                    2,
+                )
+            event = invoke.claim_event(
+                channel, claim_limit, lambda line: click.echo(line, err=True)
             )
-        outcome = invoke.invoke(spec, event)
+        else:
+            event = _read_json_file(str(event_file), "event file")
     except invoke.InvokeError as exc:
         fail(str(exc), 2)
-    except OutboxError as exc:  # a ConfigError at the handler's cold start
-        fail(f"{function} failed at init: {exc}")
+    for name, reason in sorted(spec.unresolved.items()):
+        click.echo(f"note: {name} left unset: {reason}", err=True)
+    for section in spec.ignored_env_sections:
+        click.echo(f"note: env vars file section {section!r} names no function: ignored", err=True)
+    click.echo(invoke.banner(spec), err=True)
+    try:
+        outcome = invoke.invoke(spec, event, progress=lambda line: click.echo(line, err=True))
+    except invoke.InvokeError as exc:
+        fail(str(exc))
     if outcome.error is not None:
         click.echo(outcome.traceback or "", err=True, nl=False)
         click.echo(json.dumps(outcome.error))
-        error_type, message = outcome.error["errorType"], outcome.error["errorMessage"]
+        error_type = outcome.error["errorType"]
+        message = " ".join((outcome.summary or outcome.error["errorMessage"]).split())
+        if outcome.phase == "init":
+            fail(f"{spec.logical_id} failed at init: {error_type}: {message}")
         fail(f"{spec.logical_id} raised {error_type}: {message}")
     click.echo(json.dumps(_jsonable(outcome.result), indent=None if as_json else 2))
     if outcome.timed_out:

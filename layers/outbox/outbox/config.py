@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -261,3 +262,41 @@ class RelaySettings:
             )
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             raise ConfigError("BACKOFF_CAP_SECONDS", "must not be below BACKOFF_BASE_SECONDS")
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw not in ("true", "false"):
+        raise ConfigError(name, f"must be true or false, got {raw!r}")
+    return raw == "true"
+
+
+_EVENT_BUS = re.compile(
+    r"^(arn:aws[a-z-]*:events:[a-z0-9-]+:[0-9]{12}:event-bus/)?[A-Za-z0-9/_.-]+$"
+)
+
+
+@dataclass(frozen=True)
+class OutcomeEventSettings:
+    """Where outcome events go. An empty bus turns publishing off (the events
+    are then dropped after the retention window)."""
+
+    bus: str = ""
+    include_delivered: bool = False
+    # How long a publisher holds the events it took: longer than the reaper
+    # runs (60 s), so a live publisher never has them taken from it. A
+    # publisher that dies leaves them to be published again after this.
+    lease_seconds: int = 300
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OutcomeEventSettings:
+        env = os.environ if env is None else env
+        bus = (env.get("OUTCOME_EVENT_BUS") or "").strip()
+        if bus and not _EVENT_BUS.match(bus):
+            raise ConfigError("OUTCOME_EVENT_BUS", f"not an event bus name or ARN: {bus!r}")
+        return cls(
+            bus=bus,
+            include_delivered=_bool(env, "OUTCOME_EVENTS_DELIVERED", False),
+        )

@@ -6,7 +6,8 @@ no receipt no sender ever started it, so none is counted and the row is due
 again at once: ``LeaseExpiredNotStarted``, alarmed), expires pending rows past
 their deliver-by time, cancels rows held behind a failed row of their ordering
 key whose producer asked for that, prunes terminal rows past the retention
-window, and publishes backlog metrics. Every step works in bounded batches.
+window, publishes the outcome events waiting (``outcomes.py``; a bus that
+fails only delays them), and publishes backlog metrics. Every step works in bounded batches.
 
 Rows that ended without reaching their recipient (``failed``, ``dead``,
 ``expired``) are not routine history: they wait for an operator, and the
@@ -20,11 +21,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 
-from . import store
-from .config import RelaySettings
+from . import outcomes, store
+from .config import OutcomeEventSettings, RelaySettings
 from .dispatcher import backoff_of
 from .observability import count, gauge
 
@@ -43,11 +45,23 @@ class ReapReport:
     expired: int = 0  # past their deliver-by time (leases and pending rows)
     cancelled: int = 0  # held rows cancelled as their producer asked
     pruned: int = 0
+    events_published: int = 0
+    events_refused: int = 0
+    events_dropped: int = 0
+    events_waiting: int = 0
     backlog: store.Backlog | None = None
 
 
-def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], float]) -> ReapReport:
+def run(
+    engine: sa.Engine,
+    settings: RelaySettings,
+    time_left: Callable[[], float],
+    outcome_events: OutcomeEventSettings | None = None,
+    events_client: Callable[[], Any] | None = None,
+) -> ReapReport:
+    """``events_client`` makes the EventBridge client, on first need."""
     report = ReapReport()
+    outcome_events = outcome_events or OutcomeEventSettings()
     backoff = backoff_of(settings)
     while time_left() > _MIN_TIME_FOR_A_BATCH:
         with engine.begin() as conn:
@@ -97,15 +111,28 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
     count("Expired", report.expired)
     count("HeldCancelled", report.cancelled)
 
+    if outcome_events.bus and events_client is not None:
+        published = outcomes.publish(engine, events_client(), outcome_events, time_left)
+        report.events_published, report.events_refused = published.published, published.refused
+    count("OutcomeEventsPublished", report.events_published)
+    count("OutcomeEventsRefused", report.events_refused)
+
     routine = [s for s in store.TERMINAL_STATUSES if s not in UNRESOLVED_STATUSES]
     unresolved = [s for s in store.TERMINAL_STATUSES if s in UNRESOLVED_STATUSES]
     report.pruned += _prune(engine, routine, settings.retention_days, time_left)
     if settings.unresolved_retention_days is not None:
         report.pruned += _prune(engine, unresolved, settings.unresolved_retention_days, time_left)
     count("Pruned", report.pruned)
+    if not outcome_events.bus:
+        # Publishing is off: nothing else removes the events the trigger writes.
+        with engine.begin() as conn:
+            report.events_dropped = store.drop_outcome_events(
+                conn, settings.retention_days * 86400, PRUNE_BATCH_SIZE
+            )
 
     with engine.begin() as conn:
         report.backlog = store.backlog(conn)
+        report.events_waiting, oldest_event_age = store.outcome_event_backlog(conn)
     b = report.backlog
     # Gauges go out even at zero, so alarms see data rather than "missing".
     gauge("PendingMessages", b.pending)
@@ -113,6 +140,8 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
     gauge("ExpiredClaims", b.expired_claims)
     gauge("HeldMessages", b.held)
     gauge("OldestPendingAgeSeconds", b.oldest_due_age_seconds, seconds=True)
+    gauge("UnpublishedOutcomeEvents", report.events_waiting)
+    gauge("OldestUnpublishedOutcomeEventAgeSeconds", oldest_event_age, seconds=True)
     log.info(
         "reaper run",
         extra={
@@ -123,6 +152,10 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
             "cancelled": report.cancelled,
             "held": b.held,
             "pruned": report.pruned,
+            "outcome_events_published": report.events_published,
+            "outcome_events_refused": report.events_refused,
+            "outcome_events_dropped": report.events_dropped,
+            "outcome_events_waiting": report.events_waiting,
             "pending": b.pending,
             "oldest_due_age_seconds": round(b.oldest_due_age_seconds, 3),
             "dead_total": b.dead,

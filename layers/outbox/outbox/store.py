@@ -7,12 +7,17 @@
                           not counted: no sender ever started it)
     pending -> cancelled | expired (deliver-by time passed);
     dead | failed | expired -> pending (operator redrive)
+    delivered -> bounced | complained   (provider feedback)
 
 An ordering key runs one row at a time, in id order (= commit order: enqueue
 takes a transaction-scoped advisory lock per key). A row that ends failed, dead
 or expired holds its key's later rows (they stay pending, "held") until an
 operator redrives or cancels it; rows enqueued with
 ``on_predecessor_failure='cancel'`` are cancelled instead, by the reaper.
+
+Transitions to failed, dead, expired, bounced and complained (and delivered,
+when turned on) also write an ``outbox_outcome_event`` row: a trigger of the
+schema does it in the same statement, so no statement here has to remember.
 
 Rules every statement here keeps (DESIGN.md, invariants 1-7):
 * the claim is one compare-and-set UPDATE over ``FOR UPDATE SKIP LOCKED`` rows;
@@ -36,7 +41,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
-TERMINAL_STATUSES = ("delivered", "failed", "dead", "suppressed", "cancelled", "expired")
+TERMINAL_STATUSES = (
+    "delivered",
+    "failed",
+    "dead",
+    "suppressed",
+    "cancelled",
+    "expired",
+    "bounced",
+    "complained",
+)
 SEND_OUTCOMES = ("delivered", "retry", "failed", "suppressed", "deferred")
 # The statuses of an ordering key's row that hold the rows after it.
 HOLDING_STATUSES = ("failed", "dead", "expired")
@@ -952,6 +966,8 @@ STATUSES = (
     "suppressed",
     "cancelled",
     "expired",
+    "bounced",
+    "complained",
 )
 REDRIVABLE_STATUSES = ("dead", "failed", "expired")
 
@@ -1115,3 +1131,288 @@ def redrive_matching(
         },
     ).all()
     return {r.id for r in rows}
+
+
+# --- provider feedback (SES bounce, complaint and delivery events) ------------
+
+FEEDBACK_OUTCOMES = ("bounced", "complained", "transient_bounce", "delivery_confirmed")
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """One provider event about a sent message, as the feedback function parsed it.
+
+    ``feedback_id`` names the event (the provider's feedback id, or a digest of
+    the event): the same event recorded twice writes nothing the second time.
+    ``reason`` is free of addresses (the parser scrubs them).
+    """
+
+    provider_message_id: str
+    outcome: str
+    feedback_id: str
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class FeedbackResult:
+    provider_message_id: str
+    outcome: str
+    message_id: int | None  # None: no email message has this provider id
+    recorded: bool  # False for a matched event recorded before (a repeat)
+    new_status: str | None  # set when the event moved the message
+
+
+_RECORD_FEEDBACK = _sql(
+    """
+    WITH input AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:events AS jsonb))
+            AS i(ord int, provider_id text, outcome text, error text, feedback_id text)
+    ),
+    matched AS (
+        SELECT i.*, m.id AS message_id, m.attempts
+        FROM input AS i
+        JOIN outbox_message AS m
+          ON m.provider_message_id = i.provider_id AND m.channel = 'email'
+    ),
+    logged AS (
+        INSERT INTO outbox_attempt
+            (message_id, attempt, outcome, error, provider_message_id, feedback_id)
+        SELECT message_id, attempts, outcome, error, provider_id, feedback_id FROM matched
+        ORDER BY ord
+        -- the same event twice (an SNS redelivery, two subscriptions) is one row
+        ON CONFLICT (message_id, feedback_id) WHERE feedback_id IS NOT NULL DO NOTHING
+        RETURNING id, message_id, outcome, error, feedback_id
+    ),
+    first_final AS (
+        -- a bounce and a complaint in one batch: the first one decides
+        SELECT DISTINCT ON (message_id) id AS attempt_id, message_id, outcome, error
+        FROM logged WHERE outcome IN ('bounced', 'complained')
+        ORDER BY message_id, id
+    ),
+    moved AS (
+        -- only a delivered message moves: a repeat, or feedback on a message
+        -- that already bounced, leaves its status alone
+        UPDATE outbox_message AS m SET status = f.outcome, last_error = f.error
+        FROM first_final AS f
+        WHERE m.id = f.message_id AND m.status = 'delivered'
+        RETURNING f.attempt_id, m.status
+    )
+    SELECT i.ord, mt.message_id, (l.id IS NOT NULL) AS recorded, mv.status AS new_status
+    FROM input AS i
+    LEFT JOIN matched AS mt ON mt.ord = i.ord
+    LEFT JOIN logged AS l ON l.message_id = mt.message_id AND l.feedback_id = i.feedback_id
+    LEFT JOIN moved AS mv ON mv.attempt_id = l.id
+    ORDER BY i.ord
+    """
+)
+
+
+def record_feedback(conn: sa.Connection, events: Sequence[Feedback]) -> list[FeedbackResult]:
+    """Record a batch of provider events in one statement: an attempt row each
+    (with the provider's reason), and ``delivered -> bounced | complained`` for
+    permanent bounces and complaints. Idempotent per (message, feedback id).
+
+    ``events`` must not repeat a (provider id, feedback id) pair.
+    """
+    if not events:
+        return []
+    unknown = {e.outcome for e in events} - set(FEEDBACK_OUTCOMES)
+    if unknown:
+        raise ValueError(f"unknown feedback outcome(s): {sorted(unknown)}")
+    rows = conn.execute(
+        _RECORD_FEEDBACK,
+        {
+            "events": json.dumps(
+                [
+                    {
+                        "ord": n,
+                        "provider_id": e.provider_message_id,
+                        "outcome": e.outcome,
+                        "error": e.reason,
+                        "feedback_id": e.feedback_id,
+                    }
+                    for n, e in enumerate(events)
+                ],
+                separators=(",", ":"),
+            )
+        },
+    ).all()
+    return [
+        FeedbackResult(
+            provider_message_id=events[r.ord].provider_message_id,
+            outcome=events[r.ord].outcome,
+            message_id=r.message_id,
+            recorded=bool(r.recorded),
+            new_status=r.new_status,
+        )
+        for r in rows
+    ]
+
+
+# --- outcome events (the transitions applications react to) -------------------
+# A trigger (migration 0007) writes one outbox_outcome_event row per transition
+# in the transition's own statement. The publisher takes due rows under a lease
+# (SKIP LOCKED, so publishers never share a row), puts them on EventBridge, and
+# deletes what was published. A publisher that dies between PutEvents and the
+# delete leaves its rows leased: they are published again, with the same event
+# id, once the lease ends (at least once).
+
+OUTCOME_EVENT_STATUSES = ("failed", "dead", "expired", "bounced", "complained", "delivered")
+_DELIVERED_EVENT_TRIGGER = "outbox_message_delivered_event"
+
+
+@dataclass(frozen=True)
+class OutcomeEvent:
+    id: int
+    message_id: int
+    channel: str
+    status: str
+    attempts: int
+    last_error: str | None
+    provider_message_id: str | None
+    dedupe_key: str | None
+    ordering_key: str | None
+    occurred_at: Any  # datetime, from the database clock
+
+
+_TAKE_OUTCOME_EVENTS = _sql(
+    """
+    WITH due AS (
+        SELECT id FROM outbox_outcome_event
+        WHERE publish_after <= now()
+        ORDER BY publish_after, id
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE outbox_outcome_event AS e
+    SET publish_after = now() + make_interval(secs => :lease_seconds),
+        publish_attempts = e.publish_attempts + 1
+    FROM due
+    WHERE e.id = due.id
+    RETURNING e.id, e.message_id, e.channel, e.status, e.attempts, e.last_error,
+              e.provider_message_id, e.dedupe_key, e.ordering_key, e.occurred_at
+    """
+)
+
+
+def take_outcome_events(
+    conn: sa.Connection, batch_size: int, lease_seconds: float
+) -> list[OutcomeEvent]:
+    """Lease up to ``batch_size`` due events to this publisher, oldest first.
+
+    No cursor: every row not yet deleted is found, whatever order the
+    transactions that wrote them committed in."""
+    rows = conn.execute(
+        _TAKE_OUTCOME_EVENTS, {"batch_size": batch_size, "lease_seconds": float(lease_seconds)}
+    ).all()
+    events = [
+        OutcomeEvent(
+            id=r.id,
+            message_id=r.message_id,
+            channel=r.channel,
+            status=r.status,
+            attempts=r.attempts,
+            last_error=r.last_error,
+            provider_message_id=r.provider_message_id,
+            dedupe_key=r.dedupe_key,
+            ordering_key=r.ordering_key,
+            occurred_at=r.occurred_at,
+        )
+        for r in rows
+    ]
+    events.sort(key=lambda e: e.id)
+    return events
+
+
+_FINISH_OUTCOME_EVENTS = _sql(
+    """
+    WITH published AS (
+        DELETE FROM outbox_outcome_event WHERE id = ANY(CAST(:published AS bigint[]))
+        RETURNING id
+    ),
+    refused AS (
+        -- kept, and tried again when the lease taken with them ends
+        UPDATE outbox_outcome_event AS e SET publish_error = f.error
+        FROM jsonb_to_recordset(CAST(:failures AS jsonb)) AS f(id bigint, error text)
+        WHERE e.id = f.id
+        RETURNING e.id
+    )
+    SELECT (SELECT count(*) FROM published) AS published, (SELECT count(*) FROM refused) AS refused
+    """
+)
+
+
+def finish_outcome_events(
+    conn: sa.Connection, published: Sequence[int], failures: dict[int, str]
+) -> int:
+    """Delete the published events and note why the others were refused (they
+    stay leased until their lease ends, which is their back-off). Returns how
+    many were deleted."""
+    if not published and not failures:
+        return 0
+    row = conn.execute(
+        _FINISH_OUTCOME_EVENTS,
+        {
+            "published": array_literal(published),
+            "failures": json.dumps([{"id": i, "error": e} for i, e in failures.items()]),
+        },
+    ).one()
+    return int(row.published)
+
+
+_DROP_OUTCOME_EVENTS = sa.text(
+    """
+    WITH doomed AS (
+        SELECT id FROM outbox_outcome_event
+        WHERE occurred_at < now() - make_interval(secs => :older_than_seconds)
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM outbox_outcome_event AS e USING doomed WHERE e.id = doomed.id
+    """
+)
+
+
+def drop_outcome_events(conn: sa.Connection, older_than_seconds: float, batch_size: int) -> int:
+    """Delete up to ``batch_size`` unpublished events older than the window
+    (when no bus is configured, nothing else ever removes them)."""
+    result = conn.execute(
+        _DROP_OUTCOME_EVENTS,
+        {"older_than_seconds": float(older_than_seconds), "batch_size": batch_size},
+    )
+    return result.rowcount
+
+
+_OUTCOME_EVENT_BACKLOG = sa.text(
+    """
+    SELECT count(*) AS waiting,
+           COALESCE(EXTRACT(EPOCH FROM now() - min(occurred_at)), 0)::float8 AS oldest_age
+    FROM outbox_outcome_event
+    """
+)
+
+
+def outcome_event_backlog(conn: sa.Connection) -> tuple[int, float]:
+    """(events not yet published, age in seconds of the oldest)."""
+    row = conn.execute(_OUTCOME_EVENT_BACKLOG).one()
+    return int(row.waiting), float(row.oldest_age)
+
+
+_DELIVERED_EVENTS_ENABLED = sa.text(
+    """
+    SELECT tgenabled <> 'D' FROM pg_trigger
+    WHERE tgrelid = 'outbox_message'::regclass AND tgname = :name
+    """
+)
+
+
+def set_delivered_outcome_events(conn: sa.Connection, enabled: bool) -> bool:
+    """Turn the ``delivered`` outcome event on or off (the trigger that writes
+    it); off, a delivery costs nothing extra. Needs the table's owner (the
+    migrate function). Returns whether anything changed."""
+    current = conn.execute(_DELIVERED_EVENTS_ENABLED, {"name": _DELIVERED_EVENT_TRIGGER}).scalar()
+    if current is None or bool(current) == enabled:
+        return False
+    action = "ENABLE" if enabled else "DISABLE"  # a closed choice, never input
+    conn.execute(sa.text(f"ALTER TABLE outbox_message {action} TRIGGER {_DELIVERED_EVENT_TRIGGER}"))
+    return True

@@ -7,13 +7,13 @@ cannot serve either without walking the full channel's whole backlog; this
 one finds another channel's rows, and the next channel name, in a probe.
 
 Revision ID: 0008
-Revises: 0003
+Revises: 0007
 """
 
 from alembic import op
 
 revision = "0008"
-down_revision = "0003"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
