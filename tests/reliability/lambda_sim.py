@@ -44,7 +44,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from outbox import channels, dispatcher, reaper, sender
+from outbox import channels, dispatcher, reaper, sender, store
 from outbox.channels import Deadline, Message, Outcome, SchemaChannel
 from outbox.config import RelaySettings
 from outbox.handoff import HandOff, HandOffThrottled
@@ -130,6 +130,9 @@ class SimProvider(SchemaChannel):
         self.outage_until = 0.0
         self.sends: list[Send] = []
         self.refused = 0
+        # Environments killed mid-invocation (by worker thread name): they send
+        # nothing more, and die at their settle.
+        self.killed: dict[str, str] = {}
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
 
@@ -137,14 +140,27 @@ class SimProvider(SchemaChannel):
         with self._lock:
             return probability > 0 and self._rng.random() < probability
 
+    @staticmethod
+    def environment() -> str:
+        """The simulated environment a send thread belongs to (see own_send_threads)."""
+        return threading.current_thread().name.rsplit("-send_", 1)[0]
+
+    def _kill(self, point: str) -> None:
+        with self._lock:
+            self.killed.setdefault(self.environment(), point)
+
     def validate(self, payload: Any) -> None:
         super().validate(payload)
         if self.armed and self._chance(self.faults.kill_before_send):
-            raise SimulatedKill("before_send")
+            self._kill("before_send")
 
     def send(self, message: Message, deadline: Deadline) -> Outcome:
         if self.latency_seconds:
             time.sleep(min(self.latency_seconds, deadline.remaining()))
+        with self._lock:
+            dead = self.environment() in self.killed
+        if dead:  # a killed process sends nothing more
+            return Outcome.retry("killed")
         if time.monotonic() < self.outage_until:
             with self._lock:
                 self.refused += 1
@@ -153,7 +169,7 @@ class SimProvider(SchemaChannel):
             self.sends.append(Send(message.id, message.attempt, time.monotonic()))
             n = len(self.sends)
         if self.armed and self._chance(self.faults.kill_after_send):
-            raise SimulatedKill("after_send")
+            self._kill("after_send")
         return Outcome.delivered(f"sim-{n}")
 
 
@@ -349,7 +365,8 @@ class LambdaSim:
     @contextmanager
     def own_send_threads(self) -> Iterator[None]:
         """Each worker is its own execution environment, with its own send threads."""
-        pool = ThreadPoolExecutor(self.settings.send_concurrency, thread_name_prefix="sim-send")
+        prefix = f"{threading.current_thread().name}-send"
+        pool = ThreadPoolExecutor(self.settings.send_concurrency, thread_name_prefix=prefix)
         self._local.pool = pool
         try:
             yield
@@ -362,7 +379,8 @@ class LambdaSim:
         if pool is None:  # not a simulated environment's thread
             return self.original_pool(size)
         if pool._shutdown:  # retired after a call stuck past its deadline
-            pool = self._local.pool = ThreadPoolExecutor(size, thread_name_prefix="sim-send")
+            prefix = f"{threading.current_thread().name}-send"
+            pool = self._local.pool = ThreadPoolExecutor(size, thread_name_prefix=prefix)
         return pool
 
     def idle(self) -> bool:
@@ -468,6 +486,17 @@ def run(
     provider.armed = True
     provider.outage_until = started + outage_seconds
     sender._pool = sim.pool_for_this_thread  # type: ignore[assignment]
+    real_settle = store.settle
+
+    def settle_unless_killed(*args: Any, **kwargs: Any) -> Any:
+        """A process killed during its sends dies here, before its settle."""
+        with provider._lock:
+            point = provider.killed.pop(threading.current_thread().name, None)
+        if point is not None:
+            raise SimulatedKill(point)
+        return real_settle(*args, **kwargs)
+
+    store.settle = settle_unless_killed  # type: ignore[assignment]
     threads = [
         threading.Thread(target=_dispatch_loop, args=(sim,), name="sim-dispatcher", daemon=True),
         threading.Thread(target=_reap_loop, args=(sim,), name="sim-reaper", daemon=True),
@@ -489,6 +518,7 @@ def run(
         for function in sim.functions.values():
             function.join()
         sender._pool = sim.original_pool  # type: ignore[method-assign]
+        store.settle = real_settle  # type: ignore[assignment]
     return check(engine, sim, ids, started)
 
 
