@@ -136,3 +136,21 @@ def test_history_refuses_bad_arguments(run: Any) -> None:
     assert "--recipient" in error_line(run("history", "--recipient", " "))
     assert "pigeon" in error_line(run("history", "--recipient", "a@b.c", "--channel", "pigeon"))
     assert "--recipient" in error_line(run("history"))
+
+
+def test_a_bounce_shows_in_the_recipients_history(run: Any, engine: sa.Engine) -> None:
+    """Provider feedback (issue 12 item 2) writes attempt rows too: the send
+    log answers "did they get it?" with the bounce, not just the delivery."""
+    with engine.begin() as conn:
+        message_id = outbox.enqueue(conn, "email", {**EMAIL, "to": ["ada@example.net"]})
+    settle_due(engine, "delivered", provider_id="ses-bounce-1")
+    with engine.begin() as conn:
+        (result,) = store.record_feedback(
+            conn, [store.Feedback("ses-bounce-1", "bounced", "fb-1", "Permanent: General")]
+        )
+    assert result.new_status == "bounced"
+    rows = json.loads(run("history", "--recipient", "Ada@example.net", "--json").stdout)
+    assert [(r["message_id"], r["outcome"], r["message_status"]) for r in rows] == [
+        (message_id, "bounced", "bounced"),
+        (message_id, "delivered", "bounced"),
+    ]
