@@ -119,9 +119,11 @@ def template() -> dict[str, Any]:
 
 def event_file(logical_id: str) -> str:
     """The function's sample event: events/<its folder>.json (the migrate
-    function's plain invoke: its custom-resource event answers to S3)."""
+    function's plain invoke: its custom-resource event answers to S3; the
+    feedback function's samples are one per SES event type)."""
     folder = Path(template()["Resources"][logical_id]["Properties"]["CodeUri"]).name
-    return f"events/{'migrate-invoke' if folder == 'migrate' else folder}.json"
+    name = {"migrate": "migrate-invoke", "feedback": "feedback-bounce"}.get(folder, folder)
+    return f"events/{name}.json"
 
 
 def quiet(result: Result) -> None:
@@ -354,7 +356,10 @@ def test_parameter_defaults_and_intrinsics_resolve_as_sam_local_resolves_them() 
     assert env["MAX_ATTEMPTS"] == defaults["MaxAttempts"]
     assert env["LEASE_SECONDS"] == defaults["LeaseSeconds"]
     assert env["POLL_INTERVAL_SECONDS"] == "0.2" and env["DB_PORT"] == "5432"
-    assert env["SES_CONFIGURATION_SET"] == "" and env["SES_SUPPRESSION_CHECK"] == "false"
+    # SesConfigurationSet empty: the stack's own set, a Ref to a resource
+    # resolving to its logical id as in sam local.
+    assert env["SES_CONFIGURATION_SET"] == "SesConfigurationSetResource"
+    assert env["SES_SUPPRESSION_CHECK"] == "false"
     assert env["DB_SSLMODE"] == "verify-full"  # no loopback DATABASE_URL in this shell
     assert "DB_IAM_USER" not in env  # !If [UseIamAuth, ..., !Ref AWS::NoValue]
     assert email.layer_dirs == [REPO / "layers" / "outbox"]
