@@ -48,6 +48,8 @@ BASE = {"DATABASE_URL": "postgresql://postgres@127.0.0.1/test"}
         ({**BASE, "DEFAULT_TTL_SECONDS": "1.5"}, "DEFAULT_TTL_SECONDS"),
         ({**BASE, "DEFAULT_TTL_SECONDS": "-60"}, "DEFAULT_TTL_SECONDS"),
         ({"DB_SECRET_ARN": "arn:x", "DB_SSLMODE": "disable"}, "DB_SSLMODE"),
+        ({**BASE, "ATTEMPT_RETENTION_DAYS": "-1"}, "ATTEMPT_RETENTION_DAYS"),
+        ({**BASE, "DEDUPE_WINDOW_DAYS": "a month"}, "DEDUPE_WINDOW_DAYS"),
         ({**BASE, "OUTCOME_EVENT_BUS": "bus with spaces"}, "OUTCOME_EVENT_BUS"),
         ({**BASE, "OUTCOME_EVENTS_DELIVERED": "yes"}, "OUTCOME_EVENTS_DELIVERED"),
     ],
@@ -63,6 +65,13 @@ def test_bad_configuration_fails_at_cold_start_naming_the_setting(
 def test_defaults_keep_the_lease_longer_than_timeout_plus_event_age() -> None:
     s = RelaySettings.from_env(BASE)
     assert s.lease_seconds > s.sender_timeout_seconds + s.max_event_age_seconds
+
+
+def test_the_send_log_and_dedupe_keys_have_retentions_of_their_own() -> None:
+    s = RelaySettings.from_env(BASE)
+    assert (s.retention_days, s.attempt_retention_days, s.dedupe_window_days) == (7, 90, 30)
+    s = RelaySettings.from_env({**BASE, "ATTEMPT_RETENTION_DAYS": "3", "DEDUPE_WINDOW_DAYS": "0"})
+    assert (s.attempt_retention_days, s.dedupe_window_days) == (3, 0)
 
 
 def test_in_flight_budget_from_reserved_concurrency_chunk_timeout_and_event_age() -> None:

@@ -1,6 +1,6 @@
 """The ``outbox`` command: operate the relay against ``DATABASE_URL``.
 
-    outbox migrate | enqueue | status | list | show | redrive | cancel | prune
+    outbox migrate | enqueue | status | list | show | history | redrive | cancel | prune
     outbox worker            the relay in one process (dispatcher, senders, reaper)
     outbox invoke FN EVENT   run a function of template.yaml in process (no Docker;
                              --claim N for a live event)
@@ -245,7 +245,11 @@ def _read_payload(text: str) -> Any:
 @cli.command()
 @click.option("--channel", required=True, help="The channel, e.g. email.")
 @click.option("--payload", required=True, help="The payload as JSON, or @file (@- for stdin).")
-@click.option("--dedupe-key", default=None, help="A repeat with this key returns the same id.")
+@click.option(
+    "--dedupe-key",
+    default=None,
+    help="Names the event: a repeat for the same recipient and payload returns the same id.",
+)
 @click.option("--ordering-key", default=None, help="Delivered one at a time, in order, per key.")
 @click.option("--priority", type=int, default=0, show_default=True)
 @click.option("--delay", type=Duration(), default=None, help="Not before this long (45s, 10m, 1h).")
@@ -280,7 +284,7 @@ def enqueue(
     with database() as engine:
         try:
             with engine.begin() as conn:
-                message_id = outbox.enqueue(
+                message_id, created = outbox.enqueue(
                     conn,
                     channel,
                     body,
@@ -291,11 +295,13 @@ def enqueue(
                     max_attempts=max_attempts,
                     ttl=ttl,
                     on_predecessor_failure=on_predecessor_failure,
+                    return_created=True,
                 )
-        except ValidationError as exc:
+        except ValidationError as exc:  # DedupeConflict too: nothing was written
             fail(str(exc), 2)
     if as_json:
-        emit_json({"id": message_id, "channel": channel})
+        # created false: a replay of its dedupe key, the existing message's id
+        emit_json({"id": message_id, "channel": channel, "created": created})
     else:
         click.echo(message_id)
 
@@ -556,7 +562,10 @@ def _report(verb: str, ids: list[int], as_json: bool) -> None:
 @click.option("--status", "statuses", multiple=True, help="Only these terminal statuses.")
 @json_option
 def prune(older_than: float, statuses: tuple[str, ...], as_json: bool) -> None:
-    """Delete terminal messages (and their attempts) settled before the window."""
+    """Delete terminal messages settled before the window.
+
+    Their attempt history stays for `outbox history` (the reaper prunes it
+    after ATTEMPT_RETENTION_DAYS), and so do their dedupe keys (DEDUPE_WINDOW_DAYS)."""
     from . import store
 
     wanted = _split(statuses) or list(store.TERMINAL_STATUSES)
@@ -575,6 +584,64 @@ def prune(older_than: float, statuses: tuple[str, ...], as_json: bool) -> None:
         emit_json({"pruned": total})
     else:
         click.echo(f"pruned {total} message(s)")
+
+
+_HISTORY_COLUMNS = (
+    "finished_at",
+    "channel",
+    "message_id",
+    "attempt",
+    "outcome",
+    "error",
+    "provider_message_id",
+    "message_status",
+)
+
+
+@cli.command()
+@click.option(
+    "--recipient",
+    required=True,
+    help="Email address, phone number, endpoint ARN, webhook URL, queue URL or bus name.",
+)
+@click.option("--channel", "channels_", multiple=True, help="Only these channels (repeat or a,b).")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@json_option
+def history(recipient: str, channels_: tuple[str, ...], limit: int, as_json: bool) -> None:
+    """Did they get it? The attempts that went to a recipient, newest first.
+
+    The address is fingerprinted in the database with the installation's key,
+    as at enqueue, and matched against the attempt history (kept for
+    ATTEMPT_RETENTION_DAYS, after the messages themselves are pruned). The
+    address is never stored, logged or printed."""
+    from rich.table import Table
+
+    from . import channels as registry
+    from . import store
+
+    if not recipient.strip():
+        fail("--recipient must not be empty", 2)
+    wanted = _channels(channels_) or registry.names()
+    with database() as engine, engine.connect() as conn:
+        rows = store.recipient_history(conn, recipient, wanted, limit)
+    if as_json:
+        emit_json([_row_dict(r) for r in rows])
+        return
+    table = Table(title=f"attempts, newest first ({len(rows)})")
+    for column in _HISTORY_COLUMNS:
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        table.add_row(
+            r.finished_at.isoformat(timespec="seconds"),
+            r.channel,
+            str(r.message_id),
+            str(r.attempt),
+            r.outcome,
+            r.error or "",
+            r.provider_message_id or "",
+            r.message_status or "(pruned)",
+        )
+    console().print(table)
 
 
 # --- worker --------------------------------------------------------------------

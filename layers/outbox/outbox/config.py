@@ -166,6 +166,10 @@ class RelaySettings:
     # `outbox prune`): None keeps them until then; a number prunes them
     # after that many days (at least 1).
     unresolved_retention_days: int | None = None
+    # The send log (outbox_attempt) and the dedupe keys each have their own
+    # retention, independent of the messages'.
+    attempt_retention_days: int = 90
+    dedupe_window_days: int = 30
     # The longest a sender runs (its Lambda timeout) and the longest an async
     # event may wait in Lambda's queue: invariant 4 wants both inside the lease.
     sender_timeout_seconds: int = 30
@@ -207,6 +211,8 @@ class RelaySettings:
             default_ttl_seconds=_int(env, "DEFAULT_TTL_SECONDS", 86_400, 0, 366 * 86_400),
             retention_days=_int(env, "RETENTION_DAYS", 7, 1, 3650),
             unresolved_retention_days=_days_or_never(env, "UNRESOLVED_RETENTION_DAYS"),
+            attempt_retention_days=_int(env, "ATTEMPT_RETENTION_DAYS", 90, 0, 3650),
+            dedupe_window_days=_int(env, "DEDUPE_WINDOW_DAYS", 30, 0, 3650),
             sender_timeout_seconds=_int(env, "SENDER_TIMEOUT_SECONDS", 30, 1, 900),
             max_event_age_seconds=_int(env, "MAX_EVENT_AGE_SECONDS", 60, 0, 21_600),
             handoff_chunk_size=_int(env, "HANDOFF_CHUNK_SIZE", 20, 1, 1_000),

@@ -217,6 +217,10 @@ class Resolver:
                 value, str
             ):
                 self.parameters[name] = [item.strip() for item in value.split(",")]
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                # CloudFormation hands every parameter on as a string (a Number
+                # too), which is what Fn::Sub insists on.
+                self.parameters[name] = str(value)
         self.declared_parameters = set(declared)
         # `sam local` resolves a Ref to a resource as its logical id (how
         # `sam local start-lambda` names the functions it serves).

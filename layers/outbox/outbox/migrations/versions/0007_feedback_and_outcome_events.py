@@ -14,7 +14,7 @@
   deletes them.
 
 Revision ID: 0007
-Revises: 0003
+Revises: 0006
 """
 
 import importlib
@@ -26,7 +26,7 @@ from alembic import op
 _relay_role = importlib.import_module("outbox.migrations.versions.0003_relay_role").relay_role
 
 revision = "0007"
-down_revision = "0003"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
