@@ -209,10 +209,6 @@ class Resolver:
             # A list parameter's Ref is a list (its value is comma-separated).
             kind = str((definition or {}).get("Type", ""))
             value = self.parameters.get(name)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                # CloudFormation passes every parameter as a string (a YAML
-                # default of 10 is "10"), and Fn::Sub accepts only strings.
-                value = self.parameters[name] = str(value)
             if (kind.startswith("List<") or kind == "CommaDelimitedList") and isinstance(
                 value, str
             ):
