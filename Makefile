@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 run: $(STAMP)
-	$(BIN)/python -m outbox.local
+	$(BIN)/python -m outbox_cli.local
 
 test: lint typecheck pytest sam-check
 

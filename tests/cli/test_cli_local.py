@@ -1,4 +1,4 @@
-"""`make run` (python -m outbox.local) end to end, as a subprocess: on this
+"""`make run` (python -m outbox_cli.local) end to end, as a subprocess: on this
 machine's Postgres (the normal path) and forced onto the embedded one."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 def run_local(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "AWS_ENDPOINT_URL")}
     return subprocess.run(
-        [sys.executable, "-m", "outbox.local"],
+        [sys.executable, "-m", "outbox_cli.local"],
         env={**clean, "COLUMNS": "120", **env},
         capture_output=True,
         text=True,

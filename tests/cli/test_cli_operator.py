@@ -12,8 +12,8 @@ from click.testing import CliRunner, Result
 
 import outbox
 from outbox import store
-from outbox.cli import cli, parse_duration
 from outbox.dispatcher import backoff_of
+from outbox_cli.cli import cli, parse_duration
 from support import (
     EMAIL,
     ScriptedChannel,

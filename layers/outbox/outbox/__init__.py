@@ -4,9 +4,22 @@ The producer API is importable from the package root::
 
     import outbox
     outbox.enqueue(conn, "email", {...}, dedupe_key="order-42")
+
+``conn`` is a SQLAlchemy ``Connection`` in your transaction, or an ORM
+``Session`` (its ``session.connection()`` is used). Importing ``outbox`` loads
+SQLAlchemy and nothing of the relay's Lambda runtime.
 """
 
 from .errors import ConfigError, OutboxError, ValidationError
 from .producer import enqueue, enqueue_many
 
-__all__ = ["ConfigError", "OutboxError", "ValidationError", "enqueue", "enqueue_many"]
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "OutboxError",
+    "ValidationError",
+    "__version__",
+    "enqueue",
+    "enqueue_many",
+]

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 from . import channels, store
 from .errors import ValidationError
@@ -117,13 +121,22 @@ def prepare(
 
 
 def _check_connection(conn: Any) -> sa.Connection:
-    if not isinstance(conn, sa.Connection):
-        raise ValidationError("conn", "must be a SQLAlchemy Connection (engine.begin() gives one)")
-    return conn
+    """The caller's Connection; an ORM Session gives its own (``session.connection()``:
+    the Session's transaction, begun if need be), so the message commits or rolls
+    back with the Session's work."""
+    if isinstance(conn, sa.Connection):
+        return conn
+    # Only look for the ORM if the caller loaded it: `import outbox` stays Core-only.
+    orm = sys.modules.get("sqlalchemy.orm")
+    if orm is not None and isinstance(conn, orm.Session):
+        return conn.connection()
+    raise ValidationError(
+        "conn", "must be a SQLAlchemy Connection (engine.begin() gives one) or an ORM Session"
+    )
 
 
 def enqueue(
-    conn: sa.Connection,
+    conn: sa.Connection | Session,
     channel: str,
     payload: Any,
     *,
@@ -150,13 +163,13 @@ def enqueue(
     return store.insert_messages(_check_connection(conn), [message])[0]
 
 
-def enqueue_many(conn: sa.Connection, messages: Iterable[Mapping[str, Any]]) -> list[int]:
+def enqueue_many(conn: sa.Connection | Session, messages: Iterable[Mapping[str, Any]]) -> list[int]:
     """Write many messages in one round trip; ids come back in the same order.
 
     Each message is a dict with ``enqueue``'s argument names. One bad message
     raises ValidationError (its field prefixed with ``messages[i].``) and none is written.
     """
-    conn = _check_connection(conn)
+    connection = _check_connection(conn)
     prepared = []
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping):
@@ -171,4 +184,4 @@ def enqueue_many(conn: sa.Connection, messages: Iterable[Mapping[str, Any]]) -> 
             prepared.append(prepare(**message))
         except ValidationError as exc:
             raise ValidationError(f"messages[{index}].{exc.field}", exc.problem) from None
-    return store.insert_messages(conn, prepared)
+    return store.insert_messages(connection, prepared)

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .errors import OutboxError
+from outbox.errors import OutboxError
 
 FUNCTION_TYPE = "AWS::Serverless::Function"
 DEFAULT_TIMEOUT_SECONDS = 3

@@ -1,6 +1,6 @@
 """`make run`: the whole relay end to end on this machine, then exit 0.
 
-    python -m outbox.local
+    python -m outbox_cli.local
 
 * Database: ``DATABASE_URL`` when set; else the Postgres on 127.0.0.1:5432
   (a dedicated database ``outbox_demo``, recreated each run) when it answers;
@@ -40,11 +40,13 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 
-from . import channels, devdb, store
-from .channels import Deadline, Message, Outcome, SchemaChannel
+from outbox import channels, store
+from outbox.channels import Deadline, Message, Outcome, SchemaChannel
+
+from . import devdb
 from .invoke import LambdaContext, load_module
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 FUNCTIONS = REPO / "functions"
 LOCAL_POSTGRES = devdb.LOCAL_POSTGRES
 DEMO_DATABASE = os.environ.get("OUTBOX_LOCAL_DBNAME") or "outbox_demo"
@@ -427,7 +429,7 @@ class LocalLambda:
 
 
 def _flaky_handler() -> Any:
-    from .runtime import Runtime
+    from outbox.runtime import Runtime
 
     runtime = Runtime()
 
@@ -442,8 +444,8 @@ def main() -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from . import migrate
-    from .handoff import CallableInvoker
+    from outbox import migrate
+    from outbox.handoff import CallableInvoker
 
     out = Console(highlight=False)
     started = time.monotonic()
@@ -457,8 +459,8 @@ def main() -> int:
         os.environ.pop("DB_SECRET_ARN", None)
         os.environ.pop("DB_IAM_USER", None)
 
-        from .config import DatabaseSettings
-        from .db import create_engine
+        from outbox.config import DatabaseSettings
+        from outbox.db import create_engine
 
         engine = create_engine(DatabaseSettings.from_env(os.environ), pool_size=4)
         stack.callback(engine.dispose)

@@ -28,7 +28,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 import sqlalchemy as sa
 
-from .errors import ConfigError, OutboxError, ValidationError
+from outbox.errors import ConfigError, OutboxError, ValidationError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -124,8 +124,8 @@ def console() -> Any:
 
 
 def _engine(autocommit: bool = False) -> sa.Engine:
-    from .config import DatabaseSettings
-    from .db import create_engine
+    from outbox.config import DatabaseSettings
+    from outbox.db import create_engine
 
     try:
         settings = DatabaseSettings.from_env(os.environ)
@@ -170,7 +170,7 @@ def _split(values: Sequence[str]) -> list[str]:
 
 def _channels(values: Sequence[str]) -> list[str] | None:
     """Channel filters, each one the relay knows (checked before any query)."""
-    from . import channels as registry
+    from outbox import channels as registry
 
     wanted = _split(values)
     unknown = sorted(set(wanted) - set(registry.names()))
@@ -198,7 +198,7 @@ def cli() -> None:
 @json_option
 def migrate(as_json: bool) -> None:
     """Bring the outbox schema to the latest revision."""
-    from . import migrate as migrations
+    from outbox import migrate as migrations
 
     with database() as engine:
         revision = migrations.upgrade(engine)
@@ -278,7 +278,7 @@ def enqueue(
 @json_option
 def status(as_json: bool) -> None:
     """Messages per channel and status, oldest due age, claims past their lease."""
-    from . import store
+    from outbox import store
 
     with database() as engine, engine.connect() as conn:
         groups = store.channel_status_counts(conn)
@@ -316,7 +316,7 @@ def status(as_json: bool) -> None:
 def print_status_table(groups: Sequence[Any], title: str = "messages") -> None:
     from rich.table import Table
 
-    from .store import STATUSES
+    from outbox.store import STATUSES
 
     counts: dict[str, dict[str, int]] = {}
     for g in groups:
@@ -346,7 +346,7 @@ def list_(statuses: tuple[str, ...], channels_: tuple[str, ...], limit: int, as_
     """The newest messages, optionally filtered."""
     from rich.table import Table
 
-    from . import store
+    from outbox import store
 
     wanted = _split(statuses)
     bad = sorted(set(wanted) - set(store.STATUSES))
@@ -378,7 +378,7 @@ def list_(statuses: tuple[str, ...], channels_: tuple[str, ...], limit: int, as_
 @json_option
 def show(message_id: int, as_json: bool) -> None:
     """One message (payload included) and its attempt history."""
-    from . import store
+    from outbox import store
 
     _check_ids([message_id])
     with database() as engine, engine.connect() as conn:
@@ -422,7 +422,7 @@ def print_message(message: Mapping[str, Any], history: Sequence[Mapping[str, Any
 
 def _locked_ids(conn: sa.Connection, ids: list[int], allowed: Sequence[str], verb: str) -> None:
     """Every id must exist and be in an allowed state, or nothing changes."""
-    from . import store
+    from outbox import store
 
     found = store.statuses_of(conn, ids)
     missing = [i for i in ids if i not in found]
@@ -453,7 +453,7 @@ def redrive(
 
     Either IDS, or --status dead|failed with optional --channel and --since.
     """
-    from . import store
+    from outbox import store
 
     wanted = _split(statuses)
     if ids and (wanted or channels_ or since is not None):
@@ -479,7 +479,7 @@ def redrive(
 @json_option
 def cancel(ids: tuple[int, ...], reason: str, as_json: bool) -> None:
     """Cancel pending messages (all ids must be pending, or nothing changes)."""
-    from . import store
+    from outbox import store
 
     wanted = _check_ids(ids)
     with database() as engine, engine.begin() as conn:
@@ -503,7 +503,7 @@ def _report(verb: str, ids: list[int], as_json: bool) -> None:
 @json_option
 def prune(older_than: float, statuses: tuple[str, ...], as_json: bool) -> None:
     """Delete terminal messages (and their attempts) settled before the window."""
-    from . import store
+    from outbox import store
 
     wanted = _split(statuses) or list(store.TERMINAL_STATUSES)
     bad = sorted(set(wanted) - set(store.TERMINAL_STATUSES))
@@ -548,8 +548,8 @@ def worker(
     """
     import dataclasses
 
-    from .config import RelaySettings
-    from .worker import Worker
+    from outbox.config import RelaySettings
+    from outbox.worker import Worker
 
     try:
         settings = RelaySettings.from_env(os.environ)
