@@ -10,3 +10,19 @@ Apart from the runtime package ``outbox`` on purpose: the Lambda layer ships
 * ``invoke``: a function of template.yaml run in process (no Docker);
 * ``devdb``: a Postgres for local runs and the tests.
 """
+
+
+def main() -> None:
+    """The ``outbox`` command; says which extra to install when its libraries are missing."""
+    try:
+        from outbox_cli.cli import main as cli_main
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("click", "rich"):
+            raise
+        import sys
+
+        sys.stderr.write(
+            f"Error: the outbox command needs {exc.name}: pip install 'outbox-relay[cli]'\n"
+        )
+        sys.exit(1)
+    cli_main()

@@ -1,5 +1,5 @@
 """``python -m outbox_cli``: the ``outbox`` command."""
 
-from outbox_cli.cli import main
+from outbox_cli import main
 
 main()

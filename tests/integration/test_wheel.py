@@ -1,0 +1,118 @@
+"""The distribution as a producer gets it: the wheel is built from this checkout,
+installed bare into a fresh venv with SQLAlchemy and a driver only, and enqueues
+into the real Postgres. Offline: the dependencies come from the wheels that
+`make venv` keeps in .venv/wheelhouse."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import outbox
+
+ROOT = Path(__file__).resolve().parents[2]
+WHEELHOUSE = Path(sys.prefix) / "wheelhouse"
+
+PRODUCER = """
+import json, sys
+import sqlalchemy as sa
+import outbox
+
+engine = sa.create_engine(sys.argv[1])
+with engine.begin() as conn:
+    ids = [
+        outbox.enqueue(conn, "email", {"from": "shop@example.com", "to": ["ada@example.net"],
+                                       "subject": "Shipped", "text": "On its way."},
+                       dedupe_key="wheel-1"),
+        outbox.enqueue(conn, "webhook", {"url": "https://hooks.example.com/a",
+                                         "event_type": "order.shipped", "body": {"id": 1}}),
+    ]
+try:
+    with engine.begin() as conn:
+        outbox.enqueue(conn, "email", {"to": "not-a-list"})
+    refused = None
+except outbox.ValidationError as exc:
+    refused = exc.field
+heavy = {"aws_lambda_powertools", "boto3", "botocore", "alembic", "click", "rich", "outbox_cli"}
+print(json.dumps({
+    "ids": ids,
+    "refused": refused,
+    "version": outbox.__version__,
+    "loaded": sorted(m for m in sys.modules if m.split(".")[0] in heavy),
+}))
+"""
+
+
+def run(*args: str | Path, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(a) for a in args], capture_output=True, text=True, timeout=240, **kwargs
+    )  # type: ignore[call-overload]
+
+
+@pytest.fixture(scope="module")
+def producer_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not any(WHEELHOUSE.glob("sqlalchemy-*.whl")):
+        pytest.fail(f"no dependency wheels in {WHEELHOUSE}: run `make venv`")
+    work = tmp_path_factory.mktemp("wheel")
+    built = run(
+        sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", work / "dist", ROOT
+    )
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    (wheel,) = (work / "dist").glob("outbox_relay-*.whl")
+    venv = work / "venv"
+    assert run(sys.executable, "-m", "venv", "--without-pip", venv).returncode == 0
+    python = venv / "bin" / "python"
+    installed = run(
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        python,
+        "install",
+        "-q",
+        "--no-index",
+        "--find-links",
+        WHEELHOUSE,
+        wheel,
+        "pg8000",
+    )
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    return python
+
+
+def test_the_wheel_installs_bare_and_enqueues(
+    producer_venv: Path, engine: sa.Engine, database_url: str
+) -> None:
+    listed = run(sys.executable, "-m", "pip", "--python", producer_venv, "list", "--format=json")
+    names = {p["name"].lower().replace("_", "-") for p in json.loads(listed.stdout)}
+    assert {"outbox-relay", "sqlalchemy", "fastjsonschema", "pg8000"} <= names
+    assert not names & {"click", "rich", "alembic", "aws-lambda-powertools", "boto3", "botocore"}
+
+    url = sa.engine.make_url(database_url).set(drivername="postgresql+pg8000")
+    out = run(producer_venv, "-c", PRODUCER, url.render_as_string(hide_password=False))
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["refused"] == "payload"
+    assert result["version"] == outbox.__version__
+    assert result["loaded"] == []
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT id, channel, status FROM outbox_message ORDER BY id")
+        ).all()
+    assert [tuple(r) for r in rows] == [
+        (result["ids"][0], "email", "pending"),
+        (result["ids"][1], "webhook", "pending"),
+    ]
+
+
+def test_the_command_without_its_extra_says_what_to_install(producer_venv: Path) -> None:
+    out = run(producer_venv.parent / "outbox", "--version")
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        "Error: the outbox command needs click: pip install 'outbox-relay[cli]'"
+    )
