@@ -662,6 +662,9 @@ _LIST_MESSAGES = sa.text(
     SELECT {_MESSAGE_COLUMNS} FROM outbox_message
     WHERE (CAST(:statuses AS text[]) IS NULL OR status = ANY(CAST(:statuses AS text[])))
       AND (CAST(:channels AS text[]) IS NULL OR channel = ANY(CAST(:channels AS text[])))
+      AND (CAST(:dedupe_key AS text) IS NULL OR dedupe_key = CAST(:dedupe_key AS text))
+      AND (CAST(:ordering_key AS text) IS NULL OR ordering_key = CAST(:ordering_key AS text))
+      AND (CAST(:after_id AS bigint) IS NULL OR id < CAST(:after_id AS bigint))
     ORDER BY id DESC
     LIMIT :limit
     """
@@ -673,8 +676,13 @@ def list_messages(
     statuses: Sequence[str] | None = None,
     channels: Sequence[str] | None = None,
     limit: int = 50,
+    *,
+    dedupe_key: str | None = None,
+    ordering_key: str | None = None,
+    after_id: int | None = None,
 ) -> list[sa.Row[Any]]:
-    """The newest ``limit`` rows matching the filters (no payloads)."""
+    """The newest ``limit`` rows matching the filters (no payloads), newest
+    first; ``after_id`` continues a listing after that row (older ids only)."""
     _check_statuses(statuses)
     _check_channels(channels)
     if not 1 <= limit <= 10_000:
@@ -685,10 +693,30 @@ def list_messages(
             {
                 "statuses": list(statuses) if statuses else None,
                 "channels": array_literal(channels) if channels else None,
+                "dedupe_key": dedupe_key,
+                "ordering_key": ordering_key,
+                "after_id": after_id,
                 "limit": limit,
             },
         ).all()
     )
+
+
+_CHANNELS_WITH_ROWS = sa.text(
+    """
+    SELECT c.channel FROM unnest(CAST(:channels AS text[])) AS c(channel)
+    WHERE EXISTS (SELECT 1 FROM outbox_message AS m WHERE m.channel = c.channel)
+    """
+)
+
+
+def channels_with_rows(conn: sa.Connection, channels: Sequence[str]) -> set[str]:
+    """Which of ``channels`` have messages in the outbox (any status)."""
+    _check_channels(channels)
+    if not channels:
+        return set()
+    rows = conn.execute(_CHANNELS_WITH_ROWS, {"channels": array_literal(channels)}).scalars()
+    return set(rows)
 
 
 _GET_MESSAGE = sa.text(f"SELECT {_MESSAGE_COLUMNS}, payload FROM outbox_message WHERE id = :id")
@@ -726,37 +754,96 @@ def statuses_of(conn: sa.Connection, ids: Sequence[int]) -> dict[int, str]:
     return {r.id: r.status for r in conn.execute(_STATUSES_OF, {"ids": list(ids)}).all()}
 
 
-_REDRIVE_MATCHING = sa.text(
+_MATCHING_IDS = sa.text(
     """
-    UPDATE outbox_message SET status = 'pending', attempts = 0, available_at = now(),
-        settled_at = NULL
+    SELECT id FROM outbox_message
     WHERE status = ANY(CAST(:statuses AS text[]))
       AND (CAST(:channels AS text[]) IS NULL OR channel = ANY(CAST(:channels AS text[])))
       AND (CAST(:since_seconds AS float8) IS NULL
            OR settled_at >= now() - make_interval(secs => CAST(:since_seconds AS float8)))
-    RETURNING id
+      AND (CAST(:dedupe_key AS text) IS NULL OR dedupe_key = CAST(:dedupe_key AS text))
+      AND (CAST(:ordering_key AS text) IS NULL OR ordering_key = CAST(:ordering_key AS text))
+    ORDER BY id
     """
 )
 
 
-def redrive_matching(
+def matching_ids(
     conn: sa.Connection,
     statuses: Sequence[str],
     channels: Sequence[str] | None = None,
     since_seconds: float | None = None,
-) -> set[int]:
-    """dead | failed -> pending for every row matching the filters (settled
-    within the last ``since_seconds`` when given); the history stays."""
+    *,
+    dedupe_key: str | None = None,
+    ordering_key: str | None = None,
+) -> list[int]:
+    """The ids a bulk redrive or cancel would change (settled within the last
+    ``since_seconds`` when given), for the operator to confirm before
+    :func:`redrive` or :func:`cancel` changes exactly those (if still in state)."""
     if not statuses:
         raise ValueError("at least one status is needed")
-    _check_statuses(statuses, REDRIVABLE_STATUSES)
+    _check_statuses(statuses)
     _check_channels(channels)
-    rows = conn.execute(
-        _REDRIVE_MATCHING,
-        {
-            "statuses": list(statuses),
-            "channels": array_literal(channels) if channels else None,
-            "since_seconds": None if since_seconds is None else float(since_seconds),
-        },
-    ).all()
-    return {r.id for r in rows}
+    return list(
+        conn.execute(
+            _MATCHING_IDS,
+            {
+                "statuses": list(statuses),
+                "channels": array_literal(channels) if channels else None,
+                "since_seconds": None if since_seconds is None else float(since_seconds),
+                "dedupe_key": dedupe_key,
+                "ordering_key": ordering_key,
+            },
+        ).scalars()
+    )
+
+
+# An operator's prune counts, confirms, then deletes against one cutoff taken
+# from the database clock, so it never deletes more than it counted.
+_PRUNE_CUTOFF = sa.text("SELECT now() - make_interval(secs => :older_than_seconds)")
+_PRUNABLE = sa.text(
+    """
+    SELECT count(*) FROM outbox_message
+    WHERE status = ANY(CAST(:statuses AS text[])) AND settled_at < :cutoff
+    """
+)
+_PRUNE_BEFORE = sa.text(
+    """
+    WITH doomed AS (
+        SELECT id FROM outbox_message
+        WHERE status = ANY(CAST(:statuses AS text[])) AND settled_at < :cutoff
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM outbox_message AS m USING doomed WHERE m.id = doomed.id
+    """
+)
+
+
+def _check_prunable(statuses: Sequence[str]) -> None:
+    bad = set(statuses) - set(TERMINAL_STATUSES)
+    if bad:
+        raise ValueError(f"only terminal rows can be pruned, not {sorted(bad)}")
+
+
+def prune_cutoff(conn: sa.Connection, older_than_seconds: float) -> Any:
+    """``now() - older_than`` on the database clock."""
+    return conn.execute(
+        _PRUNE_CUTOFF, {"older_than_seconds": float(older_than_seconds)}
+    ).scalar_one()
+
+
+def count_prunable(conn: sa.Connection, cutoff: Any, statuses: Sequence[str]) -> int:
+    _check_prunable(statuses)
+    return int(conn.execute(_PRUNABLE, {"statuses": list(statuses), "cutoff": cutoff}).scalar_one())
+
+
+def prune_settled_before(
+    conn: sa.Connection, cutoff: Any, batch_size: int, statuses: Sequence[str]
+) -> int:
+    """Delete up to ``batch_size`` rows in ``statuses`` settled before ``cutoff``."""
+    _check_prunable(statuses)
+    result = conn.execute(
+        _PRUNE_BEFORE, {"statuses": list(statuses), "cutoff": cutoff, "batch_size": batch_size}
+    )
+    return result.rowcount
