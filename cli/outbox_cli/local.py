@@ -58,7 +58,7 @@ TIME_LIMIT_SECONDS = 60.0
 RELAY_ENV = {
     "BATCH_SIZE": "50",
     # A short lease, so the claim of a lost hand-off expires within the demo;
-    # still longer than a sender may run plus an event may wait (invariant 4).
+    # still longer than a sender may run plus an event may wait (docs/design.md, invariant 4).
     "LEASE_SECONDS": "5",
     "SENDER_TIMEOUT_SECONDS": "3",
     "MAX_EVENT_AGE_SECONDS": "1",

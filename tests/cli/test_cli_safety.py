@@ -19,7 +19,7 @@ from outbox import store
 from outbox.dispatcher import backoff_of
 from outbox_cli import cli as cli_module
 from outbox_cli.cli import cli
-from support import EMAIL, settings, statuses
+from support import EMAIL, attempts, make_due, row, settings, statuses
 
 BACKOFF = backoff_of(settings())
 
@@ -283,3 +283,41 @@ def test_channel_filters_accept_a_channel_present_only_in_the_database(
     assert "unknown channel 'carrier-owl'" in json_error(unknown)["message"]
     hostile = run("list", "--channel", "x'; DROP TABLE outbox_message; --", "--json")
     assert hostile.exit_code == 2 and json_error(hostile)["kind"] == "bad_argument"
+
+
+def test_redrive_numbers_attempts_on_and_gives_a_fresh_budget(run: Any, engine: sa.Engine) -> None:
+    """A redriven message's next attempt is 3, not a second 1; it has its two
+    attempts again (and the backoff starts over); the claim fields and the
+    last error of its dead end are gone, the history stays."""
+    (message_id,) = seed(engine, 1, max_attempts=2)
+    for _ in range(2):
+        settle_all(engine, "retry", error="Throttling")
+        make_due(engine)
+    with engine.connect() as conn:
+        assert row(conn, message_id).status == "dead"
+    assert run("redrive", str(message_id)).exit_code == 0
+    with engine.connect() as conn:
+        r = row(conn, message_id)
+    assert (r.status, r.attempts, r.last_error, r.claimed_at, r.claim_token) == (
+        "pending",
+        2,
+        None,
+        None,
+        None,
+    )
+    with engine.begin() as conn:
+        (claim,) = store.claim(conn, 10, 60)
+    assert claim.attempt == 3
+    settle_all_claimed = [store.Settlement(claim.id, claim.claim_token, "retry", error="Boom")]
+    with engine.begin() as conn:
+        assert store.settle(conn, settle_all_claimed, BACKOFF) == {message_id: "pending"}
+        backoff = conn.execute(
+            sa.text("SELECT EXTRACT(EPOCH FROM available_at - now()) FROM outbox_message")
+        ).scalar_one()
+    assert float(backoff) <= BACKOFF.base_seconds  # the first retry's backoff again
+    make_due(engine)
+    settle_all(engine, "retry", error="Boom")
+    with engine.connect() as conn:
+        assert row(conn, message_id).status == "dead"
+        numbers = [(a.attempt, a.outcome) for a in attempts(conn, message_id)]
+    assert numbers == [(1, "retry"), (2, "dead"), (3, "retry"), (4, "dead")]

@@ -1,4 +1,4 @@
-"""The state machine of DESIGN.md as a Python model, checked step by step
+"""The state machine of docs/design.md as a Python model, checked step by step
 against the real database while Hypothesis drives claim, hand-off (the
 sender's fenced load), settle (every outcome, with current and stale tokens),
 lease expiry, reap, redrive, cancel and prune in random interleavings.
@@ -39,6 +39,7 @@ class Row:
     max_attempts: int | None
     status: str = "pending"
     attempts: int = 0
+    attempts_at_redrive: int = 0  # the numbering goes on; the budget starts again
     token: uuid.UUID | None = None
     expired: bool = False
     due_stamp: int = 0  # the order of the statements that made it due (available_at)
@@ -47,6 +48,10 @@ class Row:
     @property
     def limit(self) -> int:
         return self.max_attempts or DEFAULT_MAX
+
+    @property
+    def exhausted(self) -> bool:
+        return self.attempts - self.attempts_at_redrive >= self.limit
 
 
 class OutboxModel(RuleBasedStateMachine):
@@ -171,7 +176,7 @@ class OutboxModel(RuleBasedStateMachine):
             else:
                 r.attempts += 1
                 if outcome == "retry":
-                    r.status = "dead" if r.attempts >= r.limit else "pending"
+                    r.status = "dead" if r.exhausted else "pending"
                 else:
                     r.status = outcome
             r.token, r.due_stamp = None, stamp
@@ -195,7 +200,7 @@ class OutboxModel(RuleBasedStateMachine):
         for r in self.rows.values():
             if r.status == "claimed" and r.expired:
                 r.attempts += 1
-                r.status = "dead" if r.attempts >= r.limit else "pending"
+                r.status = "dead" if r.exhausted else "pending"
                 r.token, r.due_stamp = None, stamp
                 r.attempt_rows += 1
                 expected[r.id] = r.status
@@ -219,7 +224,7 @@ class OutboxModel(RuleBasedStateMachine):
         for i in set(ids):
             r = self.rows.get(i)
             if r is not None and r.status in ("dead", "failed"):
-                r.status, r.attempts, r.due_stamp = "pending", 0, stamp
+                r.status, r.attempts_at_redrive, r.due_stamp = "pending", r.attempts, stamp
                 expected.add(i)
         assert result == expected
 

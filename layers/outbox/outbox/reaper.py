@@ -1,4 +1,4 @@
-"""The reaper: the one recovery path (invariant 5).
+"""The reaper: the one recovery path (docs/design.md, invariant 5).
 
 Each scheduled run releases claims whose lease expired (the attempt counts;
 a row out of attempts goes to ``dead``), prunes terminal rows past the

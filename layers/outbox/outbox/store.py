@@ -4,7 +4,7 @@
     claimed -> pending   (retry with backoff; deferral without an attempt; reaped lease)
     pending -> cancelled;   dead | failed -> pending (operator redrive)
 
-Rules every statement here keeps (DESIGN.md, invariants 1-7):
+Rules every statement here keeps (docs/design.md, invariants 1-7):
 * the claim is one compare-and-set UPDATE over ``FOR UPDATE SKIP LOCKED`` rows;
 * every write after a claim is fenced on (id, status = 'claimed', claim_token);
 * every time comes from the database clock, ``now()``; Python only supplies
@@ -101,11 +101,13 @@ class Backlog:
 
 # The backoff before attempt ``attempts + 2`` for a row that has failed
 # ``attempts + 1`` times. The exponent is clamped so power() cannot overflow.
+# Both count from the last redrive: a redriven message gets a fresh set of
+# attempts (and backoff) while its attempt numbers carry on.
 _BACKOFF_SQL = (
-    "LEAST(CAST(:backoff_cap AS float8), "
-    "CAST(:backoff_base AS float8) * power(2.0, LEAST(m.attempts, 40))) * (0.5 + random() / 2)"
+    "LEAST(CAST(:backoff_cap AS float8), CAST(:backoff_base AS float8) "
+    "* power(2.0, LEAST(m.attempts - m.attempts_at_redrive, 40))) * (0.5 + random() / 2)"
 )
-_EXHAUSTED_SQL = "m.attempts + 1 >= COALESCE(m.max_attempts, :default_max)"
+_EXHAUSTED_SQL = "m.attempts - m.attempts_at_redrive + 1 >= COALESCE(m.max_attempts, :default_max)"
 
 
 # --- parameter encoding (performance) ----------------------------------------
@@ -484,7 +486,7 @@ _REAP = _sql(
 
 
 def reap_expired(conn: sa.Connection, batch_size: int, backoff: Backoff) -> dict[int, str]:
-    """Release claims whose lease ran out: the attempt counts (invariant 5)."""
+    """Release claims whose lease ran out: the attempt counts (docs/design.md, invariant 5)."""
     rows = conn.execute(
         _REAP, {"batch_size": batch_size, "error": LEASE_EXPIRED_ERROR, **_backoff_params(backoff)}
     ).all()
@@ -578,8 +580,9 @@ def cancel(conn: sa.Connection, ids: Sequence[int], reason: str | None = None) -
 
 _REDRIVE = sa.text(
     """
-    UPDATE outbox_message SET status = 'pending', attempts = 0, available_at = now(),
-        settled_at = NULL
+    UPDATE outbox_message SET status = 'pending', attempts_at_redrive = attempts,
+        available_at = now(), settled_at = NULL, last_error = NULL,
+        claim_token = NULL, claimed_at = NULL, lease_expires_at = NULL
     WHERE id = ANY(CAST(:ids AS bigint[])) AND status IN ('dead', 'failed')
     RETURNING id
     """
@@ -587,7 +590,9 @@ _REDRIVE = sa.text(
 
 
 def redrive(conn: sa.Connection, ids: Sequence[int]) -> set[int]:
-    """dead | failed -> pending with a fresh set of attempts; the history stays."""
+    """dead | failed -> pending with a fresh set of attempts, numbered on from
+    the last one (no second "attempt 1"); the stale claim fields and the last
+    error are cleared, the attempt history stays."""
     rows = conn.execute(_REDRIVE, {"ids": list(ids)}).all()
     return {r.id for r in rows}
 

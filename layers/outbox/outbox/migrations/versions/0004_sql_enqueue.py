@@ -1,4 +1,5 @@
-"""outbox_enqueue(): enqueue from SQL, for producers in any language.
+"""outbox_enqueue(): enqueue from SQL, for producers in any language; and
+``attempts_at_redrive``, so a redriven message's attempts number on.
 
     SELECT outbox_enqueue('email', '{"from": ..., "to": [...], ...}',
                           dedupe_key => 'order-42', delay => interval '10 minutes');
@@ -12,6 +13,10 @@ a payload that is not an object or over 256 KiB, and for the built-in
 channels the payload's fields (required ones present, each of its JSON type,
 no unknown ones). A custom channel's payload is checked by its sender. The
 sender validates every payload again either way.
+
+``outbox_message.attempts_at_redrive``: the attempts counted before the last
+redrive. A message's ``max_attempts`` (and its backoff) count from there, so a
+redrive gives a fresh set of attempts without numbering a second "attempt 1".
 
 Revision ID: 0004
 Revises: 0001
@@ -222,6 +227,10 @@ $$
 
 
 def upgrade() -> None:
+    op.execute(
+        "ALTER TABLE outbox_message ADD COLUMN attempts_at_redrive integer NOT NULL DEFAULT 0 "
+        "CHECK (attempts_at_redrive >= 0)"
+    )
     op.execute(REFUSE)
     op.execute(FIELDS)
     op.execute(ENQUEUE)
@@ -231,3 +240,4 @@ def downgrade() -> None:
     op.execute("DROP FUNCTION outbox_enqueue(text, jsonb, text, text, integer, interval, integer)")
     op.execute("DROP FUNCTION outbox_enqueue_builtin_fields(text)")
     op.execute("DROP FUNCTION outbox_enqueue_refuse(text, text)")
+    op.execute("ALTER TABLE outbox_message DROP COLUMN attempts_at_redrive")
