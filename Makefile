@@ -6,9 +6,16 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
+# What a producer installs (SQLAlchemy, fastjsonschema, a driver) and the
+# command's extra, kept as wheels: the packaging test installs the built wheel
+# from them into fresh venvs, offline.
+WHEELHOUSE_REQUIREMENTS := 'sqlalchemy>=2.0,<2.2' 'fastjsonschema>=2.19,<3' 'pg8000>=1.31,<2' \
+	'click>=8.1' 'rich>=13' 'alembic>=1.13,<2'
+WHEELHOUSE := $(VENV)/wheelhouse/.complete-$(shell echo "$(WHEELHOUSE_REQUIREMENTS)" | cksum | cut -d' ' -f1)
+
 .PHONY: run test lint typecheck pytest sam-check bench clean venv requirements requirements-check wheel
 
-venv: $(STAMP)
+venv: $(STAMP) $(WHEELHOUSE)
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -18,11 +25,12 @@ $(STAMP): pyproject.toml
 	@# An editable install of releases before 0.1.0 left its metadata in the layer's folder.
 	rm -rf layers/outbox/outbox_relay.egg-info
 	$(BIN)/python -m pip install -q -e '.[dev]'
-	@# What a producer installs (SQLAlchemy, fastjsonschema, a driver), kept as
-	@# wheels: the packaging test installs the built wheel bare from them, offline.
-	$(BIN)/python -m pip download -q -d $(VENV)/wheelhouse \
-		'sqlalchemy>=2.0,<2.2' 'fastjsonschema>=2.19,<3' 'pg8000>=1.31,<2'
 	rm -f $(VENV)/.installed-*
+	touch $@
+
+$(WHEELHOUSE): $(STAMP)
+	rm -rf $(VENV)/wheelhouse
+	$(BIN)/python -m pip download -q -d $(VENV)/wheelhouse $(WHEELHOUSE_REQUIREMENTS)
 	touch $@
 
 run: $(STAMP)
@@ -61,7 +69,7 @@ wheel: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) $(WHEELHOUSE)
 	$(BIN)/pytest
 
 # --- sam-check: sam validate --lint, sam build, then the built-artifact test ----

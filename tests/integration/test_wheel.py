@@ -55,18 +55,20 @@ def run(*args: str | Path, **kwargs: object) -> subprocess.CompletedProcess[str]
 
 
 @pytest.fixture(scope="module")
-def producer_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not any(WHEELHOUSE.glob("sqlalchemy-*.whl")):
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not any(WHEELHOUSE.glob("click-*.whl")):
         pytest.fail(f"no dependency wheels in {WHEELHOUSE}: run `make venv`")
-    work = tmp_path_factory.mktemp("wheel")
-    built = run(
-        sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", work / "dist", ROOT
-    )
+    dist = tmp_path_factory.mktemp("dist")
+    built = run(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", dist, ROOT)
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
-    (wheel,) = (work / "dist").glob("outbox_relay-*.whl")
-    venv = work / "venv"
-    assert run(sys.executable, "-m", "venv", "--without-pip", venv).returncode == 0
-    python = venv / "bin" / "python"
+    (found,) = dist.glob("outbox_relay-*.whl")
+    return found
+
+
+def fresh_venv(where: Path, *requirements: str | Path) -> Path:
+    """A new venv with only ``requirements`` installed, from the wheelhouse."""
+    assert run(sys.executable, "-m", "venv", "--without-pip", where).returncode == 0
+    python = where / "bin" / "python"
     installed = run(
         sys.executable,
         "-m",
@@ -78,11 +80,15 @@ def producer_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--no-index",
         "--find-links",
         WHEELHOUSE,
-        wheel,
-        "pg8000",
+        *requirements,
     )
     assert installed.returncode == 0, installed.stderr[-2000:]
     return python
+
+
+@pytest.fixture(scope="module")
+def producer_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fresh_venv(tmp_path_factory.mktemp("producer") / "venv", wheel, "pg8000")
 
 
 def test_the_wheel_installs_bare_and_enqueues(
@@ -116,3 +122,38 @@ def test_the_command_without_its_extra_says_what_to_install(producer_venv: Path)
     assert out.stderr.strip() == (
         "Error: the outbox command needs click: pip install 'outbox-relay[cli]'"
     )
+
+
+def test_the_cli_extra_is_enough_for_the_operator_commands(
+    wheel: Path, tmp_path: Path, engine: sa.Engine, database_url: str
+) -> None:
+    """`pip install 'outbox-relay[cli]'`: the operator commands run, and the
+    Lambda runtime's libraries are still absent."""
+    python = fresh_venv(tmp_path / "venv", f"{wheel}[cli]")
+    listed = run(sys.executable, "-m", "pip", "--python", python, "list", "--format=json")
+    names = {p["name"].lower().replace("_", "-") for p in json.loads(listed.stdout)}
+    assert {"click", "rich", "alembic", "pg8000"} <= names
+    assert not names & {"aws-lambda-powertools", "boto3", "botocore"}
+    outbox_command = python.parent / "outbox"
+    assert (
+        run(outbox_command, "--version").stdout.strip() == f"outbox, version {outbox.__version__}"
+    )
+    url = sa.engine.make_url(database_url).render_as_string(hide_password=False)
+    migrated = run(outbox_command, "--database-url", url, "migrate", "--json")
+    assert migrated.returncode == 0, migrated.stderr
+    enqueued = run(
+        outbox_command,
+        "--database-url",
+        url,
+        "enqueue",
+        "--channel",
+        "sqs",
+        "--payload",
+        json.dumps(
+            {"queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/q", "body": "x"}
+        ),
+        "--json",
+    )
+    assert enqueued.returncode == 0, enqueued.stderr
+    status = run(outbox_command, "--database-url", url, "status", "--json")
+    assert json.loads(status.stdout)["pending"] == 1
