@@ -36,7 +36,9 @@ _INSERT = (
 
 def grow(url: str, settled: int, busy: int) -> dict[str, float]:
     """Add ``settled`` delivered rows and a busy day's churn of ``busy`` rows; no VACUUM."""
-    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    engine = sa.create_engine(
+        url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool, hide_parameters=True
+    )
     timings: dict[str, float] = {}
     try:
         with engine.connect() as conn:

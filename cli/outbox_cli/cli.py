@@ -211,11 +211,20 @@ def database(*, autocommit: bool = False) -> Iterator[sa.Engine]:
                 1,
                 "schema_missing",
             )
-        if exc.connection_invalidated or isinstance(exc, sa.exc.InterfaceError):
+        if isinstance(exc, sa.exc.InterfaceError) or (
+            exc.connection_invalidated and not _server_reported(exc)
+        ):
             fail(f"cannot reach the database: {message}", 1, "database_unavailable")
         fail(f"database error: {message}", 1, "database")
     finally:
         engine.dispose()
+
+
+def _server_reported(exc: sa.exc.DBAPIError) -> bool:
+    """The server answered with an error (pg8000 carries its fields in a dict);
+    the engine still discards such a connection, but the database was reached."""
+    args: tuple[Any, ...] = getattr(exc.orig, "args", ())
+    return bool(args) and isinstance(args[0], dict)
 
 
 def _db_message(exc: sa.exc.DBAPIError) -> str:
@@ -275,9 +284,11 @@ def _statuses(values: Sequence[str], allowed: Sequence[str], verb: str) -> list[
 
 
 def _check_ids(ids: Sequence[int]) -> list[int]:
-    bad = [i for i in ids if i < 1]
+    from outbox.handoff import MAX_MESSAGE_ID
+
+    bad = [i for i in ids if not 1 <= i <= MAX_MESSAGE_ID]
     if bad:
-        fail(f"message ids are positive integers, got {bad[0]}", 2)
+        fail(f"message ids are positive integers up to {MAX_MESSAGE_ID}, got {bad[0]}", 2)
     return sorted(set(ids))
 
 
@@ -456,7 +467,20 @@ def show(message_id: int, as_json: bool) -> None:
         history = store.attempt_history(conn, message_id) if row else []
     if row is None:
         fail(f"no message with id {message_id}", 1, "not_found")
-    render_message(dict(row._mapping), [dict(a._mapping) for a in history], as_json)
+    message = dict(row._mapping)
+    message["payload"] = _stored_payload(message["payload"])
+    render_message(message, [dict(a._mapping) for a in history], as_json)
+
+
+def _stored_payload(text: str) -> Any:
+    """The payload decoded, or, when it is beyond the payload limits (a row
+    written past the producer), its stored JSON text as it is."""
+    from outbox.payloads import decode
+
+    try:
+        return decode(text)
+    except ValidationError:
+        return text
 
 
 def _locked_ids(conn: sa.Connection, ids: list[int], allowed: Sequence[str], verb: str) -> None:

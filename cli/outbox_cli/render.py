@@ -187,8 +187,8 @@ def render_message(
     for key, value in message.items():
         if value is None:
             continue
-        if key == "payload":
-            shown = json.dumps(value, ensure_ascii=False)
+        if key == "payload":  # decoded, or the stored text of one beyond the limits
+            shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         elif isinstance(value, dt.datetime):
             shown = when(value)
         else:

@@ -229,9 +229,15 @@ class FakeProvider(SchemaChannel):
 
     def send(self, message: Message, deadline: Deadline) -> Outcome:
         token = self.tokens.get(message.id)
+        if (message.id, token) not in set(self.in_flight):
+            # A row this sender's hand-off never named (a shifted read, a
+            # replay): a send for another's claim.
+            self.recorder.events("foreign_send", [(message.id, token)])
         calls_before = self.recorder.call(message.id, token)
         script = message.payload.get("script") or []
         behaviour = script[calls_before] if calls_before < len(script) else "ok"
+        if behaviour == "drip":
+            return self.drip(deadline)
         if behaviour == "transient":
             return Outcome.retry("provider: transient failure")
         if behaviour == "permanent":
@@ -255,6 +261,17 @@ class FakeProvider(SchemaChannel):
         if self.killer is not None:
             self.killer.hit("after_send", self.in_flight)
         return Outcome.delivered(f"fake-{message.id}-{calls_before}")
+
+    def drip(self, deadline: Deadline) -> Outcome:
+        """A real webhook POST to the campaign's dripping receiver (REL_DRIP_URL),
+        through the webhook channel's own HTTP client and its deadline."""
+        from outbox import netguard
+        from outbox.channels.webhook import WebhookChannel
+
+        target = netguard.resolve(os.environ["REL_DRIP_URL"], allow_insecure=True)
+        channel = WebhookChannel(allow_insecure=True, default_secret_id="unused")
+        headers = {"Host": target.host_header, "Content-Type": "application/json"}
+        return channel._post(target, headers, b"{}", deadline)
 
 
 def install_wrappers(

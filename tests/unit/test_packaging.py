@@ -116,3 +116,30 @@ def test_the_layer_pins_are_generated_from_the_lambda_extra() -> None:
         assert req.name in pins, f"{req.name} is not pinned: run make requirements"
         assert req.specifier.contains(pins[req.name]), f"{req.name}=={pins[req.name]} vs {req}"
     assert not set(pins) & {"boto3", "botocore", "click", "rich", "moto", "s3transfer"}
+
+
+def test_validating_every_built_in_channel_stays_light() -> None:
+    """A producer's enqueue validates the payload with the channel's class:
+    that must not pull the Lambda runtime in either (the wheel test proves it
+    on a bare install; this names the module at fault sooner)."""
+    payloads = {
+        "email": {"from": "a@example.com", "to": ["b@example.net"], "subject": "s", "text": "t"},
+        "sms": {"to": "+15555550100", "message": "m"},
+        "push": {
+            "endpoint_arn": "arn:aws:sns:us-east-1:123456789012:endpoint/GCM/a/b",
+            "body": "b",
+        },
+        "webhook": {"url": "https://hooks.example.com/a", "event_type": "e", "body": {}},
+        "eventbridge": {"source": "shop", "detail_type": "D", "detail": {}},
+        "sqs": {"queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/q", "body": "x"},
+    }
+    code = (
+        "import sys\n"
+        "from outbox import producer\n"
+        f"for channel, payload in {payloads!r}.items():\n"
+        "    producer.prepare(channel, payload)\n"
+        "heavy = {'aws_lambda_powertools', 'boto3', 'botocore', 'alembic', 'pg8000', 'outbox_cli'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

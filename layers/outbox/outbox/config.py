@@ -40,6 +40,31 @@ def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: flo
     return float(_number(env, name, default, lo, hi, float))
 
 
+def _days_or_never(env: Mapping[str, str], name: str) -> int | None:
+    raw = (env.get(name) or "never").strip().lower()
+    if raw == "never":
+        return None
+    return _int(env, name, 0, 1, 3650)
+
+
+def _check_database_url(url: str) -> None:
+    """One clear error for a malformed URL; never echoes it (it may hold a password)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+        port = parsed.port
+    except (ArgumentError, ValueError, TypeError):
+        raise ConfigError(
+            "DATABASE_URL", "is not a valid URL (postgresql://user:password@host:port/database)"
+        ) from None
+    if parsed.get_backend_name() not in ("postgresql", "postgres"):
+        raise ConfigError("DATABASE_URL", "must be a postgresql:// URL")
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError("DATABASE_URL", "has a port outside 1 to 65535")
+
+
 @dataclass(frozen=True)
 class DatabaseSettings:
     """Where the database is and how to authenticate to it.
@@ -84,6 +109,8 @@ class DatabaseSettings:
             raise ConfigError("DB_SSLMODE", f"must be verify-full or disable, got {sslmode!r}")
         if sslmode == "disable" and not url:
             raise ConfigError("DB_SSLMODE", "TLS can only be disabled for a local DATABASE_URL")
+        if url:
+            _check_database_url(url)
         return cls(
             url=url,
             secret_arn=secret_arn,
@@ -107,6 +134,10 @@ class RelaySettings:
     backoff_base_seconds: float = 2.0
     backoff_cap_seconds: float = 900.0
     retention_days: int = 7
+    # failed, dead and expired rows wait for an operator (redrive, cancel,
+    # `outbox prune`): None keeps them until then; a number prunes them
+    # after that many days (at least 1).
+    unresolved_retention_days: int | None = None
     # The longest a sender runs (its Lambda timeout) and the longest an async
     # event may wait in Lambda's queue: invariant 4 of docs/design.md
     # wants both inside the lease.
@@ -139,7 +170,8 @@ class RelaySettings:
             max_attempts=_int(env, "MAX_ATTEMPTS", 5, 1, 1_000),
             backoff_base_seconds=_float(env, "BACKOFF_BASE_SECONDS", 2.0, 0.0, 86_400.0),
             backoff_cap_seconds=_float(env, "BACKOFF_CAP_SECONDS", 900.0, 0.0, 604_800.0),
-            retention_days=_int(env, "RETENTION_DAYS", 7, 0, 3650),
+            retention_days=_int(env, "RETENTION_DAYS", 7, 1, 3650),
+            unresolved_retention_days=_days_or_never(env, "UNRESOLVED_RETENTION_DAYS"),
             sender_timeout_seconds=_int(env, "SENDER_TIMEOUT_SECONDS", 30, 1, 900),
             max_event_age_seconds=_int(env, "MAX_EVENT_AGE_SECONDS", 60, 0, 21_600),
             handoff_chunk_size=_int(env, "HANDOFF_CHUNK_SIZE", 20, 1, 1_000),

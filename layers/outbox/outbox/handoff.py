@@ -14,13 +14,19 @@ import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from .errors import ValidationError
 from .store import Claim
 
 VERSION = 1
 MAX_MESSAGES_PER_EVENT = 1000
+MAX_MESSAGE_ID = 2**63 - 1  # bigint: a larger id is a field error, not a database error
+MAX_ATTEMPT = 2**31 - 1  # integer
+
+
+def _whole_in(value: Any, hi: int) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= hi
 
 
 @dataclass(frozen=True)
@@ -59,10 +65,14 @@ class HandOff:
             if not isinstance(item, Mapping):
                 raise ValidationError(where, "must be an object")
             message_id, attempt = item.get("id"), item.get("attempt")
-            if isinstance(message_id, bool) or not isinstance(message_id, int) or message_id < 1:
-                raise ValidationError(f"{where}.id", "must be a positive integer")
-            if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
-                raise ValidationError(f"{where}.attempt", "must be a positive integer")
+            if not _whole_in(message_id, MAX_MESSAGE_ID):
+                raise ValidationError(
+                    f"{where}.id", f"must be an integer from 1 to {MAX_MESSAGE_ID}"
+                )
+            if not _whole_in(attempt, MAX_ATTEMPT):
+                raise ValidationError(
+                    f"{where}.attempt", f"must be an integer from 1 to {MAX_ATTEMPT}"
+                )
             try:
                 token = uuid.UUID(str(item.get("claim_token")))
             except ValueError:

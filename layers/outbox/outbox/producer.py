@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ import sqlalchemy as sa
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-from . import channels, store
+from . import channels, payloads, store
 from .errors import ValidationError
 
 MAX_PAYLOAD_BYTES = 256 * 1024
@@ -76,6 +77,8 @@ def _delay_seconds(value: Any) -> float:
 
 
 def _payload_json(channel: channels.Channel, payload: Any) -> str:
+    # The shape first: a schema validator and the JSON encoder both recurse.
+    payloads.check_shape(payload)
     channel.validate(payload)
     try:
         text = store.payload_json(payload)
@@ -120,6 +123,21 @@ def prepare(
     )
 
 
+@contextmanager
+def _redacted_errors() -> Iterator[None]:
+    """The application's engine may show bound parameters in its errors (the
+    payloads: phone numbers, one-time codes); an error from ``enqueue`` never
+    does, whatever engine the caller built. The exception keeps its type, so
+    the caller's retry logic (a lock or serialization failure) still works."""
+    try:
+        yield
+    except sa.exc.StatementError as exc:
+        from .db import redact
+
+        redact(exc)
+        raise
+
+
 def _check_connection(conn: Any) -> sa.Connection:
     """The caller's Connection; an ORM Session gives its own (``session.connection()``:
     the Session's transaction, begun if need be), so the message commits or rolls
@@ -160,7 +178,8 @@ def enqueue(
         delay=delay,
         max_attempts=max_attempts,
     )
-    return store.insert_messages(_check_connection(conn), [message])[0]
+    with _redacted_errors():
+        return store.insert_messages(_check_connection(conn), [message])[0]
 
 
 def enqueue_many(conn: sa.Connection | Session, messages: Iterable[Mapping[str, Any]]) -> list[int]:
@@ -170,6 +189,8 @@ def enqueue_many(conn: sa.Connection | Session, messages: Iterable[Mapping[str, 
     raises ValidationError (its field prefixed with ``messages[i].``) and none is written.
     """
     connection = _check_connection(conn)
+    if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Iterable):
+        raise ValidationError("messages", "must be a list of dicts")
     prepared = []
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping):
@@ -184,4 +205,5 @@ def enqueue_many(conn: sa.Connection | Session, messages: Iterable[Mapping[str, 
             prepared.append(prepare(**message))
         except ValidationError as exc:
             raise ValidationError(f"messages[{index}].{exc.field}", exc.problem) from None
-    return store.insert_messages(connection, prepared)
+    with _redacted_errors():
+        return store.insert_messages(connection, prepared)

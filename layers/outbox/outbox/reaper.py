@@ -3,6 +3,11 @@
 Each scheduled run releases claims whose lease expired (the attempt counts;
 a row out of attempts goes to ``dead``), prunes terminal rows past the
 retention window in bounded batches, and publishes backlog metrics.
+
+Rows that ended without reaching their recipient (``failed``, ``dead``,
+``expired``) are not routine history: they wait for an operator, and the
+dead-messages alarm with them. They are pruned only after their own
+retention (``UNRESOLVED_RETENTION_DAYS``), never by default.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from .observability import count, gauge
 log = logging.getLogger(__name__)
 
 PRUNE_BATCH_SIZE = 5000
+UNRESOLVED_STATUSES = frozenset({"failed", "dead", "expired"})
 _MIN_TIME_FOR_A_BATCH = 2.0
 
 
@@ -51,12 +57,11 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
     count("Reclaimed", report.reclaimed)
     count("Dead", report.dead)
 
-    while time_left() > _MIN_TIME_FOR_A_BATCH:
-        with engine.begin() as conn:
-            pruned = store.prune(conn, settings.retention_days * 86400, PRUNE_BATCH_SIZE)
-        report.pruned += pruned
-        if pruned < PRUNE_BATCH_SIZE:
-            break
+    routine = [s for s in store.TERMINAL_STATUSES if s not in UNRESOLVED_STATUSES]
+    unresolved = [s for s in store.TERMINAL_STATUSES if s in UNRESOLVED_STATUSES]
+    report.pruned += _prune(engine, routine, settings.retention_days, time_left)
+    if settings.unresolved_retention_days is not None:
+        report.pruned += _prune(engine, unresolved, settings.unresolved_retention_days, time_left)
     count("Pruned", report.pruned)
 
     with engine.begin() as conn:
@@ -79,3 +84,16 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
         },
     )
     return report
+
+
+def _prune(
+    engine: sa.Engine, statuses: list[str], days: int, time_left: Callable[[], float]
+) -> int:
+    pruned_total = 0
+    while statuses and time_left() > _MIN_TIME_FOR_A_BATCH:
+        with engine.begin() as conn:
+            pruned = store.prune(conn, days * 86400, PRUNE_BATCH_SIZE, statuses)
+        pruned_total += pruned
+        if pruned < PRUNE_BATCH_SIZE:
+            break
+    return pruned_total

@@ -22,7 +22,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import channels, store
+from . import channels, payloads, store
 from .channels import Channel, Deadline, Message, Outcome
 from .config import RelaySettings
 from .dispatcher import backoff_of
@@ -60,12 +60,11 @@ def _send_one(
     if deadline.expired():
         return Outcome.deferred(NOT_STARTED), 0
     try:
-        channel.validate(row.payload)
+        payload = payloads.decode(row.payload)
+        channel.validate(payload)
     except ValidationError as exc:
         return Outcome.failed(f"invalid payload: {exc}"), 0
-    message = Message(
-        row.id, row.channel, row.payload, row.attempt, row.dedupe_key, row.ordering_key
-    )
+    message = Message(row.id, row.channel, payload, row.attempt, row.dedupe_key, row.ordering_key)
     try:
         outcome = channel.send(message, deadline)
     except Exception as exc:  # a channel bug or an unclassified provider error

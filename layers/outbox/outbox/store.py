@@ -43,7 +43,9 @@ class ClaimedMessage:
 
     id: int
     channel: str
-    payload: Any
+    # The stored JSON as text: the sender decodes each row by itself
+    # (``payloads.decode``), so one undecodable row fails alone.
+    payload: str
     attempt: int
     max_attempts: int
     claim_token: uuid.UUID
@@ -312,7 +314,7 @@ def release(
 
 _LOAD_CLAIMED = _sql(
     """
-    SELECT m.id, m.channel, m.payload, m.attempts + 1 AS attempt,
+    SELECT m.id, m.channel, CAST(m.payload AS text) AS payload, m.attempts + 1 AS attempt,
            COALESCE(m.max_attempts, :default_max) AS max_attempts, m.claim_token,
            m.dedupe_key, m.ordering_key,
            EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8 AS lease_left
@@ -724,7 +726,12 @@ def channels_with_rows(conn: sa.Connection, channels: Sequence[str]) -> set[str]
     return set(rows)
 
 
-_GET_MESSAGE = sa.text(f"SELECT {_MESSAGE_COLUMNS}, payload FROM outbox_message WHERE id = :id")
+# The payload as text: the caller decodes it (a row too deep to decode must
+# still show, and must not leave the connection half-read).
+_GET_MESSAGE = sa.text(
+    f"SELECT {_MESSAGE_COLUMNS}, CAST(payload AS text) AS payload "
+    "FROM outbox_message WHERE id = :id"
+)
 _ATTEMPT_HISTORY = sa.text(
     """
     SELECT attempt, outcome, error, provider_message_id, claimed_at, finished_at, duration_ms

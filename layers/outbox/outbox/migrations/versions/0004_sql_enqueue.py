@@ -19,13 +19,13 @@ redrive. A message's ``max_attempts`` (and its backoff) count from there, so a
 redrive gives a fresh set of attempts without numbering a second "attempt 1".
 
 Revision ID: 0004
-Revises: 0001
+Revises: 0003
 """
 
 from alembic import op
 
 revision = "0004"
-down_revision = "0001"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
