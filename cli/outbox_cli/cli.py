@@ -370,6 +370,16 @@ def _read_payload(text: str) -> Any:
 @click.option("--priority", type=int, default=0, show_default=True)
 @click.option("--delay", type=Duration(), default=None, help="Not before this long (45s, 10m, 1h).")
 @click.option("--max-attempts", type=int, default=None, help="Overrides the relay's default.")
+@click.option(
+    "--ttl", type=Duration(), default=None, help="Expire if not delivered this long after due."
+)
+@click.option(
+    "--on-predecessor-failure",
+    type=click.Choice(["hold", "cancel"]),
+    default="hold",
+    show_default=True,
+    help="When an earlier message of the ordering key fails: wait for an operator, or cancel.",
+)
 @json_option
 def enqueue(
     channel: str,
@@ -379,6 +389,8 @@ def enqueue(
     priority: int,
     delay: float | None,
     max_attempts: int | None,
+    ttl: float | None,
+    on_predecessor_failure: str,
     as_json: bool,
 ) -> None:
     """Enqueue one message (validated like outbox.enqueue); prints its id."""
@@ -395,6 +407,8 @@ def enqueue(
                     priority=priority,
                     delay=delay,
                     max_attempts=max_attempts,
+                    ttl=ttl,
+                    on_predecessor_failure=on_predecessor_failure,
                 )
         except ValidationError as exc:
             fail(str(exc), 2)
@@ -404,7 +418,8 @@ def enqueue(
 @cli.command()
 @json_option
 def status(as_json: bool) -> None:
-    """Messages per channel and status, oldest due age, claims past their lease."""
+    """Messages per channel and status, oldest due age, claims past their lease,
+    and pending messages held behind a failed row of their ordering key."""
     from outbox import store
 
     with database() as engine, engine.connect() as conn:
@@ -548,11 +563,11 @@ def redrive(
     yes: bool,
     as_json: bool,
 ) -> None:
-    """Send dead or failed messages again: a fresh set of attempts, numbered on
-    from the last one; the history stays.
+    """Send dead, failed or expired messages again: a fresh set of attempts,
+    numbered on from the last one; the history stays.
 
-    Either IDS, or --status dead|failed with optional --channel and --since
-    (asks first: --yes skips the question, --dry-run only shows).
+    Either IDS, or --status dead|failed|expired with optional --channel and
+    --since (asks first: --yes skips the question, --dry-run only shows).
     """
     from outbox import store
 
@@ -588,11 +603,12 @@ def cancel(
     yes: bool,
     as_json: bool,
 ) -> None:
-    """Cancel pending messages.
+    """Cancel messages.
 
-    Either IDS (all must be pending, or nothing changes), or every pending
-    message matching --channel, --ordering-key and --dedupe-key (asks first:
-    --yes skips the question, --dry-run only shows).
+    Either IDS: pending ones, or failed, dead or expired ones holding their
+    ordering key (its later messages then go); all must qualify, or nothing
+    changes. Or every pending message matching --channel, --ordering-key and
+    --dedupe-key (asks first: --yes skips the question, --dry-run only shows).
     """
     from outbox import store
 
@@ -614,7 +630,8 @@ def cancel(
     def apply(conn: sa.Connection, chosen: list[int]) -> set[int]:
         return store.cancel(conn, chosen, reason)
 
-    _change("cancel", ids, selected, ("pending",), apply, dry_run, yes, as_json)
+    allowed = store.CANCELLABLE_STATUSES
+    _change("cancel", ids, selected, allowed, apply, dry_run, yes, as_json)
 
 
 @cli.command()

@@ -115,6 +115,7 @@ def render_status(
                 "claimed": backlog.claimed,
                 "expired_claims": backlog.expired_claims,
                 "dead": backlog.dead,
+                "held": backlog.held,
             }
         )
         return
@@ -124,6 +125,11 @@ def render_status(
         f"{backlog.oldest_due_age_seconds:.1f}s), claimed {backlog.claimed} "
         f"({backlog.expired_claims} past their lease), dead {backlog.dead}"
     )
+    if backlog.held:
+        click.echo(
+            f"held {backlog.held}: pending behind a failed, dead or expired message of their "
+            "ordering key; redrive or cancel that message to let them go"
+        )
 
 
 def render_status_table(

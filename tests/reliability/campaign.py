@@ -430,8 +430,13 @@ def check(url: str, report: RunReport, default_max: int, poisoned: list[int] | N
         total = sum(report.statuses.values())
         if total != report.messages:
             v.append(f"lost messages: {report.messages} enqueued, {total} in the table")
+        # Pending is allowed only for a row held behind a failed, dead or
+        # expired row of its ordering key (it waits for an operator).
         if bad := ids(
-            "SELECT id, status FROM outbox_message WHERE status IN ('pending', 'claimed')"
+            "SELECT m.id, m.status FROM outbox_message m WHERE m.status = 'claimed' "
+            "OR (m.status = 'pending' AND NOT EXISTS (SELECT 1 FROM outbox_message f "
+            "WHERE f.ordering_key = m.ordering_key AND f.id < m.id "
+            "AND f.status IN ('failed', 'dead', 'expired')))"
         ):
             v.append(f"not terminal: {bad}")
         if bad := ids(
@@ -456,13 +461,14 @@ def check(url: str, report: RunReport, default_max: int, poisoned: list[int] | N
             "SELECT message_id, old_token, writer_token, new_status FROM rel_transitions "
             "WHERE writer_token IS DISTINCT FROM old_token AND "
             "(writer_token IS NOT NULL OR NOT lease_expired "
-            "OR new_status NOT IN ('pending', 'dead'))"
+            "OR new_status NOT IN ('pending', 'dead', 'expired'))"
         ):
             v.append(f"writes with a stale claim token: {bad}")
         if bad := ids(
             "SELECT m.id, m.attempts, COALESCE(m.max_attempts, :d) FROM outbox_message m "
             "WHERE m.attempts > COALESCE(m.max_attempts, :d) OR m.attempts <> (SELECT count(*) "
-            "FROM outbox_attempt a WHERE a.message_id = m.id AND a.outcome <> 'deferred') "
+            "FROM outbox_attempt a WHERE a.message_id = m.id "
+            "AND a.outcome NOT IN ('deferred', 'not_started')) "
             "OR EXISTS (SELECT 1 FROM outbox_attempt a WHERE a.message_id = m.id "
             "AND a.attempt > COALESCE(m.max_attempts, :d))",
             d=default_max,

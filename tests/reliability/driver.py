@@ -32,6 +32,7 @@ def settings(lease: float) -> RelaySettings:
         max_attempts=6,
         backoff_base_seconds=0.05,
         backoff_cap_seconds=0.4,
+        min_deferral_seconds=0.05,  # scaled down with the backoff
         handoff_chunk_size=4,
         send_concurrency=4,
         settle_margin_seconds=0.5,

@@ -281,7 +281,7 @@ def install_wrappers(
     writer holds, record lost leases and abandoned calls, and host the kill
     points inside the settle. Returns a function that undoes the wrapping."""
     original_settle, original_release = store.settle, store.release
-    original_load = store.load_claimed
+    original_receive = store.receive_claimed
 
     def writer(conn: sa.Connection, pairs: Sequence[tuple[int, Any]]) -> None:
         # Transaction-local when there is a transaction; in autocommit (how the
@@ -322,20 +322,20 @@ def install_wrappers(
         writer(conn, pairs)
         return original_release(conn, pairs, reason, delay_seconds)
 
-    def load_claimed(conn: sa.Connection, channel: str, claims: Any, default_max: int) -> Any:
+    def receive_claimed(conn: sa.Connection, channel: str, claims: Any, default_max: int) -> Any:
         pairs = list(claims)
-        rows = original_load(conn, channel, pairs, default_max)
+        rows = original_receive(conn, channel, pairs, default_max)
         if killer is not None:
             killer.hit("after_load", pairs)
         return rows
 
-    store.settle, store.release, store.load_claimed = settle, release, load_claimed  # type: ignore[assignment]
+    store.settle, store.release, store.receive_claimed = settle, release, receive_claimed  # type: ignore[assignment]
 
     def undo() -> None:
-        store.settle, store.release, store.load_claimed = (  # type: ignore[assignment]
+        store.settle, store.release, store.receive_claimed = (  # type: ignore[assignment]
             original_settle,
             original_release,
-            original_load,
+            original_receive,
         )
 
     return undo

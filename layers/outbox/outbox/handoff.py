@@ -1,8 +1,8 @@
 """The dispatcher -> channel function event, and the ways to deliver it.
 
 The event carries only ids, claim tokens and attempt numbers, never payloads:
-the sender re-reads the rows under its fence, so a stale or replayed event
-can change nothing.
+the sender takes its rows by a compare-and-set receipt, so a stale, replayed
+or duplicated event finds nothing to send and changes nothing.
 
     {"version": 1, "channel": "email",
      "messages": [{"id": 42, "claim_token": "5f0c...", "attempt": 1}, ...]}
@@ -59,7 +59,7 @@ class HandOff:
             raise ValidationError("event.messages", "must be a non-empty list")
         if len(messages) > MAX_MESSAGES_PER_EVENT:
             raise ValidationError("event.messages", f"holds more than {MAX_MESSAGES_PER_EVENT}")
-        claims = []
+        claims: dict[tuple[int, uuid.UUID], Claim] = {}
         for i, item in enumerate(messages):
             where = f"event.messages[{i}]"
             if not isinstance(item, Mapping):
@@ -77,8 +77,9 @@ class HandOff:
                 token = uuid.UUID(str(item.get("claim_token")))
             except ValueError:
                 raise ValidationError(f"{where}.claim_token", "must be a UUID") from None
-            claims.append(Claim(message_id, channel, token, attempt))
-        return cls(channel, tuple(claims))
+            # A pair listed twice is one claim: it is sent once.
+            claims.setdefault((message_id, token), Claim(message_id, channel, token, attempt))
+        return cls(channel, tuple(claims.values()))
 
 
 def chunk(claims: Sequence[Claim], size: int) -> list[HandOff]:
@@ -118,7 +119,11 @@ class LambdaInvoker:
                 config=Config(
                     connect_timeout=3,
                     read_timeout=10,
-                    retries={"total_max_attempts": 2, "mode": "standard"},
+                    # One attempt: a retry after a read timeout would queue a
+                    # second event when the first was already accepted. A
+                    # failed hand-off releases its claims, and the next pass
+                    # claims them again.
+                    retries={"total_max_attempts": 1, "mode": "standard"},
                     max_pool_connections=16,
                 ),
             )
@@ -126,6 +131,9 @@ class LambdaInvoker:
 
     def can_route(self, channel: str) -> bool:
         return channel in self.functions
+
+    def missing_route(self, channel: str) -> str:
+        return f"no function is configured for channel {channel!r} (CHANNEL_FUNCTIONS)"
 
     def hand_off(self, handoff: HandOff) -> None:
         response = self.client.invoke(
@@ -145,6 +153,12 @@ class CallableInvoker:
 
     def can_route(self, channel: str) -> bool:
         return channel in self.targets
+
+    def missing_route(self, channel: str) -> str:
+        return (
+            f"no function is configured for channel {channel!r} "
+            "(it is not in this process's channel registry)"
+        )
 
     def hand_off(self, handoff: HandOff) -> None:
         self.targets[handoff.channel](handoff.to_event())

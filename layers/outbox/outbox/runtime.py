@@ -84,7 +84,10 @@ class Runtime:
         report = reaper.run(self.engine, self.settings, lambda: remaining() - _EXIT_MARGIN_SECONDS)
         return {
             "reclaimed": report.reclaimed,
+            "not_started": report.not_started,
             "dead": report.dead,
+            "expired": report.expired,
+            "cancelled": report.cancelled,
             "pruned": report.pruned,
             "backlog": asdict(report.backlog) if report.backlog else None,
         }

@@ -18,7 +18,7 @@ operator's to create (README, "Database users"), for example::
     CREATE ROLE outbox_relay_app LOGIN PASSWORD '...' IN ROLE outbox_relay;
 
 Revision ID: 0003
-Revises: 0001
+Revises: 0002
 """
 
 import os
@@ -27,7 +27,7 @@ import re
 from alembic import op
 
 revision = "0003"
-down_revision = "0001"
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 
