@@ -93,6 +93,49 @@ def test_writes_in_the_callers_transaction_with_every_option(engine: sa.Engine) 
         assert conn.execute(sa.text("SELECT count(*) FROM outbox_message")).scalar_one() == 1
 
 
+def test_deliver_by_and_the_ordering_policy_are_stored_as_outbox_enqueue_stores_them(
+    engine: sa.Engine,
+) -> None:
+    with engine.begin() as conn:
+        by_ttl = sql_enqueue(conn, "sms", VALID["sms"], delay="1 minute", ttl="2 hours")
+        by_time = sql_enqueue(
+            conn, "sms", VALID["sms"], expires_at="2030-01-01T00:00:00Z", ordering_key="k"
+        )
+        cancelling = sql_enqueue(
+            conn, "sms", VALID["sms"], ordering_key="k", on_predecessor_failure="cancel"
+        )
+        rows = {
+            r.id: r
+            for r in conn.execute(
+                sa.text(
+                    "SELECT id, on_predecessor_failure, expires_at, "
+                    "EXTRACT(EPOCH FROM expires_at - created_at) AS deliver_by_s "
+                    "FROM outbox_message"
+                )
+            )
+        }
+    assert round(float(rows[by_ttl].deliver_by_s)) == 60 + 7200  # from when it is due
+    assert rows[by_time].expires_at.year == 2030
+    assert rows[by_ttl].on_predecessor_failure == rows[by_time].on_predecessor_failure == "hold"
+    assert rows[cancelling].on_predecessor_failure == "cancel"
+
+
+def test_an_ordering_key_is_locked_to_the_commit_as_by_outbox_enqueue(
+    engine: sa.Engine,
+) -> None:
+    """Producers of one ordering key take turns, whichever API they use: while
+    a Python producer's transaction holds the key, the SQL function waits."""
+    with engine.begin() as python_producer:
+        outbox.enqueue(python_producer, "sms", VALID["sms"], ordering_key="customer-7")
+        with pytest.raises(sa.exc.DatabaseError) as waited, engine.begin() as sql_producer:
+            sql_producer.execute(sa.text("SET LOCAL lock_timeout = '200ms'"))
+            sql_enqueue(sql_producer, "sms", VALID["sms"], ordering_key="customer-7")
+        assert waited.value.orig.args[0]["C"] == "55P03"  # lock_not_available
+        with engine.begin() as other_key:  # another key does not wait
+            other_key.execute(sa.text("SET LOCAL lock_timeout = '200ms'"))
+            sql_enqueue(other_key, "sms", VALID["sms"], ordering_key="customer-8")
+
+
 def test_a_repeated_dedupe_key_returns_the_same_id(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         first = sql_enqueue(conn, "email", VALID["email"], dedupe_key="order-42")
@@ -148,6 +191,21 @@ def test_every_built_in_channel_accepts_its_valid_payload_and_custom_channels_an
         ("sms", VALID["sms"], {"delay": "-1 second"}, "delay", "between 0 and 365 days"),
         ("sms", VALID["sms"], {"delay": "400 days"}, "delay", "between 0 and 365 days"),
         ("sms", VALID["sms"], {"max_attempts": 0}, "max_attempts", "between 1 and 1000"),
+        ("sms", VALID["sms"], {"ttl": "0 seconds"}, "ttl", "more than 0 seconds"),
+        (
+            "sms",
+            VALID["sms"],
+            {"ttl": "1 hour", "expires_at": "2030-01-01T00:00:00Z"},
+            "ttl",
+            "not both",
+        ),
+        (
+            "sms",
+            VALID["sms"],
+            {"on_predecessor_failure": "drop"},
+            "on_predecessor_failure",
+            "'hold', 'cancel'",
+        ),
     ],
 )
 def test_bad_input_is_refused_naming_the_field_and_writes_nothing(

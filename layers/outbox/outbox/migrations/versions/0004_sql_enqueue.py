@@ -4,6 +4,10 @@
     SELECT outbox_enqueue('email', '{"from": ..., "to": [...], ...}',
                           dedupe_key => 'order-42', delay => interval '10 minutes');
 
+The options are ``outbox.enqueue``'s: dedupe_key, ordering_key (with the same
+per-key advisory lock, held to the caller's commit), priority, delay,
+max_attempts, expires_at or ttl, on_predecessor_failure ('hold' or 'cancel').
+
 Runs in the caller's transaction (a rollback takes the message with it) and
 returns the message's id; a repeated (channel, dedupe_key) returns the
 existing id. It refuses, with SQLSTATE 22023 (invalid_parameter_value) and
@@ -11,8 +15,9 @@ the message ``<field>: <problem>`` (the field also in the error's column
 name), what the database can check: the channel's name, the options' ranges,
 a payload that is not an object or over 256 KiB, and for the built-in
 channels the payload's fields (required ones present, each of its JSON type,
-no unknown ones). A custom channel's payload is checked by its sender. The
-sender validates every payload again either way.
+no unknown ones). A custom channel's payload, and the shape limits of
+``outbox.payloads`` (nesting, keys, elements), are checked by the sender,
+which validates every payload again either way and fails a bad one alone.
 
 ``outbox_message.attempts_at_redrive``: the attempts counted before the last
 redrive. A message's ``max_attempts`` (and its backoff) count from there, so a
@@ -120,7 +125,10 @@ CREATE FUNCTION outbox_enqueue(
     ordering_key text DEFAULT NULL,
     priority integer DEFAULT 0,
     delay interval DEFAULT NULL,
-    max_attempts integer DEFAULT NULL
+    max_attempts integer DEFAULT NULL,
+    expires_at timestamptz DEFAULT NULL,
+    ttl interval DEFAULT NULL,
+    on_predecessor_failure text DEFAULT 'hold'
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 -- The tables of the schema the function lives in, whatever the caller's path.
@@ -135,6 +143,9 @@ DECLARE
     p_priority integer := COALESCE(outbox_enqueue.priority, 0);
     p_delay interval := COALESCE(outbox_enqueue.delay, interval '0');
     p_max integer := outbox_enqueue.max_attempts;
+    p_expires timestamptz := outbox_enqueue.expires_at;
+    p_ttl interval := outbox_enqueue.ttl;
+    p_on_failure text := COALESCE(outbox_enqueue.on_predecessor_failure, 'hold');
     f record;
     size integer;
     builtin boolean := false;
@@ -165,6 +176,17 @@ BEGIN
     IF p_max IS NOT NULL AND NOT p_max BETWEEN 1 AND 1000 THEN
         PERFORM outbox_enqueue_refuse('max_attempts',
             format('must be between 1 and 1000, got %s', p_max));
+    END IF;
+
+    IF p_expires IS NOT NULL AND p_ttl IS NOT NULL THEN
+        PERFORM outbox_enqueue_refuse('ttl', 'give expires_at or ttl, not both');
+    END IF;
+    IF p_ttl <= interval '0' OR p_ttl > interval '366 days' THEN
+        PERFORM outbox_enqueue_refuse('ttl', 'must be more than 0 seconds and at most 366 days');
+    END IF;
+    IF p_on_failure NOT IN ('hold', 'cancel') THEN
+        PERFORM outbox_enqueue_refuse('on_predecessor_failure',
+            format('must be one of ''hold'', ''cancel'', got %L', p_on_failure));
     END IF;
 
     -- the payload
@@ -209,9 +231,17 @@ BEGIN
         END IF;
     END IF;
 
+    IF p_ordering IS NOT NULL THEN
+        -- As outbox.enqueue: producers of one ordering key take turns until
+        -- their commit, so the key's ids follow commit order.
+        PERFORM pg_advisory_xact_lock(hashtextextended('outbox-ordering-key:' || p_ordering, 0));
+    END IF;
     INSERT INTO outbox_message
-        (channel, payload, dedupe_key, ordering_key, priority, available_at, max_attempts)
-    VALUES (p_channel, p_payload, p_dedupe, p_ordering, p_priority, now() + p_delay, p_max)
+        (channel, payload, dedupe_key, ordering_key, priority, available_at, max_attempts,
+         expires_at, on_predecessor_failure)
+    VALUES (p_channel, p_payload, p_dedupe, p_ordering, p_priority, now() + p_delay, p_max,
+            -- a ttl counts from the time the message is first due
+            COALESCE(p_expires, now() + p_delay + p_ttl), p_on_failure)
     ON CONFLICT (channel, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
     RETURNING id INTO new_id;
     IF new_id IS NULL THEN
@@ -237,7 +267,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute("DROP FUNCTION outbox_enqueue(text, jsonb, text, text, integer, interval, integer)")
+    op.execute(
+        "DROP FUNCTION outbox_enqueue(text, jsonb, text, text, integer, interval, integer, "
+        "timestamptz, interval, text)"
+    )
     op.execute("DROP FUNCTION outbox_enqueue_builtin_fields(text)")
     op.execute("DROP FUNCTION outbox_enqueue_refuse(text, text)")
     op.execute("ALTER TABLE outbox_message DROP COLUMN attempts_at_redrive")
