@@ -23,7 +23,7 @@ from outbox.channels.webhook import WebhookChannel
 from outbox.config import DatabaseSettings
 from outbox.db import _base_url, _secret_credentials
 from outbox.observability import logger as outbox_logger
-from support import EMAIL, LocalCA, expire_leases, settings
+from support import EMAIL, LocalCA, expire_leases, receive, settings
 
 DB_PASSWORD = "db-Password-7f3a91c2e4"
 PHONE = "+15555550123"
@@ -97,7 +97,8 @@ def test_a_debug_pass_logs_no_payload_secret_or_token(
     # The reaper over an expired claim.
     with engine.begin() as conn:
         outbox.enqueue(conn, "email", EMAIL)
-        store.claim(conn, 10, 120)
+        claims = store.claim(conn, 10, 120)
+    receive(engine, claims)  # a sender started it: the expired lease counts an attempt
     expire_leases(engine)
     assert reaper.run(engine, settings(), lambda: 10.0).reclaimed == 1
 

@@ -16,7 +16,7 @@ from outbox import dispatcher, reaper, sender, store
 from outbox.config import DatabaseSettings
 from outbox.db import create_engine
 from outbox.handoff import CallableInvoker
-from support import ScriptedChannel, expire_leases, install_channel, settings
+from support import ScriptedChannel, expire_leases, install_channel, receive, settings
 
 RELAY_ROLE = "outbox_relay"  # the migration's default (OUTBOX_RELAY_ROLE)
 
@@ -58,7 +58,7 @@ def relay_user(engine: sa.Engine, database_url: str) -> Iterator[sa.Engine]:
         "CREATE INDEX intruder ON outbox_message (channel)",
         "SELECT * FROM app_customer",
         "INSERT INTO app_customer VALUES (1, 'x')",
-        "SELECT * FROM alembic_version",
+        "SELECT * FROM outbox_alembic_version",
     ],
 )
 def test_the_relay_user_can_run_no_ddl_and_touch_no_other_table(
@@ -88,7 +88,8 @@ def test_the_relay_user_runs_the_whole_relay(relay_user: sa.Engine) -> None:
     assert sorted(scripted.sent) == ids
     with relay_user.begin() as conn:
         extra = outbox.enqueue(conn, "scripted", {"n": 99}, max_attempts=1)
-        store.claim(conn, 10, 60)
+        claims = store.claim(conn, 10, 60)
+    receive(relay_user, claims)  # a sender started it: the expired lease counts an attempt
     expire_leases(relay_user)
     report = reaper.run(relay_user, relay, lambda: 30.0)
     assert report.dead == 1 and report.backlog is not None
