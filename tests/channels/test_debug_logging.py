@@ -98,7 +98,7 @@ def test_a_debug_pass_logs_no_payload_secret_or_token(
     with engine.begin() as conn:
         outbox.enqueue(conn, "email", EMAIL)
         claims = store.claim(conn, 10, 120)
-    receive(engine, claims)  # a sender started it: the expired lease counts an attempt
+    receive(engine, claims)  # a sender took it, then died
     expire_leases(engine)
     assert reaper.run(engine, settings(), lambda: 10.0).reclaimed == 1
 

@@ -89,7 +89,7 @@ def test_the_relay_user_runs_the_whole_relay(relay_user: sa.Engine) -> None:
     with relay_user.begin() as conn:
         extra = outbox.enqueue(conn, "scripted", {"n": 99}, max_attempts=1)
         claims = store.claim(conn, 10, 60)
-    receive(relay_user, claims)  # a sender started it: the expired lease counts an attempt
+    receive(relay_user, claims)  # a sender took it, then died: the attempt counts
     expire_leases(relay_user)
     report = reaper.run(relay_user, relay, lambda: 30.0)
     assert report.dead == 1 and report.backlog is not None

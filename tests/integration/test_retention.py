@@ -73,7 +73,7 @@ def test_a_message_reaped_to_dead_survives_the_same_run(engine: sa.Engine) -> No
     with engine.begin() as conn:
         message_id = outbox.enqueue(conn, "scripted", {"n": 1}, max_attempts=1)
         claims = store.claim(conn, 10, 60)
-    receive(engine, claims)  # a sender started it: the expired lease counts an attempt
+    receive(engine, claims)  # a sender took it, then died: the attempt counts
     expire_leases(engine)
     report = reaper.run(engine, settings(retention_days=1), lambda: 30.0)
     assert (report.dead, report.pruned) == (1, 0)
