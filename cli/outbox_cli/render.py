@@ -86,9 +86,10 @@ def render_revision(revision: str | None, as_json: bool) -> None:
         click.echo(f"schema at revision {revision}")
 
 
-def render_enqueued(message_id: int, channel: str, as_json: bool) -> None:
+def render_enqueued(message_id: int, channel: str, created: bool, as_json: bool) -> None:
     if as_json:
-        emit_json({"id": message_id, "channel": channel})
+        # created false: a replay of its dedupe key, the existing message's id
+        emit_json({"id": message_id, "channel": channel, "created": created})
     else:
         click.echo(message_id)
 
@@ -221,6 +222,37 @@ def render_message(
             "" if a["duration_ms"] is None else str(a["duration_ms"]),
         )
     out.print(attempts)
+
+
+def render_history(rows: Sequence[Any], as_json: bool) -> None:
+    """``outbox history``: the attempts that went to one recipient, newest first."""
+    if as_json:
+        emit_json({"attempts": [dict(r._mapping) for r in rows]})
+        return
+    table = _table(
+        "finished",
+        "channel",
+        "message_id",
+        "attempt",
+        "outcome",
+        "error",
+        "provider_message_id",
+        "message_status",
+        title=f"attempts, newest first ({len(rows)})",
+        wide=("error", "provider_message_id"),
+    )
+    for r in rows:
+        table.add_row(
+            when(r.finished_at),
+            r.channel,
+            str(r.message_id),
+            str(r.attempt),
+            r.outcome,
+            r.error or "",
+            r.provider_message_id or "",
+            r.message_status or "(pruned)",
+        )
+    console().print(table)
 
 
 _PAST = {"redrive": "redriven", "cancel": "cancelled", "prune": "pruned"}

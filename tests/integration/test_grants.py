@@ -1,11 +1,13 @@
-"""The grants the README documents are enough: a producer role with USAGE on
-the schema and SELECT, INSERT on outbox_message enqueues (dedupe and ordering
-keys included); a relay role with SELECT, INSERT, UPDATE, DELETE on the two
+"""The grants the README documents are enough: a producer role (USAGE on the
+schema; SELECT, INSERT on outbox_message and outbox_dedupe; SELECT on the
+fingerprint key; USAGE on the id sequence) enqueues with either API, dedupe
+and ordering keys included; a relay role with SELECT, INSERT, UPDATE, DELETE on the two
 tables claims, settles, reaps, prunes and reads the backlog. Each runs as
 that role (``SET LOCAL ROLE``), so Postgres checks exactly those privileges."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -19,7 +21,9 @@ from support import EMAIL, settings
 
 PRODUCER_GRANTS = [
     "GRANT USAGE ON SCHEMA public TO {role}",
-    "GRANT SELECT, INSERT ON outbox_message TO {role}",
+    "GRANT SELECT, INSERT ON outbox_message, outbox_dedupe TO {role}",
+    "GRANT SELECT ON outbox_fingerprint_key TO {role}",
+    "GRANT USAGE ON SEQUENCE outbox_message_id_seq TO {role}",
 ]
 RELAY_GRANTS = [
     "GRANT USAGE ON SCHEMA public TO {role}",
@@ -58,7 +62,18 @@ def test_the_producer_grants_are_enough_to_enqueue(engine: sa.Engine, role: str)
         first = outbox.enqueue(conn, "email", EMAIL, dedupe_key="order-1", ordering_key="c-7")
         repeat = outbox.enqueue(conn, "email", EMAIL, dedupe_key="order-1", ordering_key="c-7")
         many = outbox.enqueue_many(conn, [{"channel": "email", "payload": EMAIL}] * 2)
+        by_sql = [
+            conn.execute(
+                sa.text(
+                    "SELECT outbox_enqueue('email', CAST(:p AS jsonb), dedupe_key => 'order-1', "
+                    "ordering_key => 'c-7')"
+                ),
+                {"p": json.dumps(EMAIL)},
+            ).scalar_one()
+            for _ in range(2)
+        ]
     assert repeat == first and len(set(many)) == 2
+    assert by_sql == [first, first]  # the same key and recipient: a replay
     denied = pytest.raises(sa.exc.ProgrammingError, match="permission denied")
     with denied, engine.begin() as conn:  # and nothing more: it cannot change a row
         conn.execute(sa.text(f"SET LOCAL ROLE {role}"))

@@ -98,3 +98,17 @@ def test_the_relay_user_runs_the_whole_relay(relay_user: sa.Engine) -> None:
         assert store.cancel(conn, [extra]) == {extra}
         conn.execute(sa.text("UPDATE outbox_message SET settled_at = now() - interval '2 days'"))
     assert reaper.run(relay_user, relay, lambda: 30.0).pruned == 7
+
+
+def test_the_relay_user_enqueues_with_dedupe_keys_and_prunes_them(relay_user: sa.Engine) -> None:
+    """Dedupe (outbox_dedupe, the fingerprint key, ids drawn ahead) and the send
+    log's pruning work under the relay role's grants (issue 12)."""
+    install_channel(ScriptedChannel())
+    with relay_user.begin() as conn:
+        first = outbox.enqueue(conn, "scripted", {"n": 1}, dedupe_key="k", return_created=True)
+        again = outbox.enqueue(conn, "scripted", {"n": 1}, dedupe_key="k", return_created=True)
+        history = store.recipient_history(conn, "+15555550100", ["sms"])
+    assert first.created and again == (first.id, False) and history == []
+    with relay_user.begin() as conn:
+        assert store.prune_dedupe_keys(conn, 0, 10) == 1
+        assert store.prune_attempts(conn, 0, 10) == 0

@@ -147,6 +147,25 @@ def test_a_repeated_dedupe_key_returns_the_same_id(engine: sa.Engine) -> None:
     assert again == first and other_channel != first
 
 
+def test_dedupe_is_per_recipient_and_a_changed_payload_is_a_conflict(engine: sa.Engine) -> None:
+    """The same rules and keys as outbox.enqueue: one key fans out to many
+    recipients; a replay writes nothing; another payload for the same key and
+    recipient is refused (23505) and writes nothing."""
+    to_bob = {**VALID["email"], "to": ["bob@example.net"]}
+    with engine.begin() as conn:
+        ada = sql_enqueue(conn, "email", VALID["email"], dedupe_key="order-42")
+        bob = sql_enqueue(conn, "email", to_bob, dedupe_key="order-42")
+        python_bob = outbox.enqueue(conn, "email", to_bob, dedupe_key="order-42")
+    assert ada != bob and python_bob == bob
+    changed = {**VALID["email"], "subject": "Another subject"}
+    with pytest.raises(sa.exc.DatabaseError) as caught, engine.begin() as conn:
+        sql_enqueue(conn, "email", changed, dedupe_key="order-42")
+    assert caught.value.orig.args[0]["C"] == "23505"
+    assert "order-42" in caught.value.orig.args[0]["M"]
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox_message")).scalar_one() == 2
+
+
 def test_every_built_in_channel_accepts_its_valid_payload_and_custom_channels_any(
     engine: sa.Engine,
 ) -> None:

@@ -10,13 +10,15 @@ The producer API is importable from the package root::
 SQLAlchemy and nothing of the relay's Lambda runtime.
 """
 
-from .errors import ConfigError, OutboxError, ValidationError
-from .producer import enqueue, enqueue_many
+from .errors import ConfigError, DedupeConflict, OutboxError, ValidationError
+from .producer import Enqueued, enqueue, enqueue_many
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError",
+    "DedupeConflict",
+    "Enqueued",
     "OutboxError",
     "ValidationError",
     "__version__",

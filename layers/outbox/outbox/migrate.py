@@ -87,14 +87,26 @@ def _adopt_legacy_version_row(connection: sa.Connection) -> None:
         connection.execute(sa.text("DROP TABLE alembic_version"))
 
 
-def upgrade(engine: sa.Engine, revision: str = "head") -> str | None:
-    """Bring the schema to ``revision``; returns the revision now applied."""
+def upgrade(
+    engine: sa.Engine, revision: str = "head", *, delivered_events: bool | None = None
+) -> str | None:
+    """Bring the schema to ``revision``; returns the revision now applied.
+
+    Then turns the ``delivered`` outcome event on or off as
+    ``delivered_events`` says (by default ``OUTCOME_EVENTS_DELIVERED``): it is
+    a trigger, and only the schema's owner, who migrates, may switch it."""
     from alembic import command
 
+    from . import store
+    from .config import OutcomeEventSettings
+
+    if delivered_events is None:
+        delivered_events = OutcomeEventSettings.from_env().include_delivered
     with engine.begin() as connection:
         connection.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
         _adopt_legacy_version_row(connection)
         command.upgrade(_config(connection), revision)
+        store.set_delivered_outcome_events(connection, delivered_events)
         return _current(connection)
 
 

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import sqlalchemy as sa
 
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 from . import channels, payloads, store
-from .errors import ValidationError
+from .errors import DedupeConflict, ValidationError
+from .store import Enqueued
 
 MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_KEY_LENGTH = 255
@@ -204,6 +205,38 @@ def _check_connection(conn: Any) -> sa.Connection:
     )
 
 
+@overload
+def enqueue(
+    conn: sa.Connection | Session,
+    channel: str,
+    payload: Any,
+    *,
+    dedupe_key: str | None = ...,
+    ordering_key: str | None = ...,
+    priority: int = ...,
+    delay: timedelta | float | None = ...,
+    max_attempts: int | None = ...,
+    expires_at: datetime | None = ...,
+    ttl: timedelta | float | None = ...,
+    on_predecessor_failure: str = ...,
+    return_created: Literal[False] = ...,
+) -> int: ...
+@overload
+def enqueue(
+    conn: sa.Connection | Session,
+    channel: str,
+    payload: Any,
+    *,
+    dedupe_key: str | None = ...,
+    ordering_key: str | None = ...,
+    priority: int = ...,
+    delay: timedelta | float | None = ...,
+    max_attempts: int | None = ...,
+    expires_at: datetime | None = ...,
+    ttl: timedelta | float | None = ...,
+    on_predecessor_failure: str = ...,
+    return_created: Literal[True],
+) -> Enqueued: ...
 def enqueue(
     conn: sa.Connection | Session,
     channel: str,
@@ -217,10 +250,15 @@ def enqueue(
     expires_at: datetime | None = None,
     ttl: timedelta | float | None = None,
     on_predecessor_failure: str = "hold",
-) -> int:
+    return_created: bool = False,
+) -> int | Enqueued:
     """Write one message in the caller's transaction; returns its id.
 
-    A repeated (channel, dedupe_key) returns the id of the existing message.
+    A dedupe_key names an event: a repeat for the same channel and recipient
+    with the same payload (a replay) returns the existing id and writes
+    nothing; with another payload it raises DedupeConflict. The same key for
+    another recipient is another message. ``return_created=True`` returns
+    ``Enqueued(id, created)`` instead, ``created`` False for a replay.
     Messages sharing an ordering_key are delivered one at a time, in commit
     order (producers of one key take turns: a transaction-scoped lock on the
     key is held from this call to the caller's commit). When an earlier message
@@ -243,14 +281,35 @@ def enqueue(
         on_predecessor_failure=on_predecessor_failure,
     )
     with _redacted_errors():
-        return store.insert_messages(_check_connection(conn), [message])[0]
+        (result,) = store.insert_messages(_check_connection(conn), [message])
+    return result if return_created else result.id
 
 
-def enqueue_many(conn: sa.Connection | Session, messages: Iterable[Mapping[str, Any]]) -> list[int]:
+@overload
+def enqueue_many(
+    conn: sa.Connection | Session,
+    messages: Iterable[Mapping[str, Any]],
+    *,
+    return_created: Literal[False] = ...,
+) -> list[int]: ...
+@overload
+def enqueue_many(
+    conn: sa.Connection | Session,
+    messages: Iterable[Mapping[str, Any]],
+    *,
+    return_created: Literal[True],
+) -> list[Enqueued]: ...
+def enqueue_many(
+    conn: sa.Connection | Session,
+    messages: Iterable[Mapping[str, Any]],
+    *,
+    return_created: bool = False,
+) -> list[int] | list[Enqueued]:
     """Write many messages in one round trip; ids come back in the same order.
 
     Each message is a dict with ``enqueue``'s argument names. One bad message
-    raises ValidationError (its field prefixed with ``messages[i].``) and none is written.
+    raises ValidationError (its field prefixed with ``messages[i].``) and none
+    is written; so does a DedupeConflict, against the database or within the list.
     """
     connection = _check_connection(conn)
     if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Iterable):
@@ -269,5 +328,16 @@ def enqueue_many(conn: sa.Connection | Session, messages: Iterable[Mapping[str, 
             prepared.append(prepare(**message))
         except ValidationError as exc:
             raise ValidationError(f"messages[{index}].{exc.field}", exc.problem) from None
-    with _redacted_errors():
-        return store.insert_messages(connection, prepared)
+    try:
+        with _redacted_errors():
+            results = store.insert_messages(connection, prepared)
+    except DedupeConflict as exc:
+        raise DedupeConflict(
+            exc.channel,
+            exc.dedupe_key,
+            index=exc.index,
+            existing_id=exc.existing_id,
+            first_index=exc.first_index,
+            field=f"messages[{exc.index}].dedupe_key",
+        ) from None
+    return results if return_created else [r.id for r in results]

@@ -9,8 +9,13 @@ per-key advisory lock, held to the caller's commit), priority, delay,
 max_attempts, expires_at or ttl, on_predecessor_failure ('hold' or 'cancel').
 
 Runs in the caller's transaction (a rollback takes the message with it) and
-returns the message's id; a repeated (channel, dedupe_key) returns the
-existing id. It refuses, with SQLSTATE 22023 (invalid_parameter_value) and
+returns the message's id. Dedupe is outbox.enqueue's, by the same rules and
+keys (``outbox_take_dedupe_key`` of revision 0006): a replay (same channel,
+key, recipient and payload) returns the existing id and writes nothing; the
+same key and recipient with another payload raises SQLSTATE 23505 naming it.
+(Numbered 0004, applied after 0008: it builds on 0006's dedupe.)
+
+It refuses, with SQLSTATE 22023 (invalid_parameter_value) and
 the message ``<field>: <problem>`` (the field also in the error's column
 name), what the database can check: the channel's name, the options' ranges,
 a payload that is not an object or over 256 KiB, and for the built-in
@@ -24,13 +29,13 @@ redrive. A message's ``max_attempts`` (and its backoff) count from there, so a
 redrive gives a fresh set of attempts without numbering a second "attempt 1".
 
 Revision ID: 0004
-Revises: 0003
+Revises: 0008
 """
 
 from alembic import op
 
 revision = "0004"
-down_revision = "0003"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
@@ -150,6 +155,7 @@ DECLARE
     size integer;
     builtin boolean := false;
     new_id bigint;
+    held_id bigint;
 BEGIN
     -- the channel: the table's rule for a name
     IF p_channel IS NULL THEN
@@ -236,20 +242,23 @@ BEGIN
         -- their commit, so the key's ids follow commit order.
         PERFORM pg_advisory_xact_lock(hashtextextended('outbox-ordering-key:' || p_ordering, 0));
     END IF;
-    INSERT INTO outbox_message
-        (channel, payload, dedupe_key, ordering_key, priority, available_at, max_attempts,
-         expires_at, on_predecessor_failure)
-    VALUES (p_channel, p_payload, p_dedupe, p_ordering, p_priority, now() + p_delay, p_max,
-            -- a ttl counts from the time the message is first due
-            COALESCE(p_expires, now() + p_delay + p_ttl), p_on_failure)
-    ON CONFLICT (channel, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-    RETURNING id INTO new_id;
-    IF new_id IS NULL THEN
-        -- A repeat of (channel, dedupe_key): the existing message's id. A new
-        -- statement, so it sees a row committed while the INSERT waited on it.
-        SELECT m.id INTO new_id FROM outbox_message AS m
-        WHERE m.channel = p_channel AND m.dedupe_key = p_dedupe;
+    -- the id first, so that a dedupe key's entry can name its message
+    new_id := nextval('outbox_message_id_seq');
+    IF p_dedupe IS NOT NULL THEN
+        held_id := outbox_take_dedupe_key(p_channel, p_dedupe, p_payload, new_id);
+        IF held_id IS NOT NULL THEN
+            RETURN held_id;  -- a replay: nothing written
+        END IF;
     END IF;
+    INSERT INTO outbox_message
+        (id, channel, payload, dedupe_key, ordering_key, priority, available_at, max_attempts,
+         expires_at, on_predecessor_failure, recipient_fingerprints)
+    OVERRIDING SYSTEM VALUE
+    VALUES (new_id, p_channel, p_payload, p_dedupe, p_ordering, p_priority, now() + p_delay,
+            p_max,
+            -- a ttl counts from the time the message is first due
+            COALESCE(p_expires, now() + p_delay + p_ttl), p_on_failure,
+            outbox_recipient_fingerprints(p_channel, p_payload));
     RETURN new_id;
 END
 $$
