@@ -6,32 +6,70 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck pytest sam-check bench clean venv
+# What a producer installs (SQLAlchemy, fastjsonschema, a driver) and the
+# command's extra, kept as wheels: the packaging test installs the built wheel
+# from them into fresh venvs, offline.
+WHEELHOUSE_REQUIREMENTS := 'sqlalchemy>=2.0,<2.2' 'fastjsonschema>=2.19,<3' 'pg8000>=1.31,<2' \
+	'click>=8.1' 'rich>=13' 'alembic>=1.13,<2'
+WHEELHOUSE := $(VENV)/wheelhouse/.complete-$(shell echo "$(WHEELHOUSE_REQUIREMENTS)" | cksum | cut -d' ' -f1)
 
-venv: $(STAMP)
+.PHONY: run test lint typecheck pytest sam-check bench clean venv requirements requirements-check wheel
+
+venv: $(STAMP) $(WHEELHOUSE)
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "Python 3.11 or newer is needed (found $$($(PYTHON) --version))"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	@# An editable install of releases before 0.1.0 left its metadata in the layer's folder.
+	rm -rf layers/outbox/outbox_relay.egg-info
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+$(WHEELHOUSE): $(STAMP)
+	rm -rf $(VENV)/wheelhouse
+	$(BIN)/python -m pip download -q -d $(VENV)/wheelhouse $(WHEELHOUSE_REQUIREMENTS)
+	touch $@
+
 run: $(STAMP)
-	$(BIN)/python -m outbox.local
+	$(BIN)/python -m outbox_cli.local
 
 test: lint typecheck pytest sam-check
 
-lint: $(STAMP)
+lint: $(STAMP) requirements-check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# The layer's pinned requirements, compiled from pyproject.toml's `lambda` extra
+# for the Lambda runtime (Python 3.12 on Linux). Never edit the file by hand:
+# change pyproject.toml and run `make requirements`. The check compiles again
+# (the current pins are uv's preferences, so only a changed pyproject.toml moves
+# them) and fails when the file differs.
+LAYER_REQUIREMENTS := layers/outbox/requirements.txt
+UV_COMPILE = $(BIN)/uv pip compile --quiet pyproject.toml --extra lambda \
+	--python-version 3.12 --python-platform x86_64-manylinux_2_28 \
+	--custom-compile-command "make requirements"
+
+requirements: $(STAMP)
+	$(UV_COMPILE) -o $(LAYER_REQUIREMENTS)
+
+requirements-check: $(STAMP)
+	@tmp="$$(mktemp -d)"; cp $(LAYER_REQUIREMENTS) "$$tmp/requirements.txt"; \
+	$(UV_COMPILE) -o "$$tmp/requirements.txt" && \
+	diff -u $(LAYER_REQUIREMENTS) "$$tmp/requirements.txt" || \
+	{ echo "$(LAYER_REQUIREMENTS) is out of step with pyproject.toml: run make requirements"; \
+	  rm -rf "$$tmp"; exit 1; }; rm -rf "$$tmp"
+
+# The distribution (wheel and sdist) in dist/.
+wheel: $(STAMP)
+	$(BIN)/python -m build --outdir dist .
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) $(WHEELHOUSE)
 	$(BIN)/pytest
 
 # --- sam-check: sam validate --lint, sam build, then the built-artifact test ----

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from outbox.channels import Deadline, Message, Outcome, SchemaChannel
-from outbox.devdb import LOCAL_POSTGRES, pg8000_url
+from outbox_cli.devdb import LOCAL_POSTGRES, pg8000_url
 
 CHANNEL = "bench"
 
@@ -144,7 +144,7 @@ def native_params(url: str) -> dict[str, Any]:
     }
     if u.password:
         params["password"] = u.password
-    if "unix_sock" in u.query:  # an embedded server (outbox.devdb) listens on a socket file
+    if "unix_sock" in u.query:  # an embedded server (outbox_cli.devdb) listens on a socket file
         params.pop("host"), params.pop("port")
         params["unix_sock"] = u.query["unix_sock"]
     return params

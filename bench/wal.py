@@ -63,7 +63,7 @@ def _measure(dbs: common.Databases, kind: str, rows: int, batch: int) -> dict[st
 
 def run(rows: int, batch: int = 100) -> list[dict[str, Any]]:
     """One cell per kind on a private embedded server; ratios against the raw baseline."""
-    from outbox import devdb
+    from outbox_cli import devdb
 
     kinds = ["baseline", "protocol", "relay", "worker"]
     if peer.available():

@@ -32,7 +32,7 @@ os.environ.update(
 for _name in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
     os.environ.pop(_name, None)
 
-LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"  # = outbox.devdb.LOCAL_POSTGRES
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"  # = outbox_cli.devdb.LOCAL_POSTGRES
 pytest_plugins = ["logscan"]
 
 # --- network guard ----------------------------------------------------------
@@ -76,7 +76,7 @@ socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Postgres server we may create databases on: DATABASE_URL's, else the
     local one, else an embedded one (``OUTBOX_TEST_DB=embedded`` forces it)."""
-    from outbox import devdb
+    from outbox_cli import devdb
 
     forced_embedded = os.environ.get("OUTBOX_TEST_DB") == "embedded"
     explicit = os.environ.get("DATABASE_URL")
@@ -92,7 +92,7 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def database_url(server_url: str) -> Iterator[str]:
     """A throwaway database for this test run, dropped at the end."""
-    from outbox import devdb
+    from outbox_cli import devdb
 
     name = f"outbox_test_{uuid.uuid4().hex[:10]}"
     url = devdb.recreate_database(server_url, name)

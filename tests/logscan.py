@@ -2,7 +2,7 @@
 whole session is kept, formatted the way Powertools writes it to stdout, and
 scanned at the end. The session fails if any record carries a payload body,
 an email address, a phone number, a claim token (any UUID outside the
-correlation keys), or a secret value (invariant 8).
+correlation keys), or a secret value (docs/design.md, invariant 8).
 
 Registered from tests/conftest.py (``pytest_plugins = ["logscan"]``).
 """

@@ -12,8 +12,8 @@ from click.testing import CliRunner, Result
 
 import outbox
 from outbox import store
-from outbox.cli import cli
 from outbox.dispatcher import backoff_of
+from outbox_cli.cli import cli
 from support import EMAIL, settings
 
 BACKOFF = backoff_of(settings())
@@ -98,7 +98,7 @@ def test_history_lists_a_recipients_attempts_newest_first_after_the_messages_are
 
     result = run("history", "--recipient", "ada@EXAMPLE.net", "--json")
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.stdout)
+    rows = json.loads(result.stdout)["attempts"]
     assert [(r["message_id"], r["outcome"]) for r in rows] == [
         (to_ada, "delivered"),
         (to_both, "failed"),
@@ -107,23 +107,23 @@ def test_history_lists_a_recipients_attempts_newest_first_after_the_messages_are
     assert rows[0]["message_status"] == "delivered" and rows[0]["channel"] == "email"
     assert "ada@" not in result.stdout.lower()  # the address is never printed back
 
-    bob = json.loads(run("history", "--recipient", "bob@example.net", "--json").stdout)
+    bob = json.loads(run("history", "--recipient", "bob@example.net", "--json").stdout)["attempts"]
     assert [r["message_id"] for r in bob] == [to_bob, to_both]
-    phone = json.loads(run("history", "--recipient", "+15555550100", "--json").stdout)
+    phone = json.loads(run("history", "--recipient", "+15555550100", "--json").stdout)["attempts"]
     assert [r["message_id"] for r in phone] == [sms]
-    assert (
-        json.loads(
-            run("history", "--recipient", "+15555550100", "--channel", "email", "--json").stdout
-        )
-        == []
-    )
-    assert json.loads(run("history", "--recipient", "nobody@example.net", "--json").stdout) == []
+    assert json.loads(
+        run("history", "--recipient", "+15555550100", "--channel", "email", "--json").stdout
+    ) == {"attempts": []}
+    nobody = run("history", "--recipient", "nobody@example.net", "--json")
+    assert json.loads(nobody.stdout) == {"attempts": []}
 
     # the messages go after their retention; the send log stays
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE outbox_message SET settled_at = now() - interval '8 days'"))
         assert store.prune(conn, 7 * 86400, 100) == 4
-    after = json.loads(run("history", "--recipient", "ada@example.net", "--json").stdout)
+    after = json.loads(run("history", "--recipient", "ada@example.net", "--json").stdout)[
+        "attempts"
+    ]
     assert [(r["message_id"], r["message_status"]) for r in after] == [
         (to_ada, None),
         (to_both, None),

@@ -22,8 +22,9 @@ import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
 import outbox
-from outbox import invoke, store
-from outbox.cli import cli
+from outbox import store
+from outbox_cli import invoke
+from outbox_cli.cli import cli
 from support import EMAIL, statuses
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,7 +166,7 @@ def test_every_function_of_the_template_runs_with_the_shipped_env_file(
     ] == []
 
     with engine.connect() as conn:
-        head = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one()
+        head = conn.execute(sa.text("SELECT version_num FROM outbox_alembic_version")).scalar_one()
     assert results["MigrateFunction"] == {"revision": head}
     assert results["ReaperFunction"]["backlog"]["pending"] == 1
     # One pass (env.local.json sets DISPATCH_BUDGET_SECONDS=0), handed to "EmailFunction".

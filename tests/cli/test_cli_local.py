@@ -1,4 +1,4 @@
-"""`make run` (python -m outbox.local) end to end, as a subprocess: on this
+"""`make run` (python -m outbox_cli.local) end to end, as a subprocess: on this
 machine's Postgres (the normal path) and forced onto the embedded one."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 def run_local(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "AWS_ENDPOINT_URL")}
     return subprocess.run(
-        [sys.executable, "-m", "outbox.local"],
+        [sys.executable, "-m", "outbox_cli.local"],
         env={**clean, "COLUMNS": "120", **env},
         capture_output=True,
         text=True,
@@ -61,7 +61,7 @@ def test_make_run_on_the_local_postgres(server_url: str) -> None:
                 in result.stdout
             )
             assert "  outbox status; outbox list --status dead,failed" in result.stdout
-            assert "python -m outbox.local --keep-running" in result.stdout
+            assert "python -m outbox_cli.local --keep-running" in result.stdout
             engine = sa.create_engine(make_url(server_url).set(database=name))
             with engine.connect() as conn:
                 rows = conn.execute(
@@ -97,16 +97,16 @@ def test_make_run_on_the_embedded_postgres(tmp_path: Path) -> None:
     assert (pgdata / "PG_VERSION").is_file()
     # Its server stops with the run: the next steps offer --keep-running, no URL.
     assert "export DATABASE_URL" not in result.stdout
-    assert "python -m outbox.local --keep-running" in result.stdout
+    assert "python -m outbox_cli.local --keep-running" in result.stdout
 
 
 def test_keep_running_serves_the_worker_and_invoke_recipes(tmp_path: Path) -> None:
-    """`python -m outbox.local --keep-running`: after the demo its database and
+    """`python -m outbox_cli.local --keep-running`: after the demo its database and
     moto server stay up, and the commands it prints work against them."""
     name = f"outbox_demo_{uuid.uuid4().hex[:8]}"
     clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "AWS_ENDPOINT_URL")}
     demo = subprocess.Popen(
-        [sys.executable, "-m", "outbox.local", "--keep-running"],
+        [sys.executable, "-m", "outbox_cli.local", "--keep-running"],
         env={
             **clean,
             "COLUMNS": "120",
@@ -135,7 +135,7 @@ def test_keep_running_serves_the_worker_and_invoke_recipes(tmp_path: Path) -> No
 
         def outbox_cli(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
-                [sys.executable, "-c", "from outbox.cli import main; main()", *args],
+                [sys.executable, "-c", "from outbox_cli import main; main()", *args],
                 env=env,
                 cwd=Path(__file__).resolve().parents[2],
                 capture_output=True,

@@ -12,8 +12,8 @@ from click.testing import CliRunner, Result
 
 import outbox
 from outbox import store
-from outbox.cli import cli, parse_duration
 from outbox.dispatcher import backoff_of
+from outbox_cli.cli import cli, parse_duration
 from support import (
     EMAIL,
     ScriptedChannel,
@@ -234,15 +234,16 @@ def test_list_filters_and_limits(run: Any, engine: sa.Engine) -> None:
     seed(engine, 2)
     failed = settle_all(engine, "failed")
     pending = seed(engine, 3)
-    every = run("list", "--json")
-    assert [m["id"] for m in json.loads(every.stdout)] == sorted(failed + pending, reverse=True)
-    only_failed = json.loads(run("list", "--status", "failed", "--json").stdout)
+    every = json.loads(run("list", "--json").stdout)
+    assert [m["id"] for m in every["messages"]] == sorted(failed + pending, reverse=True)
+    assert every["next_after"] is None
+    only_failed = json.loads(run("list", "--status", "failed", "--json").stdout)["messages"]
     assert sorted(m["id"] for m in only_failed) == failed
     assert all("payload" not in m for m in only_failed)
     both = json.loads(run("list", "--status", "failed,pending", "--limit", "2", "--json").stdout)
-    assert [m["id"] for m in both] == sorted(pending, reverse=True)[:2]
+    assert [m["id"] for m in both["messages"]] == sorted(pending, reverse=True)[:2]
     install_channel(ScriptedChannel())
-    assert json.loads(run("list", "--channel", "scripted", "--json").stdout) == []
+    assert json.loads(run("list", "--channel", "scripted", "--json").stdout)["messages"] == []
     one_error_line(run("list", "--channel", "carrier-pigeon"), "unknown channel 'carrier-pigeon'")
     assert str(pending[0]) in run("list").stdout
     one_error_line(run("list", "--status", "lost"), "unknown status 'lost'")
@@ -283,10 +284,15 @@ def test_redrive_by_id_keeps_history_and_unknown_ids_change_nothing(
     assert snapshot(engine) == before
 
     result = run("redrive", str(dead[0]), "--json")
-    assert json.loads(result.stdout) == {"redriven": [dead[0]], "count": 1}
+    assert json.loads(result.stdout) == {
+        "action": "redrive",
+        "dry_run": False,
+        "count": 1,
+        "ids": [dead[0]],
+    }
     with engine.connect() as conn:
         r = row(conn, dead[0])
-        assert (r.status, r.attempts, r.settled_at) == ("pending", 0, None)
+        assert (r.status, r.attempts, r.settled_at) == ("pending", 1, None)  # numbering goes on
         assert [a.outcome for a in attempts(conn, dead[0])] == ["dead"]  # history kept
         assert row(conn, dead[1]).status == "dead"
 
@@ -313,13 +319,13 @@ def test_redrive_by_status_channel_and_since(run: Any, engine: sa.Engine) -> Non
     assert snapshot(engine) == before
     none = run("redrive", "--status", "dead", "--channel", "scripted", "--json")
     assert json.loads(none.stdout)["count"] == 0
-    result = run("redrive", "--status", "dead", "--since", "1h", "--json")
+    result = run("redrive", "--status", "dead", "--since", "1h", "--yes", "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["redriven"] == recent
+    assert json.loads(result.stdout)["ids"] == recent
     both = json.loads(
-        run("redrive", "--status", "dead,failed", "--channel", "email", "--json").stdout
+        run("redrive", "--status", "dead,failed", "--channel", "email", "--yes", "--json").stdout
     )
-    assert both["redriven"] == sorted(old + failed)
+    assert both["ids"] == sorted(old + failed)
     assert statuses(engine) == {"pending": 6}
 
 
@@ -337,11 +343,17 @@ def test_cancel_only_pending_rows_all_or_nothing(run: Any, engine: sa.Engine) ->
     one_error_line(run("cancel", str(pending[0]), str(done)), f"{done} is delivered")
     one_error_line(run("cancel", str(pending[0]), "777"), "unknown message id(s): 777")
     one_error_line(run("cancel"), "IDS")
+    one_error_line(run("cancel", str(pending[0]), "--channel", "email"), "not both")
     one_error_line(run("cancel", "0"), "positive")
     assert snapshot(engine) == before
 
     result = run("cancel", str(pending[0]), str(pending[1]), "--json")
-    assert json.loads(result.stdout) == {"cancelled": pending[:2], "count": 2}
+    assert json.loads(result.stdout) == {
+        "action": "cancel",
+        "dry_run": False,
+        "count": 2,
+        "ids": pending[:2],
+    }
     assert "cancelled 1 message(s)" in run("cancel", str(pending[2])).stdout
     assert statuses(engine) == {"cancelled": 3, "delivered": 1}
 
@@ -362,7 +374,11 @@ def test_prune_deletes_only_terminal_rows_older_than_the_window(
     one_error_line(run("prune"), "--older-than")
     assert snapshot(engine) == before
 
-    assert json.loads(run("prune", "--older-than", "7d", "--json").stdout) == {"pruned": 2}
+    assert json.loads(run("prune", "--older-than", "7d", "--yes", "--json").stdout) == {
+        "action": "prune",
+        "dry_run": False,
+        "count": 2,
+    }
     with engine.connect() as conn:
         left = conn.execute(sa.text("SELECT id FROM outbox_message ORDER BY id")).scalars().all()
         kept_history = conn.execute(

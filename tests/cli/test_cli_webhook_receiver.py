@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 from standardwebhooks import Webhook
 
-from outbox.local import WebhookReceiver
+from outbox_cli.local import WebhookReceiver
 
 SECRET = "whsec_" + b64encode(b"0123456789abcdef0123456789abcdef").decode()
 

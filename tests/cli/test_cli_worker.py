@@ -21,8 +21,8 @@ from click.testing import CliRunner
 
 import outbox
 from outbox.channels import Outcome
-from outbox.cli import cli
 from outbox.worker import Worker
+from outbox_cli.cli import cli
 from support import EMAIL, ScriptedChannel, install_channel, settings, statuses
 
 
@@ -119,7 +119,7 @@ def test_worker_command_rejects_bad_options(engine: sa.Engine, database_url: str
 
 @pytest.fixture
 def moto_endpoint() -> Iterator[str]:
-    from outbox.local import moto_server  # the same moto server `make run` uses
+    from outbox_cli.local import moto_server  # the same moto server `make run` uses
 
     with moto_server() as url:
         yield url
@@ -143,7 +143,7 @@ def test_sigterm_mid_run_leaves_no_claimed_rows(
         "POWERTOOLS_METRICS_DISABLED": "true",
     }
     worker = subprocess.Popen(
-        [sys.executable, "-m", "outbox.cli", "worker", "--batch-size", "40", "--json"],
+        [sys.executable, "-m", "outbox_cli", "worker", "--batch-size", "40", "--json"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -204,7 +204,7 @@ def test_sigterm_while_receivers_drip_stops_within_the_grace(
             "POWERTOOLS_METRICS_DISABLED": "true",
         }
         worker = subprocess.Popen(
-            [sys.executable, "-m", "outbox.cli", "worker", "--channels", "webhook", "--json"],
+            [sys.executable, "-m", "outbox_cli", "worker", "--channels", "webhook", "--json"],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""Invariant 1: the claim is a compare-and-set; no row is ever claimed twice at once."""
+"""docs/design.md, invariant 1: the claim is a compare-and-set; no row is ever claimed twice at once."""
 
 from __future__ import annotations
 

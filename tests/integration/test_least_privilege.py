@@ -58,7 +58,7 @@ def relay_user(engine: sa.Engine, database_url: str) -> Iterator[sa.Engine]:
         "CREATE INDEX intruder ON outbox_message (channel)",
         "SELECT * FROM app_customer",
         "INSERT INTO app_customer VALUES (1, 'x')",
-        "SELECT * FROM alembic_version",
+        "SELECT * FROM outbox_alembic_version",
     ],
 )
 def test_the_relay_user_can_run_no_ddl_and_touch_no_other_table(

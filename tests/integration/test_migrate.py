@@ -14,12 +14,15 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+import outbox
 from outbox import migrate, runtime
 from outbox.config import DatabaseSettings
 from outbox.db import create_engine
 from outbox.runtime import check_response_url
 from outbox.runtime import migrate as migrate_handler
 from support import LambdaContext, make_ca
+
+SQS_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/orders"
 
 
 @pytest.fixture
@@ -46,15 +49,139 @@ def tables(engine: sa.Engine) -> set[str]:
     return set(sa.inspect(engine).get_table_names())
 
 
-def head() -> str:
-    from alembic.script import ScriptDirectory
+APP_MIGRATION = """
+from alembic import op
 
-    from outbox.migrate import _MIGRATIONS
+revision = "a1b2c3d4e5f6"
+down_revision = None
 
-    return str(ScriptDirectory(str(_MIGRATIONS)).get_current_head())
+
+def upgrade():
+    op.execute("CREATE TABLE orders (id bigint PRIMARY KEY, state text NOT NULL)")
 
 
-HEAD = head()
+def downgrade():
+    op.execute("DROP TABLE orders")
+"""
+
+
+def app_alembic(engine: sa.Engine, tmp_path: Path, command: str, revision: str = "head") -> None:
+    """An application's own Alembic project (its own env.py and revision), run
+    against the same database the way the application runs it."""
+    from alembic import command as alembic_command
+    from alembic.config import Config
+
+    versions = tmp_path / "app_migrations" / "versions"
+    if not versions.is_dir():
+        versions.mkdir(parents=True)
+        (versions / "a1b2c3d4e5f6_orders.py").write_text(APP_MIGRATION)
+        (versions.parent / "script.py.mako").write_text("")
+        (versions.parent / "env.py").write_text(
+            "from alembic import context\n"
+            "context.configure(connection=context.config.attributes['connection'])\n"
+            "with context.begin_transaction():\n"
+            "    context.run_migrations()\n"
+        )
+    config = Config()
+    config.set_main_option("script_location", str(versions.parent))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        getattr(alembic_command, command)(config, revision)
+
+
+def app_revision(engine: sa.Engine) -> list[str]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars())
+
+
+def test_the_relay_and_an_application_alembic_share_a_database(
+    fresh_database: sa.Engine, tmp_path: Path
+) -> None:
+    """The application migrated first (its alembic_version holds a revision the
+    relay does not know); `outbox migrate` then works, and so do the
+    application's later upgrades and downgrades."""
+    from click.testing import CliRunner
+
+    from outbox_cli.cli import cli
+
+    app_alembic(fresh_database, tmp_path, "upgrade")
+    url = fresh_database.url.render_as_string(hide_password=False)
+    result = CliRunner().invoke(cli, ["migrate", "--json"], env={"DATABASE_URL": url})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["revision"] == migrate.head()
+    assert app_revision(fresh_database) == ["a1b2c3d4e5f6"]
+    assert migrate.current(fresh_database) == migrate.head()
+    with fresh_database.begin() as conn:
+        conn.execute(sa.text("INSERT INTO orders VALUES (42, 'shipped')"))
+        outbox.enqueue(conn, "sqs", {"queue_url": SQS_URL, "body": "order 42"})
+    # The application's Alembic still works on its own table, and never sees ours.
+    app_alembic(fresh_database, tmp_path, "downgrade", "base")
+    assert app_revision(fresh_database) == []
+    assert "orders" not in tables(fresh_database)
+    app_alembic(fresh_database, tmp_path, "upgrade")
+    assert app_revision(fresh_database) == ["a1b2c3d4e5f6"]
+    assert migrate.upgrade(fresh_database) == migrate.head()
+    with fresh_database.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox_message")).scalar_one() == 1
+
+
+def test_a_deployment_that_kept_its_revision_in_alembic_version_upgrades_in_place(
+    fresh_database: sa.Engine,
+) -> None:
+    """Releases before 0.1.0 wrote the relay's revision into alembic_version:
+    the next migrate moves it to outbox_alembic_version and carries on from it."""
+    migrate.upgrade(fresh_database, "0001")
+    with fresh_database.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE outbox_alembic_version RENAME TO alembic_version"))
+        conn.execute(
+            sa.text(
+                "ALTER TABLE alembic_version RENAME CONSTRAINT outbox_alembic_version_pkc "
+                "TO alembic_version_pkc"
+            )
+        )
+    assert migrate.upgrade(fresh_database) == migrate.head()
+    assert "alembic_version" not in tables(fresh_database)  # it held only the relay's row
+    assert migrate.current(fresh_database) == migrate.head()
+
+
+def test_the_legacy_move_leaves_an_applications_rows_in_alembic_version(
+    fresh_database: sa.Engine, tmp_path: Path
+) -> None:
+    migrate.upgrade(fresh_database, "0001")
+    app_alembic(fresh_database, tmp_path, "upgrade")  # alembic_version: the app's row
+    with fresh_database.begin() as conn:  # ... and the relay's, as an old release left it
+        conn.execute(sa.text("DROP TABLE outbox_alembic_version"))
+        conn.execute(sa.text("INSERT INTO alembic_version VALUES ('0001')"))
+    assert migrate.upgrade(fresh_database) == migrate.head()
+    assert app_revision(fresh_database) == ["a1b2c3d4e5f6"]
+
+
+def test_an_applications_autogenerate_ignores_the_relays_tables(
+    fresh_database: sa.Engine,
+) -> None:
+    """With outbox.migrate.include_object in its env.py, an application's
+    autogenerate proposes neither dropping the relay's objects nor adding them."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    migrate.upgrade(fresh_database)
+    app_metadata = sa.MetaData()
+    sa.Table("orders", app_metadata, sa.Column("id", sa.BigInteger, primary_key=True))
+    with fresh_database.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE orders (id bigint PRIMARY KEY)"))
+        plain = compare_metadata(MigrationContext.configure(conn), app_metadata)
+        filtered = compare_metadata(
+            MigrationContext.configure(conn, opts={"include_object": migrate.include_object}),
+            app_metadata,
+        )
+    assert {d[1].name for d in plain if d[0] == "remove_table"} >= {
+        "outbox_message",
+        "outbox_attempt",
+    }
+    assert filtered == []
+
+
+HEAD = migrate.head()
 
 
 def test_upgrade_creates_the_schema_and_is_idempotent(fresh_database: sa.Engine) -> None:

@@ -131,3 +131,26 @@ def test_enqueue_many_names_the_bad_message_and_writes_none(engine: sa.Engine) -
 def test_enqueue_many_with_nothing_is_a_no_op(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         assert outbox.enqueue_many(conn, []) == []
+
+
+def test_an_orm_session_is_accepted_and_shares_its_transaction(engine: sa.Engine) -> None:
+    """A Session is used through session.connection(): the message commits
+    with the Session's own work and rolls back with it."""
+    from sqlalchemy.orm import Session
+
+    with Session(engine) as session:
+        kept = outbox.enqueue(session, "email", EMAIL)
+        [many] = outbox.enqueue_many(session, [{"channel": "email", "payload": EMAIL}])
+        session.commit()
+    with Session(engine) as session:
+        dropped = outbox.enqueue(session, "email", EMAIL)
+        session.rollback()
+    with engine.connect() as conn:
+        ids = set(conn.execute(sa.text("SELECT id FROM outbox_message")).scalars())
+    assert ids == {kept, many} and dropped not in ids
+
+
+def test_something_that_is_no_connection_is_refused(engine: sa.Engine) -> None:
+    with pytest.raises(ValidationError) as caught:
+        outbox.enqueue(engine, "email", EMAIL)  # type: ignore[arg-type]
+    assert caught.value.field == "conn"

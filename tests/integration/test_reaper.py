@@ -1,4 +1,4 @@
-"""The reaper: the one recovery path (invariant 5), prune, and backlog figures."""
+"""The reaper: the one recovery path (docs/design.md, invariant 5), prune, and backlog figures."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The sender runtime: the receipt, outcomes, batched fenced settle (invariants 2, 4, 6, 7)."""
+"""The sender runtime: the receipt, outcomes, batched fenced settle
+(docs/design.md, invariants 2, 4, 6, 7)."""
 
 from __future__ import annotations
 

@@ -604,7 +604,7 @@ BAD_CONFIG: list[tuple[dict[str, str], str]] = [
     ({"CHANNEL_FUNCTIONS": "not json"}, "CHANNEL_FUNCTIONS"),
     ({"CHANNEL_FUNCTIONS": '["email"]'}, "CHANNEL_FUNCTIONS"),
     ({"CHANNEL_FUNCTIONS": '{"email": ""}'}, "CHANNEL_FUNCTIONS"),
-    # Invariant 4: the lease must outlive the sender's run and the event's queue time.
+    # docs/design.md, invariant 4: the lease must outlive the sender's run and the event's queue time.
     (
         {"LEASE_SECONDS": "60", "SENDER_TIMEOUT_SECONDS": "30", "MAX_EVENT_AGE_SECONDS": "60"},
         "LEASE_SECONDS",

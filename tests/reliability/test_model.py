@@ -1,4 +1,4 @@
-"""The state machine of DESIGN.md as a Python model, checked step by step
+"""The state machine of docs/design.md as a Python model, checked step by step
 against the real database while Hypothesis drives claim, hand-off (the
 sender's receipt: each claim taken once), settle (every outcome, with current
 and stale tokens; deferrals counted and capped), lease expiry, reap (an
@@ -51,6 +51,7 @@ class Row:
     overdue: bool = False  # its deliver-by time has passed
     status: str = "pending"
     attempts: int = 0
+    attempts_at_redrive: int = 0  # the numbering goes on; the budget starts again
     deferrals: int = 0
     token: uuid.UUID | None = None
     received: bool = False  # a sender took this claim's receipt
@@ -61,6 +62,10 @@ class Row:
     @property
     def limit(self) -> int:
         return self.max_attempts or DEFAULT_MAX
+
+    @property
+    def exhausted(self) -> bool:
+        return self.attempts - self.attempts_at_redrive >= self.limit
 
 
 class OutboxModel(RuleBasedStateMachine):
@@ -246,11 +251,11 @@ class OutboxModel(RuleBasedStateMachine):
             elif outcome == "deferred":  # past the cap: counts an attempt, like a retry
                 r.deferrals += 1
                 r.attempts += 1
-                r.status = "dead" if r.attempts >= r.limit else "pending"
+                r.status = "dead" if r.exhausted else "pending"
             else:
                 r.attempts += 1
                 if outcome == "retry":
-                    r.status = "dead" if r.attempts >= r.limit else "pending"
+                    r.status = "dead" if r.exhausted else "pending"
                 else:
                     r.status = outcome
             r.token, r.due_stamp = None, stamp
@@ -275,7 +280,7 @@ class OutboxModel(RuleBasedStateMachine):
             if r.status == "claimed" and r.expired:
                 if r.received:  # a sender started it: the attempt counts
                     r.attempts += 1
-                    r.status = "dead" if r.attempts >= r.limit else "pending"
+                    r.status = "dead" if r.exhausted else "pending"
                 else:  # never started: no attempt
                     r.status = "pending"
                 r.token, r.due_stamp = None, stamp
@@ -335,7 +340,12 @@ class OutboxModel(RuleBasedStateMachine):
         for i in set(ids):
             r = self.rows.get(i)
             if r is not None and r.status in HOLDING:
-                r.status, r.attempts, r.deferrals, r.due_stamp = "pending", 0, 0, stamp
+                r.status, r.attempts_at_redrive, r.deferrals, r.due_stamp = (
+                    "pending",
+                    r.attempts,
+                    0,
+                    stamp,
+                )
                 r.overdue = False  # a deliver-by time that has passed is lifted
                 expected.add(i)
         assert result == expected

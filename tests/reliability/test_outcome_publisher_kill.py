@@ -49,7 +49,7 @@ outcomes.publish(engine, KilledAfterPutEvents(), OutcomeEventSettings(bus=sys.ar
 
 @pytest.fixture
 def moto_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    from outbox.local import moto_server
+    from outbox_cli.local import moto_server
 
     with moto_server() as url:
         monkeypatch.setenv("AWS_ENDPOINT_URL", url)

@@ -19,10 +19,10 @@ from click.testing import CliRunner
 
 import outbox
 from outbox import netguard, sender
-from outbox.cli import cli
 from outbox.config import DatabaseSettings
 from outbox.errors import ConfigError, ValidationError
 from outbox.handoff import HandOff
+from outbox_cli.cli import cli
 from support import EMAIL, settings
 
 SECRET = "hunter2-TOKEN"
@@ -152,7 +152,7 @@ def test_a_malformed_database_url_is_one_error_line(url: str) -> None:
         DatabaseSettings.from_env({"DATABASE_URL": url})
     assert caught.value.setting == "DATABASE_URL" and SECRET not in str(caught.value)
     done = subprocess.run(
-        [sys.executable, "-m", "outbox.cli", "status"],
+        [sys.executable, "-m", "outbox_cli", "status"],
         env={**os.environ, "DATABASE_URL": url},
         capture_output=True,
         text=True,

@@ -150,9 +150,14 @@ def test_operator_filters_refuse_hostile_channel_names_and_match_literally(
         with pytest.raises(ValueError), engine.begin() as conn:
             store.list_messages(conn, channels=[hostile])
         with pytest.raises(ValueError), engine.begin() as conn:
-            store.redrive_matching(conn, ["dead"], channels=[hostile])
+            store.matching_ids(conn, ["dead"], channels=[hostile])
+        with pytest.raises(ValueError), engine.begin() as conn:
+            store.channels_with_rows(conn, [hostile])
     with engine.begin() as conn:
         assert store.list_messages(conn, channels=["nul", "nulll", "null_"]) == []
         assert [r.id for r in store.list_messages(conn, channels=["null"])] == [null_id]
+        (scripted,) = store.list_messages(conn, dedupe_key=HOSTILE[0])
+        assert scripted.channel == "scripted"
+        assert store.channels_with_rows(conn, ["null", "nul"]) == {"null"}
         assert [c.id for c in store.claim(conn, 10, 60, channels=["null"])] == [null_id]
     tables_intact(engine)

@@ -256,6 +256,24 @@ def test_runtime_python_has_only_boto3() -> None:
     assert names & {"sqlalchemy", "pg8000", "aws-lambda-powertools", "outbox-relay"} == set()
 
 
+def test_the_layer_holds_the_runtime_package_and_its_pins_only() -> None:
+    """The built layer: the `outbox` package, the pinned requirements' packages,
+    and nothing of the development package or the command's libraries."""
+    top = {p.name.split("-")[0].lower() for p in LAYER.iterdir()}
+    assert "outbox" in top
+    assert not top & {"outbox_cli", "click", "rich", "moto", "pgserver", "yaml", "boto3"}
+    assert not list(LAYER.glob("*.egg-info"))
+    modules = {p.stem for p in (LAYER / "outbox").rglob("*.py")}
+    assert not modules & {"cli", "local", "invoke", "devdb", "render"}
+    pinned = {
+        line.split("==")[0].lower().replace("-", "_")
+        for line in (ROOT / "layers" / "outbox" / "requirements.txt").read_text().splitlines()
+        if "==" in line and not line.startswith((" ", "#"))
+    }
+    installed = {p.name.split("-")[0].lower() for p in LAYER.glob("*.dist-info")}
+    assert installed == pinned
+
+
 def test_migrate_plain_invoke_returns_the_head_revision(
     engine: sa.Engine, database_url: str, moto_endpoint: str, tmp_path: Path, import_times: Any
 ) -> None:

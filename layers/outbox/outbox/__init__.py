@@ -4,10 +4,16 @@ The producer API is importable from the package root::
 
     import outbox
     outbox.enqueue(conn, "email", {...}, dedupe_key="order-42")
+
+``conn`` is a SQLAlchemy ``Connection`` in your transaction, or an ORM
+``Session`` (its ``session.connection()`` is used). Importing ``outbox`` loads
+SQLAlchemy and nothing of the relay's Lambda runtime.
 """
 
 from .errors import ConfigError, DedupeConflict, OutboxError, ValidationError
 from .producer import Enqueued, enqueue, enqueue_many
+
+__version__ = "0.1.0"
 
 __all__ = [
     "ConfigError",
@@ -15,6 +21,7 @@ __all__ = [
     "Enqueued",
     "OutboxError",
     "ValidationError",
+    "__version__",
     "enqueue",
     "enqueue_many",
 ]

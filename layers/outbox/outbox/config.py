@@ -171,7 +171,8 @@ class RelaySettings:
     attempt_retention_days: int = 90
     dedupe_window_days: int = 30
     # The longest a sender runs (its Lambda timeout) and the longest an async
-    # event may wait in Lambda's queue: invariant 4 wants both inside the lease.
+    # event may wait in Lambda's queue: invariant 4 of docs/design.md
+    # wants both inside the lease.
     sender_timeout_seconds: int = 30
     max_event_age_seconds: int = 60
     handoff_chunk_size: int = 20
@@ -258,7 +259,7 @@ class RelaySettings:
         return budgets
 
     def check_lease(self) -> None:
-        """Invariant 4: a sender and its queued event must fit inside the lease."""
+        """docs/design.md, invariant 4: a sender and its queued event must fit inside the lease."""
         needed = self.sender_timeout_seconds + self.max_event_age_seconds
         if self.lease_seconds <= needed:
             raise ConfigError(

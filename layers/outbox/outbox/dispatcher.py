@@ -155,7 +155,7 @@ def dispatch_once(
     routable = [c for c in claims if invoker.can_route(c.channel)]
     unroutable = [c for c in claims if not invoker.can_route(c.channel)]
     if unroutable:
-        # Bad data in one row fails that row, not the batch (invariant 6).
+        # Bad data in one row fails that row, not the batch (docs/design.md, invariant 6).
         with engine.begin() as conn:
             settled = store.settle(
                 conn,

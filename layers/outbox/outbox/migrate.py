@@ -1,23 +1,90 @@
-"""Apply the schema with Alembic, programmatically (no alembic.ini to ship)."""
+"""Apply the schema with Alembic, programmatically (no alembic.ini to ship).
+
+The relay keeps its migration state in a version table of its own,
+``outbox_alembic_version``, so it shares a database with an application that
+uses Alembic itself: neither sees the other's revisions. Every object the
+relay creates is named ``outbox_*``; an application's autogenerate leaves
+them alone with :func:`include_object`.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
+
+VERSION_TABLE = "outbox_alembic_version"
+# Where releases before 0.1.0 kept the relay's revision: Alembic's default.
+LEGACY_VERSION_TABLE = "alembic_version"
+# The prefix of every table, index, constraint and function the relay creates.
+OBJECT_PREFIX = "outbox_"
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
 # Serialises concurrent migrators (two deploys, a deploy and `outbox migrate`).
 _MIGRATION_LOCK_ID = 0x6F7574626F78  # "outbox"
 
 
-def _config(connection: sa.Connection) -> object:
+def _config(connection: sa.Connection | None = None) -> Any:
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(_MIGRATIONS))
     config.attributes["connection"] = connection
+    config.attributes["version_table"] = VERSION_TABLE
     return config
+
+
+def _current(connection: sa.Connection) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    return context.get_current_revision()
+
+
+def head() -> str:
+    """The newest revision this release ships."""
+    from alembic.script import ScriptDirectory
+
+    revision = ScriptDirectory.from_config(_config()).get_current_head()
+    assert revision is not None  # the package always ships its migrations
+    return revision
+
+
+def _adopt_legacy_version_row(connection: sa.Connection) -> None:
+    """Move the relay's revision out of ``alembic_version`` (where releases
+    before 0.1.0 kept it) into the relay's own table. The rows of an
+    application that shares that table stay; the table is dropped only when
+    the relay's row was all it held."""
+    from alembic.script import ScriptDirectory
+
+    inspector = sa.inspect(connection)
+    if (
+        inspector.has_table(VERSION_TABLE)
+        or not inspector.has_table(LEGACY_VERSION_TABLE)
+        or not inspector.has_table("outbox_message")
+    ):
+        return
+    ours = {s.revision for s in ScriptDirectory.from_config(_config()).walk_revisions()}
+    rows = connection.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all()
+    legacy = [r for r in rows if r in ours]
+    if not legacy:
+        return
+    connection.execute(
+        sa.text(
+            "CREATE TABLE outbox_alembic_version (version_num varchar(32) NOT NULL, "
+            "CONSTRAINT outbox_alembic_version_pkc PRIMARY KEY (version_num))"
+        )
+    )
+    for revision in legacy:
+        connection.execute(
+            sa.text("INSERT INTO outbox_alembic_version (version_num) VALUES (:r)"), {"r": revision}
+        )
+        connection.execute(
+            sa.text("DELETE FROM alembic_version WHERE version_num = :r"), {"r": revision}
+        )
+    if len(legacy) == len(rows):
+        connection.execute(sa.text("DROP TABLE alembic_version"))
 
 
 def upgrade(
@@ -29,7 +96,6 @@ def upgrade(
     ``delivered_events`` says (by default ``OUTCOME_EVENTS_DELIVERED``): it is
     a trigger, and only the schema's owner, who migrates, may switch it."""
     from alembic import command
-    from alembic.runtime.migration import MigrationContext
 
     from . import store
     from .config import OutcomeEventSettings
@@ -38,9 +104,10 @@ def upgrade(
         delivered_events = OutcomeEventSettings.from_env().include_delivered
     with engine.begin() as connection:
         connection.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
-        command.upgrade(_config(connection), revision)  # type: ignore[arg-type]
+        _adopt_legacy_version_row(connection)
+        command.upgrade(_config(connection), revision)
         store.set_delivered_outcome_events(connection, delivered_events)
-        return MigrationContext.configure(connection).get_current_revision()
+        return _current(connection)
 
 
 def downgrade(engine: sa.Engine, revision: str) -> None:
@@ -48,11 +115,24 @@ def downgrade(engine: sa.Engine, revision: str) -> None:
 
     with engine.begin() as connection:
         connection.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
-        command.downgrade(_config(connection), revision)  # type: ignore[arg-type]
+        command.downgrade(_config(connection), revision)
 
 
 def current(engine: sa.Engine) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
     with engine.connect() as connection:
-        return MigrationContext.configure(connection).get_current_revision()
+        return _current(connection)
+
+
+def include_object(
+    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
+    """For an application's Alembic ``env.py``: autogenerate ignores the relay's
+    objects, so it neither drops them nor adds them to the application's
+    migrations::
+
+        from outbox.migrate import include_object
+        context.configure(..., include_object=include_object)
+    """
+    table = obj if type_ == "table" else getattr(obj, "table", None)
+    table_name = getattr(table, "name", None) or (name if type_ == "table" else None)
+    return not (table_name or "").startswith(OBJECT_PREFIX)

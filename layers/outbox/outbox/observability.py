@@ -4,7 +4,7 @@ Library modules log through ``logging.getLogger("outbox.<module>")``; the
 Powertools Logger the handlers create is the ``outbox`` logger, so those
 records come out as structured JSON with the handler's correlation keys.
 Logged fields are ids, channels, counts and outcomes: never payloads,
-addresses, tokens or secrets (invariant 8).
+addresses, tokens or secrets (docs/design.md, invariant 8).
 """
 
 from __future__ import annotations

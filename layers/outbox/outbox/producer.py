@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import sqlalchemy as sa
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 from . import channels, payloads, store
 from .errors import DedupeConflict, ValidationError
@@ -187,14 +191,23 @@ def _redacted_errors() -> Iterator[None]:
 
 
 def _check_connection(conn: Any) -> sa.Connection:
-    if not isinstance(conn, sa.Connection):
-        raise ValidationError("conn", "must be a SQLAlchemy Connection (engine.begin() gives one)")
-    return conn
+    """The caller's Connection; an ORM Session gives its own (``session.connection()``:
+    the Session's transaction, begun if need be), so the message commits or rolls
+    back with the Session's work."""
+    if isinstance(conn, sa.Connection):
+        return conn
+    # Only look for the ORM if the caller loaded it: `import outbox` stays Core-only.
+    orm = sys.modules.get("sqlalchemy.orm")
+    if orm is not None and isinstance(conn, orm.Session):
+        return conn.connection()
+    raise ValidationError(
+        "conn", "must be a SQLAlchemy Connection (engine.begin() gives one) or an ORM Session"
+    )
 
 
 @overload
 def enqueue(
-    conn: sa.Connection,
+    conn: sa.Connection | Session,
     channel: str,
     payload: Any,
     *,
@@ -210,7 +223,7 @@ def enqueue(
 ) -> int: ...
 @overload
 def enqueue(
-    conn: sa.Connection,
+    conn: sa.Connection | Session,
     channel: str,
     payload: Any,
     *,
@@ -225,7 +238,7 @@ def enqueue(
     return_created: Literal[True],
 ) -> Enqueued: ...
 def enqueue(
-    conn: sa.Connection,
+    conn: sa.Connection | Session,
     channel: str,
     payload: Any,
     *,
@@ -274,17 +287,23 @@ def enqueue(
 
 @overload
 def enqueue_many(
-    conn: sa.Connection,
+    conn: sa.Connection | Session,
     messages: Iterable[Mapping[str, Any]],
     *,
     return_created: Literal[False] = ...,
 ) -> list[int]: ...
 @overload
 def enqueue_many(
-    conn: sa.Connection, messages: Iterable[Mapping[str, Any]], *, return_created: Literal[True]
+    conn: sa.Connection | Session,
+    messages: Iterable[Mapping[str, Any]],
+    *,
+    return_created: Literal[True],
 ) -> list[Enqueued]: ...
 def enqueue_many(
-    conn: sa.Connection, messages: Iterable[Mapping[str, Any]], *, return_created: bool = False
+    conn: sa.Connection | Session,
+    messages: Iterable[Mapping[str, Any]],
+    *,
+    return_created: bool = False,
 ) -> list[int] | list[Enqueued]:
     """Write many messages in one round trip; ids come back in the same order.
 
@@ -292,7 +311,7 @@ def enqueue_many(
     raises ValidationError (its field prefixed with ``messages[i].``) and none
     is written; so does a DedupeConflict, against the database or within the list.
     """
-    conn = _check_connection(conn)
+    connection = _check_connection(conn)
     if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Iterable):
         raise ValidationError("messages", "must be a list of dicts")
     prepared = []
@@ -311,7 +330,7 @@ def enqueue_many(
             raise ValidationError(f"messages[{index}].{exc.field}", exc.problem) from None
     try:
         with _redacted_errors():
-            results = store.insert_messages(conn, prepared)
+            results = store.insert_messages(connection, prepared)
     except DedupeConflict as exc:
         raise DedupeConflict(
             exc.channel,

@@ -1,4 +1,4 @@
-"""The reaper: the one recovery path (invariant 5).
+"""The reaper: the one recovery path (docs/design.md, invariant 5).
 
 Each scheduled run releases claims whose lease expired (after a sender's
 receipt the attempt counts, and a row out of attempts goes to ``dead``; with

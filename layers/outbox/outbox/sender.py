@@ -7,7 +7,7 @@ statement that also writes the attempt rows.
 The deadline of a row is the sooner of its lease end (from the database
 clock) and the Lambda's end, less a margin for the settle. A row whose
 deadline is already near is not started: it is deferred (back to pending, no
-attempt counted) rather than left to expire (invariant 4).
+attempt counted) rather than left to expire (docs/design.md, invariant 4).
 """
 
 from __future__ import annotations

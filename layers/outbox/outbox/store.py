@@ -19,7 +19,7 @@ Transitions to failed, dead, expired, bounced and complained (and delivered,
 when turned on) also write an ``outbox_outcome_event`` row: a trigger of the
 schema does it in the same statement, so no statement here has to remember.
 
-Rules every statement here keeps (DESIGN.md, invariants 1-7):
+Rules every statement here keeps (docs/design.md, invariants 1-7):
 * the claim is one compare-and-set UPDATE over ``FOR UPDATE SKIP LOCKED`` rows;
 * a claim is sent at most once: the sender's receipt is a compare-and-set too
   (``received_at`` stamped on a claimed, unreceived row of a live lease);
@@ -155,11 +155,13 @@ class Backlog:
 
 # The backoff before attempt ``attempts + 2`` for a row that has failed
 # ``attempts + 1`` times. The exponent is clamped so power() cannot overflow.
+# Both count from the last redrive: a redriven message gets a fresh set of
+# attempts (and backoff) while its attempt numbers carry on.
 _BACKOFF_SQL = (
-    "LEAST(CAST(:backoff_cap AS float8), "
-    "CAST(:backoff_base AS float8) * power(2.0, LEAST(m.attempts, 40))) * (0.5 + random() / 2)"
+    "LEAST(CAST(:backoff_cap AS float8), CAST(:backoff_base AS float8) "
+    "* power(2.0, LEAST(m.attempts - m.attempts_at_redrive, 40))) * (0.5 + random() / 2)"
 )
-_EXHAUSTED_SQL = "m.attempts + 1 >= COALESCE(m.max_attempts, :default_max)"
+_EXHAUSTED_SQL = "m.attempts - m.attempts_at_redrive + 1 >= COALESCE(m.max_attempts, :default_max)"
 
 
 # --- parameter encoding (performance) ----------------------------------------
@@ -697,7 +699,7 @@ _SETTLE = _sql(
                     THEN 'deferred ' || m.deferrals || ' times, now counted as an attempt: '
                          || COALESCE(i.error, 'deferred')
                     ELSE i.error END AS error,
-               m.attempts, m.max_attempts, m.deferrals, m.expires_at
+               m.attempts, m.attempts_at_redrive, m.max_attempts, m.deferrals, m.expires_at
         FROM input AS i JOIN outbox_message AS m ON m.id = i.id
     ),
     timed AS (
@@ -829,7 +831,7 @@ _REAP = _sql(
         -- No receipt: no sender ever started the row (capacity, a lost event).
         -- That is not the message's fault: no attempt, due again at once; its
         -- deliver-by time bounds how long that can go on.
-        SELECT m.id, m.attempts, m.max_attempts, m.expires_at,
+        SELECT m.id, m.attempts, m.attempts_at_redrive, m.max_attempts, m.expires_at,
                m.received_at IS NOT NULL AS started,
                CASE WHEN m.received_at IS NULL THEN now()
                     ELSE now() + make_interval(secs => {_BACKOFF_SQL}) END AS next_at
@@ -873,7 +875,7 @@ _REAP = _sql(
 
 
 def reap_expired(conn: sa.Connection, batch_size: int, backoff: Backoff) -> dict[int, Reaped]:
-    """Release claims whose lease ran out (invariant 5): after a receipt the
+    """Release claims whose lease ran out (docs/design.md, invariant 5): after a receipt the
     attempt counts (``dead`` when out of attempts); without one it does not.
     Either ends ``expired`` when the next try would fall after the deliver-by time."""
     rows = conn.execute(
@@ -1134,8 +1136,12 @@ def cancel(conn: sa.Connection, ids: Sequence[int], reason: str | None = None) -
 # A redrive starts the row afresh: attempts and deferrals from zero, and a
 # deliver-by time that has passed is lifted (the relay's default applies again,
 # from now), or the row would expire at once.
+# The attempt numbering goes on (attempts_at_redrive: the budget and the backoff
+# count from here); what the last claim and its end left behind is cleared.
 _REDRIVE_SET = """
-    status = 'pending', attempts = 0, deferrals = 0, available_at = now(), settled_at = NULL,
+    status = 'pending', attempts_at_redrive = attempts, deferrals = 0, available_at = now(),
+    settled_at = NULL, last_error = NULL, claim_token = NULL, claimed_at = NULL,
+    lease_expires_at = NULL, received_at = NULL,
     expires_at = CASE WHEN expires_at <= now() THEN NULL ELSE expires_at END
 """
 _REDRIVE = sa.text(
@@ -1148,8 +1154,10 @@ _REDRIVE = sa.text(
 
 
 def redrive(conn: sa.Connection, ids: Sequence[int]) -> set[int]:
-    """dead | failed | expired -> pending with a fresh set of attempts; the history stays.
-    Rows held behind it in its ordering key follow once it is delivered."""
+    """dead | failed | expired -> pending with a fresh set of attempts, numbered
+    on from the last one (no second "attempt 1"); the stale claim fields and the
+    last error are cleared, the attempt history stays. Rows held behind it in
+    its ordering key follow once it is delivered."""
     rows = conn.execute(_REDRIVE, {"ids": list(ids)}).all()
     return {r.id for r in rows}
 
@@ -1235,6 +1243,9 @@ _LIST_MESSAGES = sa.text(
     SELECT {_MESSAGE_COLUMNS} FROM outbox_message
     WHERE (CAST(:statuses AS text[]) IS NULL OR status = ANY(CAST(:statuses AS text[])))
       AND (CAST(:channels AS text[]) IS NULL OR channel = ANY(CAST(:channels AS text[])))
+      AND (CAST(:dedupe_key AS text) IS NULL OR dedupe_key = CAST(:dedupe_key AS text))
+      AND (CAST(:ordering_key AS text) IS NULL OR ordering_key = CAST(:ordering_key AS text))
+      AND (CAST(:after_id AS bigint) IS NULL OR id < CAST(:after_id AS bigint))
     ORDER BY id DESC
     LIMIT :limit
     """
@@ -1246,8 +1257,13 @@ def list_messages(
     statuses: Sequence[str] | None = None,
     channels: Sequence[str] | None = None,
     limit: int = 50,
+    *,
+    dedupe_key: str | None = None,
+    ordering_key: str | None = None,
+    after_id: int | None = None,
 ) -> list[sa.Row[Any]]:
-    """The newest ``limit`` rows matching the filters (no payloads)."""
+    """The newest ``limit`` rows matching the filters (no payloads), newest
+    first; ``after_id`` continues a listing after that row (older ids only)."""
     _check_statuses(statuses)
     _check_channels(channels)
     if not 1 <= limit <= 10_000:
@@ -1258,10 +1274,30 @@ def list_messages(
             {
                 "statuses": list(statuses) if statuses else None,
                 "channels": array_literal(channels) if channels else None,
+                "dedupe_key": dedupe_key,
+                "ordering_key": ordering_key,
+                "after_id": after_id,
                 "limit": limit,
             },
         ).all()
     )
+
+
+_CHANNELS_WITH_ROWS = sa.text(
+    """
+    SELECT c.channel FROM unnest(CAST(:channels AS text[])) AS c(channel)
+    WHERE EXISTS (SELECT 1 FROM outbox_message AS m WHERE m.channel = c.channel)
+    """
+)
+
+
+def channels_with_rows(conn: sa.Connection, channels: Sequence[str]) -> set[str]:
+    """Which of ``channels`` have messages in the outbox (any status)."""
+    _check_channels(channels)
+    if not channels:
+        return set()
+    rows = conn.execute(_CHANNELS_WITH_ROWS, {"channels": array_literal(channels)}).scalars()
+    return set(rows)
 
 
 # The payload as text: the caller decodes it (a row too deep to decode must
@@ -1304,39 +1340,70 @@ def statuses_of(conn: sa.Connection, ids: Sequence[int]) -> dict[int, str]:
     return {r.id: r.status for r in conn.execute(_STATUSES_OF, {"ids": list(ids)}).all()}
 
 
-_REDRIVE_MATCHING = sa.text(
-    f"""
-    UPDATE outbox_message SET {_REDRIVE_SET}
+_MATCHING_IDS = sa.text(
+    """
+    SELECT id FROM outbox_message
     WHERE status = ANY(CAST(:statuses AS text[]))
       AND (CAST(:channels AS text[]) IS NULL OR channel = ANY(CAST(:channels AS text[])))
       AND (CAST(:since_seconds AS float8) IS NULL
            OR settled_at >= now() - make_interval(secs => CAST(:since_seconds AS float8)))
-    RETURNING id
+      AND (CAST(:dedupe_key AS text) IS NULL OR dedupe_key = CAST(:dedupe_key AS text))
+      AND (CAST(:ordering_key AS text) IS NULL OR ordering_key = CAST(:ordering_key AS text))
+    ORDER BY id
     """
 )
 
 
-def redrive_matching(
+def matching_ids(
     conn: sa.Connection,
     statuses: Sequence[str],
     channels: Sequence[str] | None = None,
     since_seconds: float | None = None,
-) -> set[int]:
-    """dead | failed | expired -> pending for every row matching the filters (settled
-    within the last ``since_seconds`` when given); the history stays."""
+    *,
+    dedupe_key: str | None = None,
+    ordering_key: str | None = None,
+) -> list[int]:
+    """The ids a bulk redrive or cancel would change (settled within the last
+    ``since_seconds`` when given), for the operator to confirm before
+    :func:`redrive` or :func:`cancel` changes exactly those (if still in state)."""
     if not statuses:
         raise ValueError("at least one status is needed")
-    _check_statuses(statuses, REDRIVABLE_STATUSES)
+    _check_statuses(statuses)
     _check_channels(channels)
-    rows = conn.execute(
-        _REDRIVE_MATCHING,
-        {
-            "statuses": list(statuses),
-            "channels": array_literal(channels) if channels else None,
-            "since_seconds": None if since_seconds is None else float(since_seconds),
-        },
-    ).all()
-    return {r.id for r in rows}
+    return list(
+        conn.execute(
+            _MATCHING_IDS,
+            {
+                "statuses": list(statuses),
+                "channels": array_literal(channels) if channels else None,
+                "since_seconds": None if since_seconds is None else float(since_seconds),
+                "dedupe_key": dedupe_key,
+                "ordering_key": ordering_key,
+            },
+        ).scalars()
+    )
+
+
+# An operator's prune counts, confirms, then deletes against one cutoff taken
+# from the database clock, so it never deletes more than it counted.
+_PRUNE_CUTOFF = sa.text("SELECT now() - make_interval(secs => :older_than_seconds)")
+_PRUNABLE = sa.text(
+    """
+    SELECT count(*) FROM outbox_message
+    WHERE status = ANY(CAST(:statuses AS text[])) AND settled_at < :cutoff
+    """
+)
+_PRUNE_BEFORE = sa.text(
+    """
+    WITH doomed AS (
+        SELECT id FROM outbox_message
+        WHERE status = ANY(CAST(:statuses AS text[])) AND settled_at < :cutoff
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM outbox_message AS m USING doomed WHERE m.id = doomed.id
+    """
+)
 
 
 # --- provider feedback (SES bounce, complaint and delivery events) ------------
@@ -1502,6 +1569,35 @@ _TAKE_OUTCOME_EVENTS = _sql(
               e.provider_message_id, e.dedupe_key, e.ordering_key, e.occurred_at
     """
 )
+
+
+def _check_prunable(statuses: Sequence[str]) -> None:
+    bad = set(statuses) - set(TERMINAL_STATUSES)
+    if bad:
+        raise ValueError(f"only terminal rows can be pruned, not {sorted(bad)}")
+
+
+def prune_cutoff(conn: sa.Connection, older_than_seconds: float) -> Any:
+    """``now() - older_than`` on the database clock."""
+    return conn.execute(
+        _PRUNE_CUTOFF, {"older_than_seconds": float(older_than_seconds)}
+    ).scalar_one()
+
+
+def count_prunable(conn: sa.Connection, cutoff: Any, statuses: Sequence[str]) -> int:
+    _check_prunable(statuses)
+    return int(conn.execute(_PRUNABLE, {"statuses": list(statuses), "cutoff": cutoff}).scalar_one())
+
+
+def prune_settled_before(
+    conn: sa.Connection, cutoff: Any, batch_size: int, statuses: Sequence[str]
+) -> int:
+    """Delete up to ``batch_size`` rows in ``statuses`` settled before ``cutoff``."""
+    _check_prunable(statuses)
+    result = conn.execute(
+        _PRUNE_BEFORE, {"statuses": list(statuses), "cutoff": cutoff, "batch_size": batch_size}
+    )
+    return result.rowcount
 
 
 def take_outcome_events(

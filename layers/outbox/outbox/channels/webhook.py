@@ -185,11 +185,7 @@ class WebhookChannel(SchemaChannel):
         self.max_response_bytes = max_response_bytes
         self._ssl_context = ssl_context
         self._secrets = secrets
-        # urllib3 logs each request line (path and query: where tokens hide) at
-        # DEBUG; observability keeps it at WARNING.
-        from ..observability import quiet_libraries
-
-        quiet_libraries()
+        self._libraries_quiet = False
 
     @property
     def ssl_context(self) -> ssl.SSLContext:
@@ -234,6 +230,14 @@ class WebhookChannel(SchemaChannel):
             raise SecretUnavailable(Outcome.failed(str(exc))) from None
 
     def send(self, message: Message, deadline: Deadline) -> Outcome:
+        if not self._libraries_quiet:
+            # urllib3 logs each request line (path and query: where tokens hide)
+            # at DEBUG; observability keeps it quiet. Here, not at construction:
+            # a producer validating a payload must not need the Lambda runtime.
+            from ..observability import quiet_libraries
+
+            quiet_libraries()
+            self._libraries_quiet = True
         p = message.payload
         secret_id = p.get("secret_id") or self.default_secret_id
         if not secret_id:

@@ -1,6 +1,6 @@
 """`make run`: the whole relay end to end on this machine, then exit 0.
 
-    python -m outbox.local
+    python -m outbox_cli.local
 
 * Database: ``DATABASE_URL`` when set; else the Postgres on 127.0.0.1:5432
   (a dedicated database ``outbox_demo``, recreated each run) when it answers;
@@ -41,11 +41,13 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 
-from . import channels, devdb, store
-from .channels import Deadline, Message, Outcome, SchemaChannel
+from outbox import channels, store
+from outbox.channels import Deadline, Message, Outcome, SchemaChannel
+
+from . import devdb
 from .invoke import LambdaContext, load_module
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 FUNCTIONS = REPO / "functions"
 LOCAL_POSTGRES = devdb.LOCAL_POSTGRES
 DEMO_DATABASE = os.environ.get("OUTBOX_LOCAL_DBNAME") or "outbox_demo"
@@ -57,7 +59,7 @@ TIME_LIMIT_SECONDS = 60.0
 RELAY_ENV = {
     "BATCH_SIZE": "50",
     # A short lease, so the claim of a lost hand-off expires within the demo;
-    # still longer than a sender may run plus an event may wait (invariant 4).
+    # still longer than a sender may run plus an event may wait (docs/design.md, invariant 4).
     "LEASE_SECONDS": "5",
     "SENDER_TIMEOUT_SECONDS": "3",
     "MAX_EVENT_AGE_SECONDS": "1",
@@ -430,7 +432,7 @@ class LocalLambda:
 
 
 def _flaky_handler() -> Any:
-    from .runtime import Runtime
+    from outbox.runtime import Runtime
 
     runtime = Runtime()
 
@@ -447,10 +449,10 @@ def main(argv: list[str] | None = None) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from . import migrate
-    from .handoff import CallableInvoker
+    from outbox import migrate
+    from outbox.handoff import CallableInvoker
 
-    parser = argparse.ArgumentParser(prog="python -m outbox.local", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m outbox_cli.local", description=__doc__)
     parser.add_argument(
         "--keep-running",
         action="store_true",
@@ -471,8 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.pop("DB_SECRET_ARN", None)
         os.environ.pop("DB_IAM_USER", None)
 
-        from .config import DatabaseSettings
-        from .db import create_engine
+        from outbox.config import DatabaseSettings
+        from outbox.db import create_engine
 
         engine = create_engine(DatabaseSettings.from_env(os.environ), pool_size=4)
         stack.callback(engine.dispose)
@@ -598,7 +600,7 @@ def _next_steps(database_url: str | None, endpoint: str, keep_running: bool) -> 
                 "  outbox status; outbox list --status dead,failed; outbox show <id>",
             ]
         lines.append(
-            "  python -m outbox.local --keep-running   # the same demo, then keeps its "
+            "  python -m outbox_cli.local --keep-running   # the same demo, then keeps its "
             "database and moto server up for `outbox worker` and `outbox invoke`"
         )
         return lines

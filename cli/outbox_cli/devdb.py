@@ -2,7 +2,7 @@
 
 ``DATABASE_URL`` when set; else the Postgres on 127.0.0.1:5432 when it
 answers; else an embedded one (the ``pgserver`` package, a dev extra) in a
-folder of its own. Shared by ``make run`` (outbox.local) and tests/conftest.py.
+folder of its own. Shared by ``make run`` (outbox_cli.local) and tests/conftest.py.
 """
 
 from __future__ import annotations

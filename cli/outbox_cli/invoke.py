@@ -43,7 +43,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .errors import OutboxError
+from outbox.errors import OutboxError
 
 FUNCTION_TYPE = "AWS::Serverless::Function"
 LAYER_TYPE = "AWS::Serverless::LayerVersion"
@@ -547,10 +547,10 @@ def claim_event(
     event of them."""
 
     def make() -> dict[str, Any]:
-        from . import store
-        from .config import DatabaseSettings, RelaySettings
-        from .db import create_engine
-        from .handoff import HandOff
+        from outbox import store
+        from outbox.config import DatabaseSettings, RelaySettings
+        from outbox.db import create_engine
+        from outbox.handoff import HandOff
 
         settings = RelaySettings.from_env(os.environ)
         engine = create_engine(DatabaseSettings.from_env(os.environ), autocommit=True)
@@ -749,7 +749,7 @@ def invoke(
     # A Lambda execution environment serves one function: its logger carries
     # no keys (correlation id, execution id) from another function's call.
     # Here the relay's logger is one object for every function invoked.
-    from .observability import logger as relay_logger
+    from outbox.observability import logger as relay_logger
 
     relay_logger.clear_state()
     started = time.monotonic()

@@ -1,35 +1,54 @@
-"""The ``outbox`` command: operate the relay against ``DATABASE_URL``.
+"""The ``outbox`` command: operate the relay against its database.
 
     outbox migrate | enqueue | status | list | show | history | redrive | cancel | prune
     outbox worker            the relay in one process (dispatcher, senders, reaper)
     outbox invoke FN EVENT   run a function of template.yaml in process (no Docker;
                              --claim N for a live event)
 
-Every command takes ``--json``. A bad argument or an unknown id prints one
-line on stderr, exits non-zero and changes nothing.
+The database is ``--database-url``, else ``DATABASE_URL`` (or the functions'
+``DB_SECRET_ARN`` / ``DB_IAM_USER`` settings). Every command takes ``--json``
+(the shapes are in ``render``). A bad argument or an unknown id prints one
+error, exits non-zero and changes nothing. Commands that change many rows
+chosen by a filter (redrive --status, cancel --channel, prune) show what
+they would change and ask first: ``--yes`` skips the question, ``--dry-run``
+only shows; without a terminal to ask on they refuse unless given ``--yes``.
 
-This module is for operators and development only: no Lambda handler imports it.
+This module parses and checks arguments and calls ``outbox.store``; how the
+results look is ``render``'s. No Lambda handler imports this package.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import re
 import signal
 import sys
 import threading
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
 import sqlalchemy as sa
 
-from .errors import ConfigError, ValidationError
+import outbox
+from outbox.errors import ConfigError, ValidationError
+
+from .render import jsonable as _jsonable
+from .render import (
+    render_change,
+    render_enqueued,
+    render_error,
+    render_history,
+    render_message,
+    render_messages,
+    render_revision,
+    render_status,
+    render_worker_report,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -60,13 +79,51 @@ class Duration(click.ParamType):
             self.fail(exc.message, param, ctx)
 
 
-class OneLineGroup(click.Group):
-    """Errors come out as a single ``Error: ...`` line on stderr."""
+# --- errors: one line, or one JSON object under --json ------------------------
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:
+
+class CommandError(click.ClickException):
+    """A command that cannot do what it was asked; nothing was changed.
+
+    ``kind`` names the class of error for programs (the JSON ``error.kind``):
+    bad_argument, not_found, conflict, confirmation_required, aborted,
+    config, schema_missing, database_unavailable, database, failed."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, kind: str = "failed") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class BadArgument(CommandError):
+    """A bad argument (or a refusal to act on one): exit 2, as click does for usage errors."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, kind: str = "bad_argument") -> None:
+        super().__init__(message, kind)
+
+
+def fail(message: str, code: int = 1, kind: str | None = None) -> NoReturn:
+    """Stop with one error: exit 2 for bad arguments, 1 for everything else."""
+    if code == 2:
+        raise BadArgument(message, kind or "bad_argument")
+    raise CommandError(message, kind or "failed")
+
+
+def _wants_json(args: Sequence[str] | None) -> bool:
+    return "--json" in (sys.argv[1:] if args is None else args)
+
+
+class OneLineGroup(click.Group):
+    """Errors come out as a single ``Error: ...`` line on stderr, or as one
+    JSON object on stdout when the command line has ``--json``."""
+
+    def main(self, args: Sequence[str] | None = None, *rest: Any, **kwargs: Any) -> Any:
         standalone = kwargs.pop("standalone_mode", True)
         try:
-            return super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]
+            return super().main(args, *rest, standalone_mode=False, **kwargs)  # type: ignore[call-overload]
         except click.ClickException as exc:
             if not standalone:
                 raise
@@ -74,65 +131,71 @@ class OneLineGroup(click.Group):
             if type(exc).__name__ == "NoArgsIsHelpError":  # click >= 8.2: `outbox` alone
                 click.echo(message, err=True)
                 sys.exit(exc.exit_code)
-            message = message.replace("\n", " ")
-            click.echo(f"Error: {message}", err=True)
+            if isinstance(exc, CommandError):
+                kind = exc.kind
+            else:  # click's own usage errors: bad options, unknown commands
+                kind = "bad_argument" if exc.exit_code == 2 else "failed"
+            render_error(kind, message.replace("\n", " "), _wants_json(args))
             sys.exit(exc.exit_code)
         except click.exceptions.Abort:
             if not standalone:
                 raise
-            click.echo("Aborted.", err=True)
+            render_error("aborted", "aborted", _wants_json(args))
             sys.exit(130)
-
-
-class BadArgument(click.ClickException):
-    """A bad argument: exit 2, as click does for usage errors."""
-
-    exit_code = 2
-
-
-def fail(message: str, code: int = 1) -> NoReturn:
-    """Stop with one error line: 2 for bad arguments, 1 for everything else."""
-    raise (BadArgument if code == 2 else click.ClickException)(message)
 
 
 def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")(f)
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dt.datetime):
-        return value.isoformat()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, Mapping):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
+def dry_run_option(f: F) -> F:
+    return click.option("--dry-run", is_flag=True, help="Show what would change; change nothing.")(
+        f
+    )
 
 
-def emit_json(value: Any) -> None:
-    click.echo(json.dumps(_jsonable(value), indent=2, ensure_ascii=False))
-
-
-def console() -> Any:
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=False, width=max(100, Console().width))
+def yes_option(f: F) -> F:
+    return click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")(f)
 
 
 # --- the database ------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Options:
+    """What the group's options give every command."""
+
+    database_url: str | None = None
+
+
+def _options() -> Options:
+    ctx = click.get_current_context(silent=True)
+    found = ctx.find_object(Options) if ctx is not None else None
+    return found or Options()
+
+
+def _environment() -> Mapping[str, str]:
+    """The process environment, with ``--database-url`` in place of DATABASE_URL."""
+    url = _options().database_url
+    if url is None:
+        return os.environ
+    env = {k: v for k, v in os.environ.items() if k not in ("DB_SECRET_ARN", "DB_IAM_USER")}
+    env["DATABASE_URL"] = url
+    return env
+
+
 def _engine(autocommit: bool = False) -> sa.Engine:
-    from .config import DatabaseSettings
-    from .db import create_engine
+    from outbox.config import DatabaseSettings
+    from outbox.db import create_engine
 
     try:
-        settings = DatabaseSettings.from_env(os.environ)
+        settings = DatabaseSettings.from_env(_environment())
     except ConfigError as exc:
-        fail(str(exc))
-    return create_engine(settings, pool_size=4, autocommit=autocommit)
+        fail(str(exc), 2, "config")
+    try:
+        return create_engine(settings, pool_size=4, autocommit=autocommit)
+    except sa.exc.ArgumentError as exc:
+        fail(f"the database URL is not valid: {exc}", 2)
 
 
 @contextmanager
@@ -145,12 +208,16 @@ def database(*, autocommit: bool = False) -> Iterator[sa.Engine]:
     except sa.exc.DBAPIError as exc:
         message = _db_message(exc)
         if "outbox_message" in message and "does not exist" in message:
-            fail("the outbox tables do not exist yet: run `outbox migrate` first")
+            fail(
+                "the outbox tables do not exist yet: run `outbox migrate` first",
+                1,
+                "schema_missing",
+            )
         if isinstance(exc, sa.exc.InterfaceError) or (
             exc.connection_invalidated and not _server_reported(exc)
         ):
-            fail(f"cannot reach the database: {message}")
-        fail(f"database error: {message}")
+            fail(f"cannot reach the database: {message}", 1, "database_unavailable")
+        fail(f"database error: {message}", 1, "database")
     finally:
         engine.dispose()
 
@@ -170,17 +237,13 @@ def _db_message(exc: sa.exc.DBAPIError) -> str:
     return (str(exc.orig) or type(exc.orig).__name__).splitlines()[0]
 
 
-def _row_dict(row: sa.Row[Any]) -> dict[str, Any]:
-    return dict(row._mapping)
-
-
 def _split(values: Sequence[str]) -> list[str]:
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
 
-def _channels(values: Sequence[str]) -> list[str] | None:
-    """Channel filters, each one the relay knows (checked before any query)."""
-    from . import channels as registry
+def _registered_channels(values: Sequence[str]) -> list[str] | None:
+    """Channels this process can send (the worker's filter): registered ones only."""
+    from outbox import channels as registry
 
     wanted = _split(values)
     unknown = sorted(set(wanted) - set(registry.names()))
@@ -189,8 +252,41 @@ def _channels(values: Sequence[str]) -> list[str] | None:
     return wanted or None
 
 
+def _channels(conn: sa.Connection, values: Sequence[str]) -> list[str] | None:
+    """Channel filters: a channel the relay has registered, or any channel
+    with messages in the database (a custom one this process does not load).
+    A name that is neither is most likely a typo: refused, naming the known ones."""
+    from outbox import channels as registry
+    from outbox import store
+
+    wanted = _split(values)
+    try:
+        unregistered = sorted(set(wanted) - set(registry.names()))
+        unknown = sorted(set(unregistered) - store.channels_with_rows(conn, unregistered))
+    except ValueError as exc:
+        fail(str(exc), 2)
+    if unknown:
+        fail(
+            f"unknown channel {unknown[0]!r}: not registered and no messages; "
+            f"known: {', '.join(registry.names())}",
+            2,
+        )
+    return wanted or None
+
+
+def _statuses(values: Sequence[str], allowed: Sequence[str], verb: str) -> list[str]:
+    wanted = _split(values)
+    bad = sorted(set(wanted) - set(allowed))
+    if bad:
+        from outbox.store import STATUSES
+
+        problem = "cannot " + verb if bad[0] in STATUSES else "unknown"
+        fail(f"{problem} status {bad[0]!r}; choose from {', '.join(allowed)}", 2)
+    return wanted
+
+
 def _check_ids(ids: Sequence[int]) -> list[int]:
-    from .handoff import MAX_MESSAGE_ID
+    from outbox.handoff import MAX_MESSAGE_ID
 
     bad = [i for i in ids if not 1 <= i <= MAX_MESSAGE_ID]
     if bad:
@@ -198,26 +294,52 @@ def _check_ids(ids: Sequence[int]) -> list[int]:
     return sorted(set(ids))
 
 
+def _stdin_is_a_terminal() -> bool:
+    return sys.stdin.isatty()
+
+
+def confirm(question: str, yes: bool) -> None:
+    """Go on only when the operator agrees: ``--yes``, or "y" at the prompt.
+    Without a terminal to ask on, refuse rather than guess."""
+    if yes:
+        return
+    if not _stdin_is_a_terminal():
+        fail(
+            f"{question}: refusing without --yes (no terminal to confirm on); "
+            "--dry-run shows what would change",
+            2,
+            "confirmation_required",
+        )
+    if not click.confirm(f"{question}?", default=False, err=True):
+        fail("not confirmed: nothing changed", 1, "aborted")
+
+
 # --- the commands --------------------------------------------------------------
 
 
 @click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
-def cli() -> None:
-    """Operate the outbox relay (the database is DATABASE_URL)."""
+@click.version_option(outbox.__version__, "--version", "-V", prog_name="outbox")
+@click.option(
+    "--database-url",
+    default=None,
+    metavar="URL",
+    help="postgresql://user:password@host:port/db (default: DATABASE_URL).",
+)
+@click.pass_context
+def cli(ctx: click.Context, database_url: str | None) -> None:
+    """Operate the outbox relay (the database is --database-url or DATABASE_URL)."""
+    ctx.obj = Options(database_url=database_url or None)
 
 
 @cli.command()
 @json_option
 def migrate(as_json: bool) -> None:
     """Bring the outbox schema to the latest revision."""
-    from . import migrate as migrations
+    from outbox import migrate as migrations
 
     with database() as engine:
         revision = migrations.upgrade(engine)
-    if as_json:
-        emit_json({"revision": revision})
-    else:
-        click.echo(f"schema at revision {revision}")
+    render_revision(revision, as_json)
 
 
 def _parse_json(text: str, what: str) -> Any:
@@ -278,8 +400,6 @@ def enqueue(
     as_json: bool,
 ) -> None:
     """Enqueue one message (validated like outbox.enqueue); prints its id."""
-    import outbox
-
     body = _read_payload(payload)
     with database() as engine:
         try:
@@ -299,11 +419,7 @@ def enqueue(
                 )
         except ValidationError as exc:  # DedupeConflict too: nothing was written
             fail(str(exc), 2)
-    if as_json:
-        # created false: a replay of its dedupe key, the existing message's id
-        emit_json({"id": message_id, "channel": channel, "created": created})
-    else:
-        click.echo(message_id)
+    render_enqueued(message_id, channel, created, as_json)
 
 
 @cli.command()
@@ -311,105 +427,53 @@ def enqueue(
 def status(as_json: bool) -> None:
     """Messages per channel and status, oldest due age, claims past their lease,
     and pending messages held behind a failed row of their ordering key."""
-    from . import store
+    from outbox import store
 
     with database() as engine, engine.connect() as conn:
         groups = store.channel_status_counts(conn)
         backlog = store.backlog(conn)
-    if as_json:
-        emit_json(
-            {
-                "channels": [
-                    {
-                        "channel": g.channel,
-                        "status": g.status,
-                        "count": g.count,
-                        "oldest_due_age_seconds": round(g.oldest_due_age_seconds, 3),
-                        "expired_claims": g.expired_claims,
-                    }
-                    for g in groups
-                ],
-                "pending": backlog.pending,
-                "due": backlog.due,
-                "oldest_due_age_seconds": round(backlog.oldest_due_age_seconds, 3),
-                "claimed": backlog.claimed,
-                "expired_claims": backlog.expired_claims,
-                "dead": backlog.dead,
-                "held": backlog.held,
-            }
-        )
-        return
-    print_status_table(groups)
-    click.echo(
-        f"pending {backlog.pending} (due {backlog.due}, oldest due "
-        f"{backlog.oldest_due_age_seconds:.1f}s), claimed {backlog.claimed} "
-        f"({backlog.expired_claims} past their lease), dead {backlog.dead}"
-    )
-    if backlog.held:
-        click.echo(
-            f"held {backlog.held}: pending behind a failed, dead or expired message of their "
-            "ordering key; redrive or cancel that message to let them go"
-        )
-
-
-def print_status_table(groups: Sequence[Any], title: str = "messages") -> None:
-    from rich.table import Table
-
-    from .store import STATUSES
-
-    counts: dict[str, dict[str, int]] = {}
-    for g in groups:
-        counts.setdefault(g.channel, {})[g.status] = g.count
-    shown = [s for s in STATUSES if any(s in c for c in counts.values())] or ["pending"]
-    table = Table(title=title)
-    table.add_column("channel")
-    for s in shown:
-        table.add_column(s, justify="right")
-    table.add_column("total", justify="right")
-    for channel, by_status in sorted(counts.items()):
-        table.add_row(
-            channel, *(str(by_status.get(s, 0)) for s in shown), str(sum(by_status.values()))
-        )
-    console().print(table)
-
-
-_LIST_COLUMNS = ("id", "channel", "status", "attempts", "priority", "created_at", "last_error")
+    render_status(groups, backlog, store.STATUSES, as_json)
 
 
 @cli.command("list")
 @click.option("--status", "statuses", multiple=True, help="Filter by status (repeat or a,b).")
 @click.option("--channel", "channels_", multiple=True, help="Filter by channel (repeat or a,b).")
+@click.option("--dedupe-key", default=None, help="Only the messages with this dedupe key.")
+@click.option("--ordering-key", default=None, help="Only the messages with this ordering key.")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option(
+    "--after",
+    "after_id",
+    type=click.IntRange(1),
+    default=None,
+    metavar="ID",
+    help="Continue a listing after this id (the next_after of the previous page).",
+)
 @json_option
-def list_(statuses: tuple[str, ...], channels_: tuple[str, ...], limit: int, as_json: bool) -> None:
-    """The newest messages, optionally filtered."""
-    from rich.table import Table
+def list_(
+    statuses: tuple[str, ...],
+    channels_: tuple[str, ...],
+    dedupe_key: str | None,
+    ordering_key: str | None,
+    limit: int,
+    after_id: int | None,
+    as_json: bool,
+) -> None:
+    """Messages, newest first, optionally filtered; a page at a time."""
+    from outbox import store
 
-    from . import store
-
-    wanted = _split(statuses)
-    bad = sorted(set(wanted) - set(store.STATUSES))
-    if bad:
-        fail(f"unknown status {bad[0]!r}; choose from {', '.join(store.STATUSES)}", 2)
+    wanted = _statuses(statuses, store.STATUSES, "list")
     with database() as engine, engine.connect() as conn:
-        rows = store.list_messages(conn, wanted or None, _channels(channels_), limit)
-    if as_json:
-        emit_json([_row_dict(r) for r in rows])
-        return
-    table = Table()
-    for column in _LIST_COLUMNS:
-        table.add_column(column, overflow="fold")
-    for r in rows:
-        table.add_row(
-            str(r.id),
-            r.channel,
-            r.status,
-            str(r.attempts),
-            str(r.priority),
-            r.created_at.isoformat(timespec="seconds"),
-            r.last_error or "",
+        rows = store.list_messages(
+            conn,
+            wanted or None,
+            _channels(conn, channels_),
+            limit,
+            dedupe_key=dedupe_key,
+            ordering_key=ordering_key,
+            after_id=after_id,
         )
-    console().print(table)
+    render_messages(rows, rows[-1].id if len(rows) == limit else None, as_json)
 
 
 @cli.command()
@@ -417,26 +481,23 @@ def list_(statuses: tuple[str, ...], channels_: tuple[str, ...], limit: int, as_
 @json_option
 def show(message_id: int, as_json: bool) -> None:
     """One message (payload included) and its attempt history."""
-    from . import store
+    from outbox import store
 
     _check_ids([message_id])
     with database() as engine, engine.connect() as conn:
         row = store.get_message(conn, message_id)
         history = store.attempt_history(conn, message_id) if row else []
     if row is None:
-        fail(f"no message with id {message_id}")
-    message = _row_dict(row)
+        fail(f"no message with id {message_id}", 1, "not_found")
+    message = dict(row._mapping)
     message["payload"] = _stored_payload(message["payload"])
-    if as_json:
-        emit_json({"message": message, "attempts": [_row_dict(a) for a in history]})
-        return
-    print_message(message, [_row_dict(a) for a in history])
+    render_message(message, [dict(a._mapping) for a in history], as_json)
 
 
 def _stored_payload(text: str) -> Any:
     """The payload decoded, or, when it is beyond the payload limits (a row
     written past the producer), its stored JSON text as it is."""
-    from .payloads import decode
+    from outbox.payloads import decode
 
     try:
         return decode(text)
@@ -444,49 +505,50 @@ def _stored_payload(text: str) -> Any:
         return text
 
 
-def print_message(message: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> None:
-    from rich.table import Table
-
-    out = console()
-    fields = Table(show_header=False, title=f"message {message['id']}")
-    fields.add_column(style="bold")
-    fields.add_column(overflow="fold")
-    for key, value in message.items():
-        if value is None:
-            continue
-        if key == "payload":
-            shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        else:
-            shown = _jsonable(value)
-        fields.add_row(key, str(shown))
-    out.print(fields)
-    attempts = Table(title="attempts")
-    for column in ("attempt", "outcome", "error", "provider_message_id", "finished_at", "ms"):
-        attempts.add_column(column, overflow="fold")
-    for a in history:
-        attempts.add_row(
-            str(a["attempt"]),
-            a["outcome"],
-            a["error"] or "",
-            a["provider_message_id"] or "",
-            a["finished_at"].isoformat(timespec="seconds"),
-            "" if a["duration_ms"] is None else str(a["duration_ms"]),
-        )
-    out.print(attempts)
-
-
 def _locked_ids(conn: sa.Connection, ids: list[int], allowed: Sequence[str], verb: str) -> None:
     """Every id must exist and be in an allowed state, or nothing changes."""
-    from . import store
+    from outbox import store
 
     found = store.statuses_of(conn, ids)
     missing = [i for i in ids if i not in found]
     if missing:
-        fail(f"unknown message id(s): {', '.join(map(str, missing))}")
+        fail(f"unknown message id(s): {', '.join(map(str, missing))}", 1, "not_found")
     wrong = {i: s for i, s in found.items() if s not in allowed}
     if wrong:
         listed = ", ".join(f"{i} is {s}" for i, s in sorted(wrong.items()))
-        fail(f"cannot {verb} ({listed}); only {' or '.join(allowed)} messages can be")
+        fail(
+            f"cannot {verb} ({listed}); only {' or '.join(allowed)} messages can be", 1, "conflict"
+        )
+
+
+def _change(
+    action: str,
+    ids: tuple[int, ...],
+    selected: Callable[[sa.Connection], list[int]] | None,
+    allowed: Sequence[str],
+    apply: Callable[[sa.Connection, list[int]], set[int]],
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Redrive or cancel: the given ids (all must qualify, or nothing changes),
+    or the ids a filter selects (shown and confirmed first). Changes exactly
+    those rows, each only if still in an allowed state."""
+    with database() as engine, engine.begin() as conn:
+        if ids:
+            chosen = _check_ids(ids)
+            _locked_ids(conn, chosen, allowed, action)
+        else:
+            assert selected is not None
+            chosen = selected(conn)
+            if chosen and not dry_run:
+                confirm(f"{action} {len(chosen)} message(s)", yes)
+        if dry_run:
+            conn.rollback()
+            render_change(action, len(chosen), chosen, True, as_json)
+            return
+        done = sorted(apply(conn, chosen))
+    render_change(action, len(done), done, False, as_json)
 
 
 @cli.command()
@@ -496,106 +558,123 @@ def _locked_ids(conn: sa.Connection, ids: list[int], allowed: Sequence[str], ver
 @click.option(
     "--since", type=Duration(), default=None, help="With --status: settled this recently."
 )
+@dry_run_option
+@yes_option
 @json_option
 def redrive(
     ids: tuple[int, ...],
     statuses: tuple[str, ...],
     channels_: tuple[str, ...],
     since: float | None,
+    dry_run: bool,
+    yes: bool,
     as_json: bool,
 ) -> None:
-    """Send dead, failed or expired messages again (attempts reset, history kept).
+    """Send dead, failed or expired messages again: a fresh set of attempts,
+    numbered on from the last one; the history stays.
 
-    Either IDS, or --status dead|failed|expired with optional --channel and --since.
+    Either IDS, or --status dead|failed|expired with optional --channel and
+    --since (asks first: --yes skips the question, --dry-run only shows).
     """
-    from . import store
+    from outbox import store
 
-    wanted = _split(statuses)
+    allowed = store.REDRIVABLE_STATUSES
+    wanted = _statuses(statuses, allowed, "redrive")
     if ids and (wanted or channels_ or since is not None):
         fail("give either message ids or --status/--channel/--since, not both", 2)
     if not ids and not wanted:
-        fail("give message ids, or --status dead (or failed, expired)", 2)
-    bad = sorted(set(wanted) - set(store.REDRIVABLE_STATUSES))
-    if bad:
-        fail(
-            f"cannot redrive status {bad[0]!r}; choose from {', '.join(store.REDRIVABLE_STATUSES)}",
-            2,
-        )
-    with database() as engine, engine.begin() as conn:
-        if ids:
-            wanted_ids = _check_ids(ids)
-            _locked_ids(conn, wanted_ids, store.REDRIVABLE_STATUSES, "redrive")
-            done = store.redrive(conn, wanted_ids)
-        else:
-            done = store.redrive_matching(conn, wanted, _channels(channels_), since)
-    _report("redriven", sorted(done), as_json)
+        fail(f"give message ids, or --status {' or '.join(allowed)}", 2)
+
+    def selected(conn: sa.Connection) -> list[int]:
+        return store.matching_ids(conn, wanted, _channels(conn, channels_), since)
+
+    _change("redrive", ids, selected, allowed, store.redrive, dry_run, yes, as_json)
 
 
 @cli.command()
-@click.argument("ids", nargs=-1, type=int, required=True)
+@click.argument("ids", nargs=-1, type=int)
+@click.option("--channel", "channels_", multiple=True, help="Cancel the pending messages of these.")
+@click.option("--ordering-key", default=None, help="Cancel the pending messages with this key.")
+@click.option("--dedupe-key", default=None, help="Cancel the pending messages with this key.")
 @click.option("--reason", default="cancelled by operator", show_default=True)
+@dry_run_option
+@yes_option
 @json_option
-def cancel(ids: tuple[int, ...], reason: str, as_json: bool) -> None:
-    """Cancel messages: pending ones, or failed, dead or expired ones holding
-    their ordering key (its later messages then go). All ids must qualify, or
-    nothing changes."""
-    from . import store
+def cancel(
+    ids: tuple[int, ...],
+    channels_: tuple[str, ...],
+    ordering_key: str | None,
+    dedupe_key: str | None,
+    reason: str,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Cancel messages.
 
-    wanted = _check_ids(ids)
-    with database() as engine, engine.begin() as conn:
-        _locked_ids(conn, wanted, store.CANCELLABLE_STATUSES, "cancel")
-        done = store.cancel(conn, wanted, reason)
-    _report("cancelled", sorted(done), as_json)
+    Either IDS: pending ones, or failed, dead or expired ones holding their
+    ordering key (its later messages then go); all must qualify, or nothing
+    changes. Or every pending message matching --channel, --ordering-key and
+    --dedupe-key (asks first: --yes skips the question, --dry-run only shows).
+    """
+    from outbox import store
 
+    filtered = bool(channels_ or ordering_key or dedupe_key)
+    if ids and filtered:
+        fail("give either message ids or --channel/--ordering-key/--dedupe-key, not both", 2)
+    if not ids and not filtered:
+        fail("give message IDS, or --channel, --ordering-key or --dedupe-key", 2)
 
-def _report(verb: str, ids: list[int], as_json: bool) -> None:
-    if as_json:
-        emit_json({verb: ids, "count": len(ids)})
-    else:
-        click.echo(
-            f"{verb} {len(ids)} message(s)" + (f": {', '.join(map(str, ids))}" if ids else "")
+    def selected(conn: sa.Connection) -> list[int]:
+        return store.matching_ids(
+            conn,
+            ["pending"],
+            _channels(conn, channels_),
+            ordering_key=ordering_key,
+            dedupe_key=dedupe_key,
         )
+
+    def apply(conn: sa.Connection, chosen: list[int]) -> set[int]:
+        return store.cancel(conn, chosen, reason)
+
+    allowed = store.CANCELLABLE_STATUSES
+    _change("cancel", ids, selected, allowed, apply, dry_run, yes, as_json)
 
 
 @cli.command()
 @click.option("--older-than", type=Duration(), required=True, help="e.g. 7d: settled before then.")
 @click.option("--status", "statuses", multiple=True, help="Only these terminal statuses.")
+@dry_run_option
+@yes_option
 @json_option
-def prune(older_than: float, statuses: tuple[str, ...], as_json: bool) -> None:
+def prune(
+    older_than: float, statuses: tuple[str, ...], dry_run: bool, yes: bool, as_json: bool
+) -> None:
     """Delete terminal messages settled before the window.
 
     Their attempt history stays for `outbox history` (the reaper prunes it
-    after ATTEMPT_RETENTION_DAYS), and so do their dedupe keys (DEDUPE_WINDOW_DAYS)."""
-    from . import store
+    after ATTEMPT_RETENTION_DAYS), and so do their dedupe keys (DEDUPE_WINDOW_DAYS).
 
-    wanted = _split(statuses) or list(store.TERMINAL_STATUSES)
-    bad = sorted(set(wanted) - set(store.TERMINAL_STATUSES))
-    if bad:
-        fail(f"cannot prune status {bad[0]!r}; choose from {', '.join(store.TERMINAL_STATUSES)}", 2)
+    Counts them and asks first: --yes skips the question, --dry-run only counts."""
+    from outbox import store
+
+    wanted = _statuses(statuses, store.TERMINAL_STATUSES, "prune") or list(store.TERMINAL_STATUSES)
     total = 0
     with database() as engine:
+        with engine.connect() as conn:
+            cutoff = store.prune_cutoff(conn, older_than)
+            count = store.count_prunable(conn, cutoff, wanted)
+        if dry_run or count == 0:
+            render_change("prune", count, None, dry_run, as_json)
+            return
+        confirm(f"delete {count} message(s) settled before {cutoff:%Y-%m-%d %H:%M:%S %Z}", yes)
         while True:
             with engine.begin() as conn:
-                deleted = store.prune(conn, older_than, PRUNE_BATCH, wanted)
+                deleted = store.prune_settled_before(conn, cutoff, PRUNE_BATCH, wanted)
             total += deleted
             if deleted < PRUNE_BATCH:
                 break
-    if as_json:
-        emit_json({"pruned": total})
-    else:
-        click.echo(f"pruned {total} message(s)")
-
-
-_HISTORY_COLUMNS = (
-    "finished_at",
-    "channel",
-    "message_id",
-    "attempt",
-    "outcome",
-    "error",
-    "provider_message_id",
-    "message_status",
-)
+    render_change("prune", total, None, False, as_json)
 
 
 @cli.command()
@@ -614,34 +693,15 @@ def history(recipient: str, channels_: tuple[str, ...], limit: int, as_json: boo
     as at enqueue, and matched against the attempt history (kept for
     ATTEMPT_RETENTION_DAYS, after the messages themselves are pruned). The
     address is never stored, logged or printed."""
-    from rich.table import Table
-
-    from . import channels as registry
-    from . import store
+    from outbox import channels as registry
+    from outbox import store
 
     if not recipient.strip():
         fail("--recipient must not be empty", 2)
-    wanted = _channels(channels_) or registry.names()
     with database() as engine, engine.connect() as conn:
+        wanted = _channels(conn, channels_) or registry.names()
         rows = store.recipient_history(conn, recipient, wanted, limit)
-    if as_json:
-        emit_json([_row_dict(r) for r in rows])
-        return
-    table = Table(title=f"attempts, newest first ({len(rows)})")
-    for column in _HISTORY_COLUMNS:
-        table.add_column(column, overflow="fold")
-    for r in rows:
-        table.add_row(
-            r.finished_at.isoformat(timespec="seconds"),
-            r.channel,
-            str(r.message_id),
-            str(r.attempt),
-            r.outcome,
-            r.error or "",
-            r.provider_message_id or "",
-            r.message_status or "(pruned)",
-        )
-    console().print(table)
+    render_history(rows, as_json)
 
 
 # --- worker --------------------------------------------------------------------
@@ -669,17 +729,17 @@ def worker(
     """
     import dataclasses
 
-    from .config import OutcomeEventSettings, RelaySettings
-    from .worker import Worker
+    from outbox.config import OutcomeEventSettings, RelaySettings
+    from outbox.worker import Worker
 
     try:
         settings = RelaySettings.from_env(os.environ)
         outcome_events = OutcomeEventSettings.from_env(os.environ)
     except ConfigError as exc:
-        fail(str(exc), 2)
+        fail(str(exc), 2, "config")
     if batch_size is not None:
         settings = dataclasses.replace(settings, batch_size=batch_size)
-    wanted = _channels([channels_]) if channels_ else None
+    wanted = _registered_channels([channels_]) if channels_ else None
 
     stop = threading.Event()
 
@@ -702,15 +762,7 @@ def worker(
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    summary = dataclasses.asdict(report)
-    if as_json:
-        emit_json(summary)
-    else:
-        statuses = ", ".join(f"{k} {v}" for k, v in sorted(report.statuses.items())) or "none"
-        click.echo(
-            f"worker stopped: {report.batches} batch(es), claimed {report.claimed}, "
-            f"released {report.released}, reaped {report.reaped}; settled: {statuses}"
-        )
+    render_worker_report(dataclasses.asdict(report), as_json)
 
 
 # --- invoke --------------------------------------------------------------------
@@ -805,7 +857,8 @@ def invoke_(
         fail(str(exc))
     if outcome.error is not None:
         click.echo(outcome.traceback or "", err=True, nl=False)
-        click.echo(json.dumps(outcome.error))
+        if not as_json:  # under --json the error object below is the one document
+            click.echo(json.dumps(outcome.error))
         error_type = outcome.error["errorType"]
         message = " ".join((outcome.summary or outcome.error["errorMessage"]).split())
         if outcome.phase == "init":

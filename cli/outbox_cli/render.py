@@ -1,0 +1,284 @@
+"""How the commands' results look: rich tables for people, JSON for programs.
+
+The JSON convention (every command's ``--json``):
+
+* one JSON object on stdout, nothing else there;
+* snake_case keys; ids are integers; times are ISO 8601 with their UTC offset;
+  durations are numbers of seconds in keys ending ``_seconds``;
+* a listing is ``{"<things>": [...], ...}`` (never a bare array), with
+  ``next_after`` when there may be more;
+* a change is ``{"action": "redrive", "dry_run": false, "count": 2, "ids": [...]}``;
+* an error is ``{"error": {"kind": "not_found", "message": "..."}}`` with the
+  same exit code as without ``--json`` (2 for bad arguments, 1 otherwise).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import click
+
+TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+TIME_COLUMNS = ("due", "created", "finished")
+
+
+def jsonable(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def emit_json(value: Any) -> None:
+    click.echo(json.dumps(jsonable(value), indent=2, ensure_ascii=False))
+
+
+def console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False, width=max(100, Console().width))
+
+
+def when(value: dt.datetime | None) -> str:
+    """A time in a table: UTC, to the second, one unbreakable cell."""
+    if value is None:
+        return ""
+    return value.astimezone(dt.UTC).strftime(TIME_FORMAT)
+
+
+def _table(*columns: str, title: str | None = None, wide: Sequence[str] = ()) -> Any:
+    """A table whose cells never wrap, except the ``wide`` (free text) columns,
+    which fold into what width is left; ids, statuses and times stay whole on
+    one line (a time column is never narrower than a time)."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in columns:
+        if column in wide:
+            table.add_column(column, overflow="fold", ratio=1, min_width=8)
+        else:
+            width = len(TIME_FORMAT.replace("%Y", "2026")) if column in TIME_COLUMNS else None
+            table.add_column(column, no_wrap=True, min_width=width)
+    return table
+
+
+def render_error(kind: str, message: str, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"error": {"kind": kind, "message": message}}, ensure_ascii=False))
+    else:
+        click.echo(f"Error: {message}", err=True)
+
+
+def render_revision(revision: str | None, as_json: bool) -> None:
+    if as_json:
+        emit_json({"revision": revision})
+    else:
+        click.echo(f"schema at revision {revision}")
+
+
+def render_enqueued(message_id: int, channel: str, created: bool, as_json: bool) -> None:
+    if as_json:
+        # created false: a replay of its dedupe key, the existing message's id
+        emit_json({"id": message_id, "channel": channel, "created": created})
+    else:
+        click.echo(message_id)
+
+
+def render_status(
+    groups: Sequence[Any], backlog: Any, statuses: Sequence[str], as_json: bool
+) -> None:
+    if as_json:
+        emit_json(
+            {
+                "channels": [
+                    {
+                        "channel": g.channel,
+                        "status": g.status,
+                        "count": g.count,
+                        "oldest_due_age_seconds": round(g.oldest_due_age_seconds, 3),
+                        "expired_claims": g.expired_claims,
+                    }
+                    for g in groups
+                ],
+                "pending": backlog.pending,
+                "due": backlog.due,
+                "oldest_due_age_seconds": round(backlog.oldest_due_age_seconds, 3),
+                "claimed": backlog.claimed,
+                "expired_claims": backlog.expired_claims,
+                "dead": backlog.dead,
+                "held": backlog.held,
+            }
+        )
+        return
+    render_status_table(groups, statuses)
+    click.echo(
+        f"pending {backlog.pending} (due {backlog.due}, oldest due "
+        f"{backlog.oldest_due_age_seconds:.1f}s), claimed {backlog.claimed} "
+        f"({backlog.expired_claims} past their lease), dead {backlog.dead}"
+    )
+    if backlog.held:
+        click.echo(
+            f"held {backlog.held}: pending behind a failed, dead or expired message of their "
+            "ordering key; redrive or cancel that message to let them go"
+        )
+
+
+def render_status_table(
+    groups: Sequence[Any], statuses: Sequence[str], title: str = "messages"
+) -> None:
+    """Messages per channel (rows) and status (columns)."""
+    counts: dict[str, dict[str, int]] = {}
+    for g in groups:
+        counts.setdefault(g.channel, {})[g.status] = g.count
+    shown = [s for s in statuses if any(s in c for c in counts.values())] or ["pending"]
+    table = _table("channel", *shown, "total", title=title)
+    for channel, by_status in sorted(counts.items()):
+        table.add_row(
+            channel, *(str(by_status.get(s, 0)) for s in shown), str(sum(by_status.values()))
+        )
+    console().print(table)
+
+
+def render_messages(rows: Sequence[Any], next_after: int | None, as_json: bool) -> None:
+    """A page of ``outbox list``; ``next_after`` continues it."""
+    if as_json:
+        emit_json({"messages": [dict(r._mapping) for r in rows], "next_after": next_after})
+        return
+    table = _table(
+        "id",
+        "channel",
+        "status",
+        "attempts",
+        "due",
+        "created",
+        "ordering_key",
+        "last_error",
+        wide=("ordering_key", "last_error"),
+    )
+    for r in rows:
+        table.add_row(
+            str(r.id),
+            r.channel,
+            r.status,
+            str(r.attempts),
+            when(r.available_at) if r.status == "pending" else "",
+            when(r.created_at),
+            r.ordering_key or "",
+            r.last_error or "",
+        )
+    console().print(table)
+    if next_after is not None:
+        click.echo(f"more: the same command with --after {next_after}")
+
+
+def render_message(
+    message: Mapping[str, Any], history: Sequence[Mapping[str, Any]], as_json: bool
+) -> None:
+    """``outbox show``: one message, payload included, and its attempts."""
+    if as_json:
+        emit_json({"message": dict(message), "attempts": [dict(a) for a in history]})
+        return
+    out = console()
+    fields = _table("field", "value", title=f"message {message['id']}", wide=("value",))
+    fields.show_header = False
+    for key, value in message.items():
+        if value is None:
+            continue
+        if key == "payload":  # decoded, or the stored text of one beyond the limits
+            shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        elif isinstance(value, dt.datetime):
+            shown = when(value)
+        else:
+            shown = str(jsonable(value))
+        fields.add_row(key, shown)
+    out.print(fields)
+    attempts = _table(
+        "attempt",
+        "outcome",
+        "error",
+        "provider_message_id",
+        "finished",
+        "ms",
+        title="attempts",
+        wide=("error", "provider_message_id"),
+    )
+    for a in history:
+        attempts.add_row(
+            str(a["attempt"]),
+            a["outcome"],
+            a["error"] or "",
+            a["provider_message_id"] or "",
+            when(a["finished_at"]),
+            "" if a["duration_ms"] is None else str(a["duration_ms"]),
+        )
+    out.print(attempts)
+
+
+def render_history(rows: Sequence[Any], as_json: bool) -> None:
+    """``outbox history``: the attempts that went to one recipient, newest first."""
+    if as_json:
+        emit_json({"attempts": [dict(r._mapping) for r in rows]})
+        return
+    table = _table(
+        "finished",
+        "channel",
+        "message_id",
+        "attempt",
+        "outcome",
+        "error",
+        "provider_message_id",
+        "message_status",
+        title=f"attempts, newest first ({len(rows)})",
+        wide=("error", "provider_message_id"),
+    )
+    for r in rows:
+        table.add_row(
+            when(r.finished_at),
+            r.channel,
+            str(r.message_id),
+            str(r.attempt),
+            r.outcome,
+            r.error or "",
+            r.provider_message_id or "",
+            r.message_status or "(pruned)",
+        )
+    console().print(table)
+
+
+_PAST = {"redrive": "redriven", "cancel": "cancelled", "prune": "pruned"}
+
+
+def render_change(
+    action: str, count: int, ids: Sequence[int] | None, dry_run: bool, as_json: bool
+) -> None:
+    """What a redrive, cancel or prune changed (or, with --dry-run, would change)."""
+    if as_json:
+        result: dict[str, Any] = {"action": action, "dry_run": dry_run, "count": count}
+        if ids is not None:
+            result["ids"] = list(ids)
+        emit_json(result)
+        return
+    verb = f"would {action}" if dry_run else _PAST[action]
+    listed = f": {', '.join(map(str, ids))}" if ids else ""
+    click.echo(f"{verb} {count} message(s){listed}")
+
+
+def render_worker_report(report: Mapping[str, Any], as_json: bool) -> None:
+    if as_json:
+        emit_json(report)
+        return
+    statuses = ", ".join(f"{k} {v}" for k, v in sorted(report["statuses"].items())) or "none"
+    click.echo(
+        f"worker stopped: {report['batches']} batch(es), claimed {report['claimed']}, "
+        f"released {report['released']}, reaped {report['reaped']}; settled: {statuses}"
+    )

@@ -1,0 +1,159 @@
+"""The distribution as a producer gets it: the wheel is built from this checkout,
+installed bare into a fresh venv with SQLAlchemy and a driver only, and enqueues
+into the real Postgres. Offline: the dependencies come from the wheels that
+`make venv` keeps in .venv/wheelhouse."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import outbox
+
+ROOT = Path(__file__).resolve().parents[2]
+WHEELHOUSE = Path(sys.prefix) / "wheelhouse"
+
+PRODUCER = """
+import json, sys
+import sqlalchemy as sa
+import outbox
+
+engine = sa.create_engine(sys.argv[1])
+with engine.begin() as conn:
+    ids = [
+        outbox.enqueue(conn, "email", {"from": "shop@example.com", "to": ["ada@example.net"],
+                                       "subject": "Shipped", "text": "On its way."},
+                       dedupe_key="wheel-1"),
+        outbox.enqueue(conn, "webhook", {"url": "https://hooks.example.com/a",
+                                         "event_type": "order.shipped", "body": {"id": 1}}),
+    ]
+try:
+    with engine.begin() as conn:
+        outbox.enqueue(conn, "email", {"to": "not-a-list"})
+    refused = None
+except outbox.ValidationError as exc:
+    refused = exc.field
+heavy = {"aws_lambda_powertools", "boto3", "botocore", "alembic", "click", "rich", "outbox_cli"}
+print(json.dumps({
+    "ids": ids,
+    "refused": refused,
+    "version": outbox.__version__,
+    "loaded": sorted(m for m in sys.modules if m.split(".")[0] in heavy),
+}))
+"""
+
+
+def run(*args: str | Path, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(a) for a in args], capture_output=True, text=True, timeout=240, **kwargs
+    )  # type: ignore[call-overload]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not any(WHEELHOUSE.glob("click-*.whl")):
+        pytest.fail(f"no dependency wheels in {WHEELHOUSE}: run `make venv`")
+    dist = tmp_path_factory.mktemp("dist")
+    built = run(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", dist, ROOT)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    (found,) = dist.glob("outbox_relay-*.whl")
+    return found
+
+
+def fresh_venv(where: Path, *requirements: str | Path) -> Path:
+    """A new venv with only ``requirements`` installed, from the wheelhouse."""
+    assert run(sys.executable, "-m", "venv", "--without-pip", where).returncode == 0
+    python = where / "bin" / "python"
+    installed = run(
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        python,
+        "install",
+        "-q",
+        "--no-index",
+        "--find-links",
+        WHEELHOUSE,
+        *requirements,
+    )
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    return python
+
+
+@pytest.fixture(scope="module")
+def producer_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fresh_venv(tmp_path_factory.mktemp("producer") / "venv", wheel, "pg8000")
+
+
+def test_the_wheel_installs_bare_and_enqueues(
+    producer_venv: Path, engine: sa.Engine, database_url: str
+) -> None:
+    listed = run(sys.executable, "-m", "pip", "--python", producer_venv, "list", "--format=json")
+    names = {p["name"].lower().replace("_", "-") for p in json.loads(listed.stdout)}
+    assert {"outbox-relay", "sqlalchemy", "fastjsonschema", "pg8000"} <= names
+    assert not names & {"click", "rich", "alembic", "aws-lambda-powertools", "boto3", "botocore"}
+
+    url = sa.engine.make_url(database_url).set(drivername="postgresql+pg8000")
+    out = run(producer_venv, "-c", PRODUCER, url.render_as_string(hide_password=False))
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["refused"] == "payload"
+    assert result["version"] == outbox.__version__
+    assert result["loaded"] == []
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT id, channel, status FROM outbox_message ORDER BY id")
+        ).all()
+    assert [tuple(r) for r in rows] == [
+        (result["ids"][0], "email", "pending"),
+        (result["ids"][1], "webhook", "pending"),
+    ]
+
+
+def test_the_command_without_its_extra_says_what_to_install(producer_venv: Path) -> None:
+    out = run(producer_venv.parent / "outbox", "--version")
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        "Error: the outbox command needs click: pip install 'outbox-relay[cli]'"
+    )
+
+
+def test_the_cli_extra_is_enough_for_the_operator_commands(
+    wheel: Path, tmp_path: Path, engine: sa.Engine, database_url: str
+) -> None:
+    """`pip install 'outbox-relay[cli]'`: the operator commands run, and the
+    Lambda runtime's libraries are still absent."""
+    python = fresh_venv(tmp_path / "venv", f"{wheel}[cli]")
+    listed = run(sys.executable, "-m", "pip", "--python", python, "list", "--format=json")
+    names = {p["name"].lower().replace("_", "-") for p in json.loads(listed.stdout)}
+    assert {"click", "rich", "alembic", "pg8000"} <= names
+    assert not names & {"aws-lambda-powertools", "boto3", "botocore"}
+    outbox_command = python.parent / "outbox"
+    assert (
+        run(outbox_command, "--version").stdout.strip() == f"outbox, version {outbox.__version__}"
+    )
+    url = sa.engine.make_url(database_url).render_as_string(hide_password=False)
+    migrated = run(outbox_command, "--database-url", url, "migrate", "--json")
+    assert migrated.returncode == 0, migrated.stderr
+    enqueued = run(
+        outbox_command,
+        "--database-url",
+        url,
+        "enqueue",
+        "--channel",
+        "sqs",
+        "--payload",
+        json.dumps(
+            {"queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/q", "body": "x"}
+        ),
+        "--json",
+    )
+    assert enqueued.returncode == 0, enqueued.stderr
+    status = run(outbox_command, "--database-url", url, "status", "--json")
+    assert json.loads(status.stdout)["pending"] == 1
