@@ -118,7 +118,11 @@ def migrated_engine(database_url: str) -> Iterator[sa.Engine]:
 def engine(migrated_engine: sa.Engine) -> sa.Engine:
     """The migrated engine over empty tables."""
     with migrated_engine.begin() as conn:
-        conn.execute(sa.text("TRUNCATE outbox_attempt, outbox_message RESTART IDENTITY"))
+        conn.execute(
+            sa.text(
+                "TRUNCATE outbox_attempt, outbox_message, outbox_channel_pause RESTART IDENTITY"
+            )
+        )
     return migrated_engine
 
 

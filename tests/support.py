@@ -157,3 +157,14 @@ def make_ca(
     local.cert_file.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
     cert.private_key_pem.write_to_path(str(local.key_file))
     return local
+
+
+def head_revision() -> str:
+    """The newest schema revision in the migrations (what `upgrade` reaches)."""
+    from alembic.script import ScriptDirectory
+
+    from outbox import migrate
+
+    head = ScriptDirectory(str(migrate._MIGRATIONS)).get_current_head()
+    assert head
+    return head

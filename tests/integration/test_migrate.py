@@ -17,7 +17,7 @@ from outbox import migrate
 from outbox.config import DatabaseSettings
 from outbox.db import create_engine
 from outbox.runtime import migrate as migrate_handler
-from support import LambdaContext, make_ca
+from support import LambdaContext, head_revision, make_ca
 
 
 @pytest.fixture
@@ -46,8 +46,8 @@ def tables(engine: sa.Engine) -> set[str]:
 
 def test_upgrade_creates_the_schema_and_is_idempotent(fresh_database: sa.Engine) -> None:
     assert migrate.current(fresh_database) is None
-    assert migrate.upgrade(fresh_database) == "0001"
-    assert migrate.upgrade(fresh_database) == "0001"
+    assert migrate.upgrade(fresh_database) == head_revision()
+    assert migrate.upgrade(fresh_database) == head_revision()
     assert {"outbox_message", "outbox_attempt"} <= tables(fresh_database)
     migrate.downgrade(fresh_database, "base")
     assert not {"outbox_message", "outbox_attempt"} & tables(fresh_database)
@@ -98,9 +98,9 @@ def test_custom_resource_create_migrates_and_answers_success(
     result = migrate_handler(
         custom_resource_event(url, "Create"), LambdaContext(), lambda: fresh_database
     )
-    assert result == {"status": "SUCCESS", "Revision": "0001"}
+    assert result == {"status": "SUCCESS", "Revision": head_revision()}
     (answer,) = response_url
-    assert answer["Status"] == "SUCCESS" and answer["Data"] == {"Revision": "0001"}
+    assert answer["Status"] == "SUCCESS" and answer["Data"] == {"Revision": head_revision()}
     assert (answer["RequestId"], answer["LogicalResourceId"]) == ("req-1", "OutboxSchema")
     assert answer["path"] == "/stack-response?sig=x"
     assert {"outbox_message", "outbox_attempt"} <= tables(fresh_database)
@@ -128,4 +128,6 @@ def test_custom_resource_reports_a_failed_migration(response_url: list[dict[str,
 
 
 def test_plain_invoke_returns_the_revision(fresh_database: sa.Engine) -> None:
-    assert migrate_handler({}, LambdaContext(), lambda: fresh_database) == {"revision": "0001"}
+    assert migrate_handler({}, LambdaContext(), lambda: fresh_database) == {
+        "revision": head_revision()
+    }

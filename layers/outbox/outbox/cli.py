@@ -1,6 +1,7 @@
 """The ``outbox`` command: operate the relay against ``DATABASE_URL``.
 
     outbox migrate | enqueue | status | list | show | redrive | cancel | prune
+    outbox pause CHANNEL | resume CHANNEL
     outbox worker            the relay in one process (dispatcher, senders, reaper)
     outbox invoke FN EVENT   run a function of template.yaml in process (no Docker)
 
@@ -283,6 +284,7 @@ def status(as_json: bool) -> None:
     with database() as engine, engine.connect() as conn:
         groups = store.channel_status_counts(conn)
         backlog = store.backlog(conn)
+        paused = store.paused_channels(conn)
     if as_json:
         emit_json(
             {
@@ -302,10 +304,23 @@ def status(as_json: bool) -> None:
                 "claimed": backlog.claimed,
                 "expired_claims": backlog.expired_claims,
                 "dead": backlog.dead,
+                "paused_channels": [
+                    {"channel": p.channel, "reason": p.reason, "paused_at": p.paused_at}
+                    for p in paused
+                ],
             }
         )
         return
     print_status_table(groups)
+    for p in paused:
+        since = p.paused_at.isoformat(timespec="seconds")
+        click.echo(
+            f"channel {p.channel} is PAUSED since {since}"
+            + (f": {p.reason}" if p.reason else "")
+            + " (outbox resume "
+            + p.channel
+            + ")"
+        )
     click.echo(
         f"pending {backlog.pending} (due {backlog.due}, oldest due "
         f"{backlog.oldest_due_age_seconds:.1f}s), claimed {backlog.claimed} "
@@ -521,6 +536,63 @@ def prune(older_than: float, statuses: tuple[str, ...], as_json: bool) -> None:
         emit_json({"pruned": total})
     else:
         click.echo(f"pruned {total} message(s)")
+
+
+# --- pause and resume a channel ------------------------------------------------
+
+
+def _pausable_channel(conn: sa.Connection, channel: str) -> str:
+    """A channel the relay knows, or one with rows in the outbox; else exit 2."""
+    from . import channels as registry
+    from . import store
+
+    try:
+        store._check_channels([channel])
+    except ValueError as exc:
+        fail(str(exc), 2)
+    if channel not in registry.names() and not store.channel_has_rows(conn, channel):
+        fail(
+            f"unknown channel {channel!r}: not registered and no messages; "
+            f"known: {', '.join(registry.names())}",
+            2,
+        )
+    return channel
+
+
+@cli.command()
+@click.argument("channel")
+@click.option("--reason", default=None, help="Why, shown by `outbox status`.")
+@json_option
+def pause(channel: str, reason: str | None, as_json: bool) -> None:
+    """Stop claiming CHANNEL's messages: they stay pending, no attempt counted.
+
+    Claims taken before the pause finish normally. Undo with `outbox resume`."""
+    from . import store
+
+    with database() as engine, engine.begin() as conn:
+        newly = store.pause_channel(conn, _pausable_channel(conn, channel), reason)
+    if as_json:
+        emit_json({"channel": channel, "paused": True, "changed": newly})
+    else:
+        click.echo(f"channel {channel} {'paused' if newly else 'was already paused'}")
+
+
+@cli.command()
+@click.argument("channel")
+@json_option
+def resume(channel: str, as_json: bool) -> None:
+    """Claim CHANNEL's messages again."""
+    from . import store
+
+    with database() as engine, engine.begin() as conn:
+        try:
+            was_paused = store.resume_channel(conn, channel)
+        except ValueError as exc:
+            fail(str(exc), 2)
+    if as_json:
+        emit_json({"channel": channel, "paused": False, "changed": was_paused})
+    else:
+        click.echo(f"channel {channel} {'resumed' if was_paused else 'was not paused'}")
 
 
 # --- worker --------------------------------------------------------------------

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -61,7 +62,7 @@ def dispatch_once(
     report.claimed = len(claims)
     if not claims:
         return report
-    count("Claimed", len(claims))
+    count_by_channel("Claimed", claims)
 
     routable = [c for c in claims if invoker.can_route(c.channel)]
     unroutable = [c for c in claims if not invoker.can_route(c.channel)]
@@ -82,7 +83,7 @@ def dispatch_once(
                 backoff_of(settings),
             )
         report.unroutable = len(settled)
-        count("Failed", len(settled))
+        count_by_channel("Failed", [c for c in unroutable if c.id in settled])
         log.error(
             "claimed rows of unroutable channels failed",
             extra={
@@ -94,7 +95,8 @@ def dispatch_once(
     handoffs = chunk(routable, settings.handoff_chunk_size)
     failed = _hand_off_all(invoker, handoffs)
     report.handed_off = sum(len(h.claims) for h in handoffs) - sum(len(h.claims) for h in failed)
-    count("HandedOff", report.handed_off)
+    failed_ids = {c.id for h in failed for c in h.claims}
+    count_by_channel("HandedOff", [c for c in routable if c.id not in failed_ids])
     if failed:
         with engine.begin() as conn:
             released = store.release(
@@ -104,8 +106,13 @@ def dispatch_once(
                 delay_seconds=HANDOFF_RETRY_DELAY_SECONDS,
             )
         report.released = len(released)
-        count("HandOffFailed", len(released))
+        count_by_channel("HandOffFailed", [c for h in failed for c in h.claims if c.id in released])
     return report
+
+
+def count_by_channel(name: str, claims: Iterable[store.Claim]) -> None:
+    for channel, n in Counter(c.channel for c in claims).items():
+        count(name, n, channel=channel)
 
 
 def _hand_off_all(invoker: Invoker, handoffs: list[HandOff]) -> list[HandOff]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
@@ -30,6 +30,7 @@ class ReapReport:
     dead: int = 0
     pruned: int = 0
     backlog: store.Backlog | None = None
+    channels: list[store.ChannelBacklog] = field(default_factory=list)
 
 
 def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], float]) -> ReapReport:
@@ -67,6 +68,15 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
     gauge("DeadMessages", b.dead)
     gauge("ExpiredClaims", b.expired_claims)
     gauge("OldestPendingAgeSeconds", b.oldest_due_age_seconds, seconds=True)
+    with engine.begin() as conn:
+        report.channels = store.channel_backlog(conn)
+    gauge("PausedChannels", sum(c.paused for c in report.channels))
+    for c in report.channels:
+        gauge("PendingMessages", c.pending, channel=c.channel)
+        gauge("OldestPendingAgeSeconds", c.oldest_due_age_seconds, seconds=True, channel=c.channel)
+        gauge("ExpiredClaims", c.expired_claims, channel=c.channel)
+        gauge("DeadMessages", c.dead, channel=c.channel)
+        gauge("Paused", int(c.paused), channel=c.channel)
     log.info(
         "reaper run",
         extra={

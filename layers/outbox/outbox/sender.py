@@ -108,7 +108,7 @@ def run(
         # Settled already (a replayed event), reaped, or re-claimed by another
         # dispatcher: someone else owns these rows now. Touch nothing.
         report.lease_lost.extend(not_owned)
-        count("LeaseLost", len(not_owned))
+        count("LeaseLost", len(not_owned), channel=handoff.channel)
         log.warning("claims no longer held; skipped", extra={"message_ids": not_owned})
     if not rows:
         return report
@@ -137,7 +137,7 @@ def run(
     lost = sorted(owned - set(statuses))
     if lost:
         report.lease_lost.extend(lost)
-        count("LeaseLost", len(lost))
+        count("LeaseLost", len(lost), channel=handoff.channel)
         log.warning("lease lost before settle; outcome abandoned", extra={"message_ids": lost})
     # One line per batch, not per message: ids by status, errors by id.
     ids_by_status: dict[str, list[int]] = {}
@@ -162,7 +162,7 @@ def run(
             },
         )
     for key, n in report.statuses.items():
-        count(_METRIC[key], n)
+        count(_METRIC[key], n, channel=handoff.channel)
     return report
 
 

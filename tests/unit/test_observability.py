@@ -1,0 +1,104 @@
+"""Metrics: namespace and service from the Powertools variables (one set per
+stack), and a ``channel`` dimension on every figure about one channel."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import outbox
+from outbox import observability, reaper, store
+from support import EMAIL, settings
+
+
+def emf_records(text: str) -> list[dict[str, Any]]:
+    records = []
+    for line in text.splitlines():
+        if line.startswith("{") and '"_aws"' in line:
+            records.append(json.loads(line))
+    return records
+
+
+def metric_names(record: dict[str, Any]) -> set[str]:
+    return {m["Name"] for d in record["_aws"]["CloudWatchMetrics"] for m in d["Metrics"]}
+
+
+def dimensions(record: dict[str, Any]) -> list[list[str]]:
+    return [sorted(ds) for d in record["_aws"]["CloudWatchMetrics"] for ds in d["Dimensions"]]
+
+
+def test_namespace_and_service_come_from_the_powertools_variables() -> None:
+    """Two stacks set different values and so never share a metric or an alarm."""
+    script = textwrap.dedent(
+        """
+        from outbox import observability as o
+
+        @o.log_metrics
+        def handler(event, context):
+            o.count("Claimed", 2, channel="email")
+            o.gauge("PausedChannels", 0)
+            return "ok"
+
+        handler({}, None)
+        """
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "POWERTOOLS_METRICS_NAMESPACE": "OutboxRelay",
+        "POWERTOOLS_SERVICE_NAME": "stack-a",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    records = emf_records(out)
+    assert {r["_aws"]["CloudWatchMetrics"][0]["Namespace"] for r in records} == {"OutboxRelay"}
+    assert {r["service"] for r in records} == {"stack-a"}
+    by_name = {name: r for r in records for name in metric_names(r)}
+    assert by_name["Claimed"]["channel"] == "email"
+    assert dimensions(by_name["Claimed"]) == [["channel", "service"]]
+    assert "channel" not in by_name["PausedChannels"]
+    assert dimensions(by_name["PausedChannels"]) == [["service"]]
+
+
+def test_each_channel_gets_its_own_record(capsys: pytest.CaptureFixture[str]) -> None:
+    @observability.log_metrics
+    def handler(event: Any, context: Any) -> None:
+        observability.count("Delivered", 3, channel="email")
+        observability.count("Delivered", 1, channel="sms")
+        observability.count("Retried", 0, channel="sms")  # a zero count is not published
+
+    handler({}, None)
+    records = [r for r in emf_records(capsys.readouterr().out) if "channel" in r]
+    assert {(r["channel"], *r["Delivered"]) for r in records} == {("email", 3.0), ("sms", 1.0)}
+    assert all("Retried" not in r for r in records)
+    handler({}, None)  # flushed means cleared: the next invocation starts from zero
+    again = [r for r in emf_records(capsys.readouterr().out) if "channel" in r]
+    assert {(r["channel"], *r["Delivered"]) for r in again} == {("email", 3.0), ("sms", 1.0)}
+
+
+def test_the_reaper_publishes_backlog_gauges_per_channel(
+    engine: sa.Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with engine.begin() as conn:
+        outbox.enqueue_many(conn, [{"channel": "email", "payload": EMAIL}] * 2)
+        store.pause_channel(conn, "sms")
+    capsys.readouterr()
+    observability.log_metrics(lambda e, c: reaper.run(engine, settings(), lambda: 30.0))({}, None)
+    records = emf_records(capsys.readouterr().out)
+    per_channel = {r["channel"]: r for r in records if "channel" in r}
+    assert per_channel["email"]["PendingMessages"] == [2.0]
+    assert per_channel["email"]["Paused"] == [0.0]
+    assert per_channel["sms"]["Paused"] == [1.0]
+    assert per_channel["sms"]["PendingMessages"] == [0.0]
+    assert {"OldestPendingAgeSeconds", "ExpiredClaims", "DeadMessages"} <= metric_names(
+        per_channel["email"]
+    )
+    [relay_wide] = [r for r in records if "channel" not in r]
+    assert relay_wide["PausedChannels"] == [1.0]
+    assert relay_wide["PendingMessages"] == [2.0]
