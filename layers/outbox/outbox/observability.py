@@ -69,7 +69,7 @@ def gauge(name: str, value: float, *, seconds: bool = False, channel: str | None
 def flush_metrics() -> None:
     """Publish what was recorded (one EMF record per metric set that has data)."""
     with _channel_sets_lock:
-        metric_sets = [metrics, *_channel_sets.values()]
+        metric_sets: list[Any] = [metrics, *_channel_sets.values()]
     for metric_set in metric_sets:
         if metric_set.metric_set:  # an empty set is skipped, not warned about
             metric_set.flush_metrics()
