@@ -17,6 +17,13 @@ from outbox import observability, reaper, store
 from support import EMAIL, settings
 
 
+@pytest.fixture(autouse=True)
+def _no_earlier_metrics(capsys: pytest.CaptureFixture[str]) -> None:
+    """Publish (and drop) what earlier tests recorded in this process."""
+    observability.flush_metrics()
+    capsys.readouterr()
+
+
 def emf_records(text: str) -> list[dict[str, Any]]:
     records = []
     for line in text.splitlines():
@@ -88,7 +95,6 @@ def test_the_reaper_publishes_backlog_gauges_per_channel(
     with engine.begin() as conn:
         outbox.enqueue_many(conn, [{"channel": "email", "payload": EMAIL}] * 2)
         store.pause_channel(conn, "sms")
-    capsys.readouterr()
     observability.log_metrics(lambda e, c: reaper.run(engine, settings(), lambda: 30.0))({}, None)
     records = emf_records(capsys.readouterr().out)
     per_channel = {r["channel"]: r for r in records if "channel" in r}
