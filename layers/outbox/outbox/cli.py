@@ -313,14 +313,9 @@ def status(as_json: bool) -> None:
         return
     print_status_table(groups)
     for p in paused:
+        why = f": {p.reason}" if p.reason else ""
         since = p.paused_at.isoformat(timespec="seconds")
-        click.echo(
-            f"channel {p.channel} is PAUSED since {since}"
-            + (f": {p.reason}" if p.reason else "")
-            + " (outbox resume "
-            + p.channel
-            + ")"
-        )
+        click.echo(f"channel {p.channel} is PAUSED since {since}{why} (outbox resume {p.channel})")
     click.echo(
         f"pending {backlog.pending} (due {backlog.due}, oldest due "
         f"{backlog.oldest_due_age_seconds:.1f}s), claimed {backlog.claimed} "

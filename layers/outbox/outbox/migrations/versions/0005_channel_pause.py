@@ -14,7 +14,8 @@ depends_on = None
 
 def upgrade() -> None:
     # A control table, not a column on outbox_message: a pause names a channel
-    # whether or not it has rows, and the claim checks it with one index probe.
+    # whether or not it has rows, changes no message row, and the claim checks
+    # it with an anti-join against a table of a few rows.
     op.execute(
         """
         CREATE TABLE outbox_channel_pause (
