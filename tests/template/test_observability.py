@@ -22,7 +22,23 @@ from cfnlint.decode import cfn_yaml
 from template.test_template import ROOT, _plain, functions
 
 PACKAGE = ROOT / "layers" / "outbox" / "outbox"
-METRIC_SINKS = {("count", 0), ("gauge", 0)}  # observability's functions: (name, argument index)
+
+
+def metric_sinks(package: Path = PACKAGE) -> set[tuple[str, int]]:
+    """(function, argument index) of observability's recording functions: every
+    public one whose first parameter is ``name`` (count, gauge, timing, ...)."""
+    tree = ast.parse((package / "observability.py").read_text())
+    return {
+        (node.name, 0)
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+        and not node.name.startswith("_")
+        and node.args.args
+        and node.args.args[0].arg == "name"
+    }
+
+
+METRIC_SINKS = metric_sinks()
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +171,10 @@ def test_the_scan_finds_metrics_behind_wrappers_and_tables(tmp_path: Path) -> No
         emitted_metric_names(tmp_path)
 
 
+def test_the_recording_functions_are_found() -> None:
+    assert {("count", 0), ("gauge", 0), ("timing", 0)} <= METRIC_SINKS
+
+
 def test_the_package_emits_the_core_metrics() -> None:
     names = emitted_metric_names()
     assert {
@@ -170,6 +190,7 @@ def test_the_package_emits_the_core_metrics() -> None:
         "DeadMessages",
         "PausedChannels",
         "Paused",
+        "SendMilliseconds",
     } <= names
 
 
@@ -279,6 +300,7 @@ def test_the_dashboard_shows_what_an_operator_needs(template: dict[str, Any]) ->
         "HandOffFailed",
         "LeaseLost",
         "Paused",
+        "SendMilliseconds",  # provider call duration per channel
     } <= per_channel
     assert {"Reclaimed", "PausedChannels"} <= relay_wide  # lease expiries, pauses
     lambda_metrics: dict[str, set[str]] = {}

@@ -108,3 +108,27 @@ def test_the_reaper_publishes_backlog_gauges_per_channel(
     [relay_wide] = [r for r in records if "channel" not in r]
     assert relay_wide["PausedChannels"] == [1.0]
     assert relay_wide["PendingMessages"] == [2.0]
+
+
+def test_a_sender_publishes_outcomes_and_call_durations_per_channel(
+    engine: sa.Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from outbox import sender
+    from outbox.handoff import HandOff
+    from support import ScriptedChannel, install_channel
+
+    install_channel(ScriptedChannel())
+    with engine.begin() as conn:
+        outbox.enqueue_many(conn, [{"channel": "scripted", "payload": {"n": 1}}] * 3)
+        claims = store.claim(conn, 10, 60)
+    [first, *rest] = claims
+    send = observability.log_metrics(
+        lambda event, seconds_left: sender.run(engine, event, settings(), lambda: seconds_left)
+    )
+    send(HandOff("scripted", tuple(rest)).to_event(), 30.0)
+    send(HandOff("scripted", (first,)).to_event(), 0.0)  # no time left: deferred, not started
+    records = [r for r in emf_records(capsys.readouterr().out) if r.get("channel") == "scripted"]
+    assert [r.get("Delivered") for r in records] == [[2.0], None]
+    assert [r.get("Deferred") for r in records] == [None, [1.0]]
+    assert len(records[0]["SendMilliseconds"]) == 2  # one sample per provider call
+    assert "SendMilliseconds" not in records[1]

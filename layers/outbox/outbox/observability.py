@@ -10,9 +10,10 @@ Metrics are CloudWatch EMF in the namespace ``POWERTOOLS_METRICS_NAMESPACE``
 with the dimension ``service`` = ``POWERTOOLS_SERVICE_NAME``; the template sets
 the service to the stack's name, so two stacks never share a metric or an
 alarm. A figure about one channel also carries the dimension ``channel``.
-Every name goes through :func:`count` or :func:`gauge` as a literal (or a
-module-level constant), so the template test can check that the dashboard and
-the alarms watch only names the code emits.
+Every name goes through a function here whose first parameter is ``name``
+(:func:`count`, :func:`gauge`, :func:`timing`), as a literal or a module-level
+constant, so a template test can check that the dashboard and the alarms watch
+only names the code emits.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ def gauge(name: str, value: float, *, seconds: bool = False, channel: str | None
     _target(channel).add_metric(
         name=name, unit=MetricUnit.Seconds if seconds else MetricUnit.Count, value=value
     )
+
+
+def timing(name: str, milliseconds: float, *, channel: str | None = None) -> None:
+    """One duration sample; CloudWatch derives percentiles from the samples."""
+    _target(channel).add_metric(name=name, unit=MetricUnit.Milliseconds, value=milliseconds)
 
 
 def flush_metrics() -> None:

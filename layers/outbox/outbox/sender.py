@@ -28,7 +28,7 @@ from .config import RelaySettings
 from .dispatcher import backoff_of
 from .errors import ValidationError
 from .handoff import HandOff
-from .observability import count
+from .observability import count, timing
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,9 @@ def run(
         )
     for key, n in report.statuses.items():
         count(_METRIC[key], n, channel=handoff.channel)
+    for s in settlements:  # the provider calls made (a row not started took none)
+        if s.error != NOT_STARTED and s.id in statuses:
+            timing("SendMilliseconds", s.duration_ms or 0, channel=handoff.channel)
     return report
 
 
