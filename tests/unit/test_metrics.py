@@ -132,3 +132,37 @@ def test_a_sender_publishes_outcomes_and_call_durations_per_channel(
     assert [r.get("Deferred") for r in records] == [None, [1.0]]
     assert len(records[0]["SendMilliseconds"]) == 2  # one sample per provider call
     assert "SendMilliseconds" not in records[1]
+
+
+def test_the_worker_command_records_no_metrics_so_its_stdout_stays_its_own(
+    engine: sa.Engine, database_url: str
+) -> None:
+    """Powertools prints a metric set once a metric holds 100 values; the worker
+    publishes no metrics, so 150 sends must not put EMF into its --json output."""
+    from click.testing import CliRunner
+
+    from outbox.cli import cli
+    from support import ScriptedChannel, install_channel
+
+    install_channel(ScriptedChannel())
+    with engine.begin() as conn:
+        outbox.enqueue_many(conn, [{"channel": "scripted", "payload": {"n": 1}}] * 150)
+    result = CliRunner().invoke(
+        cli,
+        ["worker", "--until-empty", "--channels", "scripted", "--json"],
+        env={"DATABASE_URL": database_url},
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["statuses"] == {"delivered": 150}
+    observability.count("Delivered", 1, channel="scripted")  # recording works again after it
+    assert observability._target("scripted").metric_set
+
+
+def test_nothing_is_recorded_when_metrics_are_disabled(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    for _ in range(150):  # past Powertools' 100-value flush
+        observability.timing("SendMilliseconds", 1.0, channel="email")
+    observability.flush_metrics()
+    assert emf_records(capsys.readouterr().out) == []

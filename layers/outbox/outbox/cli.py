@@ -633,9 +633,11 @@ def worker(
             click.echo(f"{signal.Signals(signum).name}: finishing the batch in hand", err=True)
         stop.set()
 
+    from . import observability
+
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with database(autocommit=True) as engine:
+        with observability.suspended(), database(autocommit=True) as engine:
             report = Worker(
                 engine, settings, channels=wanted, stop=stop, reap_interval_seconds=reap_interval
             ).run(once=once, until_empty=until_empty)

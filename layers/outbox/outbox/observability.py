@@ -18,14 +18,16 @@ only names the code emits.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
+from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 
 NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "OutboxRelay"
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME") or "outbox"
@@ -39,10 +41,21 @@ metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
 _channel_sets: dict[str, EphemeralMetrics] = {}
 _channel_sets_lock = threading.Lock()
 
+_suspended = False
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class _Discard:
+    def add_metric(self, **_: Any) -> None:
+        pass
+
+
 def _target(channel: str | None) -> Any:
+    # Powertools prints a metric set to stdout whenever one metric reaches 100
+    # values, disabled or not: when nothing will publish, record nothing.
+    if _suspended or is_metrics_disabled():
+        return _Discard()
     if channel is None:
         return metrics
     with _channel_sets_lock:
@@ -93,3 +106,15 @@ def log_metrics(handler: F) -> F:
             flush_metrics()
 
     return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Record no metrics meanwhile: for a long-running process with no Lambda
+    log pipeline to carry EMF (``outbox worker``), whose stdout is its own."""
+    global _suspended
+    previous, _suspended = _suspended, True
+    try:
+        yield
+    finally:
+        _suspended = previous
