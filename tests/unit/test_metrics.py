@@ -166,3 +166,36 @@ def test_nothing_is_recorded_when_metrics_are_disabled(
         observability.timing("SendMilliseconds", 1.0, channel="email")
     observability.flush_metrics()
     assert emf_records(capsys.readouterr().out) == []
+
+
+def test_the_dispatcher_counts_claims_and_hand_offs_per_channel(
+    engine: sa.Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from outbox.dispatcher import dispatch_once
+    from outbox.handoff import CallableInvoker
+
+    def broken(event: dict[str, Any]) -> None:
+        raise RuntimeError("the sms function is unreachable")
+
+    with engine.begin() as conn:
+        outbox.enqueue_many(
+            conn,
+            [{"channel": "email", "payload": EMAIL}] * 3
+            + [{"channel": "sms", "payload": {"to": "+15555550100", "message": "hi"}}] * 2
+            + [
+                {
+                    "channel": "push",
+                    "payload": {
+                        "endpoint_arn": "arn:aws:sns:us-east-1:123456789012:endpoint/APNS/app/1",
+                        "body": "hi",
+                    },
+                }
+            ],
+        )
+    invoker = CallableInvoker({"email": lambda event: None, "sms": broken})
+    observability.log_metrics(lambda: dispatch_once(engine, invoker, settings()))()
+    by_channel = {r["channel"]: r for r in emf_records(capsys.readouterr().out) if "channel" in r}
+    assert by_channel["email"]["Claimed"] == [3.0] and by_channel["email"]["HandedOff"] == [3.0]
+    assert by_channel["sms"]["Claimed"] == [2.0] and by_channel["sms"]["HandOffFailed"] == [2.0]
+    assert "HandedOff" not in by_channel["sms"]
+    assert by_channel["push"]["Failed"] == [1.0]  # no function for it: failed at once
