@@ -14,7 +14,7 @@ from typing import Any
 
 from . import coldstart, common, enqueue, growth, latency, throughput
 
-SECTIONS = ("throughput", "growth", "latency", "enqueue", "coldstart")
+SECTIONS = ("throughput", "receipt", "growth", "latency", "enqueue", "coldstart")
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
 
 
@@ -111,6 +111,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         dbs.prepare_template()
         if "throughput" in args.only:
             cells += _throughput(dbs, args)
+        if "receipt" in args.only:
+            cells += _receipt(dbs, args)
         if "growth" in args.only:
             cells += _growth(dbs, args)
         if "latency" in args.only:
@@ -196,6 +198,46 @@ def _throughput(dbs: common.Databases, args: argparse.Namespace) -> list[dict[st
     return cells
 
 
+def _receipt(dbs: common.Databases, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """What the sender's compare-and-set receipt costs against the plain fenced
+    read it replaced: the relay both ways, 1 worker, alternating, best of runs."""
+    cells = []
+    for batch in args.batches:
+        measured: dict[str, dict[str, Any]] = {}
+        for run_no in range(args.repeat):
+            for kind in ("relay-read", "relay"):
+                with dbs.fresh(f"receipt_{kind}_{batch}".replace("-", "_")) as url:
+                    common.seed_pending(url, args.rows)
+                    log(f"receipt: {kind} batch={batch} run {run_no + 1}")
+                    result = throughput.run_cell(url, kind, batch, 1)
+                    left = common.count_status(url)
+                    if left.get("delivered", 0) != args.rows:
+                        raise RuntimeError(f"{kind} cell did not deliver every row: {left}")
+                best = measured.get(kind)
+                if best is None or result["rows_per_s"] > best["rows_per_s"]:
+                    measured[kind] = result
+        receipt, read = measured["relay"], measured["relay-read"]
+        log(
+            f"  receipt {receipt['rows_per_s']:.0f}/s, fenced read {read['rows_per_s']:.0f}/s, "
+            f"ratio {receipt['rows_per_s'] / read['rows_per_s']:.2f}"
+        )
+        cells.append(
+            {
+                "name": "receipt",
+                "batch": batch,
+                "workers": 1,
+                "rows_per_s": round(receipt["rows_per_s"], 1),
+                "fenced_read_rows_per_s": round(read["rows_per_s"], 1),
+                "ratio": round(receipt["rows_per_s"] / read["rows_per_s"], 3),
+                "statements_per_batch": round(receipt["statements_per_batch"], 2),
+                "fenced_read_statements_per_batch": round(read["statements_per_batch"], 2),
+                "round_trips_per_batch": round(receipt["round_trips_per_batch"], 2),
+                "fenced_read_round_trips_per_batch": round(read["round_trips_per_batch"], 2),
+            }
+        )
+    return cells
+
+
 def _growth(dbs: common.Databases, args: argparse.Namespace) -> list[dict[str, Any]]:
     cells = []
     for table in ("fresh", "grown"):
@@ -270,6 +312,14 @@ def table(cells: list[dict[str, Any]]) -> str:
                 f"ratio={c['ratio']:.2f}  stmts/batch={c['statements_per_batch']:.1f} "
                 f"round trips/batch={c['round_trips_per_batch']:.1f} "
                 f"(baseline {c['baseline_round_trips_per_batch']:.1f})"
+            )
+        elif name == "receipt":
+            lines.append(
+                f"{'receipt':<12} batch={c['batch']:<5} workers=1  "
+                f"receipt={c['rows_per_s']:>9.0f}/s "
+                f"fenced read={c['fenced_read_rows_per_s']:>9.0f}/s "
+                f"ratio={c['ratio']:.2f}  stmts/batch={c['statements_per_batch']:.1f} "
+                f"(fenced read {c['fenced_read_statements_per_batch']:.1f})"
             )
         elif name == "scaling":
             lines.append(

@@ -155,7 +155,9 @@ class Databases:
 
     def __init__(self, server: str) -> None:
         self.server = server
-        self.admin = sa.create_engine(server, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+        self.admin = sa.create_engine(
+            server, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool, hide_parameters=True
+        )
         self.prefix = f"outbox_bench_{uuid.uuid4().hex[:8]}"
         self.template = f"{self.prefix}_tpl"
         self._made: list[str] = []
@@ -209,7 +211,9 @@ def engine_for(url: str, pool_size: int = 1) -> sa.Engine:
 
 def seed_pending(url: str, rows: int, *, vacuum: bool = True) -> None:
     """``rows`` due pending rows with realistic payloads, then VACUUM ANALYZE."""
-    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    engine = sa.create_engine(
+        url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool, hide_parameters=True
+    )
     try:
         with engine.connect() as conn:
             conn.execute(
@@ -228,7 +232,7 @@ def seed_pending(url: str, rows: int, *, vacuum: bool = True) -> None:
 
 
 def count_status(url: str) -> dict[str, int]:
-    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    engine = sa.create_engine(url, poolclass=sa.NullPool, hide_parameters=True)
     try:
         with engine.connect() as conn:
             rows = conn.execute(

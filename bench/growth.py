@@ -19,7 +19,12 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from outbox.config import RelaySettings
+
 from . import common
+
+# The claim as the relay runs it: with the production default deliver-by time.
+DEFAULT_TTL = float(RelaySettings().default_ttl_seconds)
 
 _INSERT = (
     "INSERT INTO outbox_message (channel, payload, status, available_at, created_at, "
@@ -36,7 +41,9 @@ _INSERT = (
 
 def grow(url: str, settled: int, busy: int) -> dict[str, float]:
     """Add ``settled`` delivered rows and a busy day's churn of ``busy`` rows; no VACUUM."""
-    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    engine = sa.create_engine(
+        url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool, hide_parameters=True
+    )
     timings: dict[str, float] = {}
     try:
         with engine.connect() as conn:
@@ -99,7 +106,7 @@ def measure(url: str, pending: int, batch: int, samples: int, *, vacuum: bool) -
         for _ in range(samples):
             with engine.begin() as conn:
                 started = time.perf_counter()
-                claims = store.claim(conn, batch, 120)
+                claims = store.claim(conn, batch, 120, default_ttl_seconds=DEFAULT_TTL)
                 latencies.append((time.perf_counter() - started) * 1000)
             if not claims:
                 raise RuntimeError("the backlog ran dry during the growth measurement")
@@ -121,7 +128,7 @@ def measure(url: str, pending: int, batch: int, samples: int, *, vacuum: bool) -
         with engine.connect() as conn:
             plan = conn.execute(
                 sa.text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store._CLAIM_ALL.text),
-                {"batch_size": batch, "lease_seconds": 120.0},
+                {"batch_size": batch, "lease_seconds": 120.0, "default_ttl": DEFAULT_TTL},
             ).scalar()
             conn.rollback()  # EXPLAIN ANALYZE ran the UPDATE: undo it
     finally:

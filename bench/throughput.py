@@ -10,8 +10,11 @@ stops when the last one finds nothing left to claim.
 * relay: the real dispatcher path (``dispatcher.dispatch_once`` ->
   ``store.claim``), the hand-off event (``HandOff.to_event``, JSON-encoded as
   the Lambda invoke would, then ``HandOff.from_event`` inside the sender), and
-  the real ``sender.run``: fenced re-read, the no-op provider, one batched
-  fenced settle that writes the attempt rows.
+  the real ``sender.run``: the receipt (a compare-and-set UPDATE returning the
+  payloads), the no-op provider, one batched fenced settle that writes the
+  attempt rows.
+* relay-read: the relay as it was before the receipt, for its cost: the same,
+  but the sender takes its rows with the former fenced plain SELECT.
 """
 
 from __future__ import annotations
@@ -145,7 +148,65 @@ def _relay_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[]
     return step, engine.dispose
 
 
-STEPPERS = {"baseline": _baseline_stepper, "relay": _relay_stepper}
+# The sender's read before the receipt (a plain fenced SELECT), kept here only
+# to measure what the receipt costs: the ``relay-read`` cell.
+FENCED_READ = """
+    SELECT m.id, m.channel, m.payload, m.attempts + 1 AS attempt,
+           COALESCE(m.max_attempts, :default_max) AS max_attempts, m.claim_token,
+           m.dedupe_key, m.ordering_key,
+           EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8 AS lease_left
+    FROM outbox_message AS m
+    JOIN unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
+      ON m.id = h.id AND m.claim_token = h.token
+    WHERE m.status = 'claimed' AND m.channel = :channel AND m.lease_expires_at > now()
+    ORDER BY m.id
+"""
+
+
+def _relay_read_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[], None]]:
+    import sqlalchemy as sa
+
+    from outbox import store
+
+    statement = store._sql(FENCED_READ)
+
+    def fenced_read(
+        conn: sa.Connection, channel: str, claims: Any, default_max: int
+    ) -> list[store.ClaimedMessage]:
+        pairs = list(claims)
+        rows = conn.execute(
+            statement,
+            {
+                "ids": store.array_literal(i for i, _ in pairs),
+                "tokens": store.array_literal(t for _, t in pairs),
+                "channel": channel,
+                "default_max": default_max,
+            },
+        ).all()
+        return [
+            store.ClaimedMessage(
+                r.id,
+                r.channel,
+                r.payload,
+                r.attempt,
+                r.max_attempts,
+                r.claim_token,
+                r.dedupe_key,
+                r.ordering_key,
+                float(r.lease_left),
+            )
+            for r in rows
+        ]
+
+    store.receive_claimed = fenced_read  # type: ignore[assignment]  # this worker process only
+    return _relay_stepper(url, batch)
+
+
+STEPPERS = {
+    "baseline": _baseline_stepper,
+    "relay": _relay_stepper,
+    "relay-read": _relay_read_stepper,
+}
 
 
 def _worker(kind: str, url: str, batch: int, ready: Any, go: Any, out: Any) -> None:

@@ -82,6 +82,8 @@ class Received:
 class Receiver:
     """A scripted HTTP(S) receiver on 127.0.0.1. Paths choose the answer:
 
+    /status/<code> answers that status, /status/<code>/retry-after with Retry-After: 7;
+
     /ok 200, /nocontent 204, /gone 410, /bad 400, /redirect 301 (to an internal
     address), /throttle-seconds 429 Retry-After: 7, /throttle-date 429 with an
     HTTP date two minutes ahead, /unavailable 503, /hang (answers after
@@ -114,7 +116,10 @@ def _handler(receiver: Receiver) -> type[http.server.BaseHTTPRequestHandler]:
                 Received("POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body)
             )
             path = self.path.split("?", 1)[0]
-            if path == "/hang":
+            if path.startswith("/status/"):  # /status/<code>[/retry-after]
+                _, _, code, *rest = path.split("/")
+                self._answer(int(code), {"Retry-After": "7"} if rest == ["retry-after"] else None)
+            elif path == "/hang":
                 receiver.release.wait(receiver.hang_seconds)
                 self._answer(200)
             elif path == "/huge":
@@ -238,3 +243,89 @@ def elapsed(fn: Callable[[], Any]) -> tuple[Any, float]:
     started = time.monotonic()
     result = fn()
     return result, time.monotonic() - started
+
+
+# --- a receiver that drips its answer -----------------------------------------
+
+DRIP_MODES = ("status", "headers", "body")
+
+
+@dataclass
+class DripReceiver:
+    """Reads each request, then answers one byte at a time: ``status`` drips an
+    endless status line, ``headers`` endless header lines, ``body`` a 200 with
+    a body that never ends. Per-``recv`` timeouts never fire against it."""
+
+    scheme: str = "http"
+    port: int = 0
+    requests: int = 0
+    open_connections: int = 0
+
+    def url(self, path: str = "/drip", host: str = "127.0.0.1") -> str:
+        return f"{self.scheme}://{host}:{self.port}{path}"
+
+
+@contextmanager
+def drip_receiver(
+    mode: str, tls: LocalCA | None = None, interval: float = 0.05, lasts: float = 30.0
+) -> Iterator[DripReceiver]:
+    assert mode in DRIP_MODES
+    state = DripReceiver(scheme="https" if tls else "http")
+    server_context = tls.server_context() if tls else None
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    state.port = listener.getsockname()[1]
+    stop = threading.Event()
+    # What goes out at once, then the bytes dripped (cycled) after it.
+    head, unit = {
+        "status": (b"HTTP/1.1 200 ", b"O"),
+        "headers": (b"HTTP/1.1 200 OK\r\n", b"X-Drip: 1\r\n"),
+        "body": (b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\n", b"x"),
+    }[mode]
+
+    def serve(conn: socket.socket) -> None:
+        state.open_connections += 1
+        try:
+            conn.settimeout(2)
+            if server_context is not None:
+                conn = server_context.wrap_socket(conn, server_side=True)
+            received = b""
+            while b"\r\n\r\n" not in received:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                received += chunk
+            state.requests += 1
+            ends = time.monotonic() + lasts
+            conn.sendall(head)
+            position = 0
+            while not stop.is_set() and time.monotonic() < ends:
+                conn.sendall(unit[position % len(unit) : position % len(unit) + 1])
+                position += 1
+                stop.wait(interval)
+        except OSError:
+            pass  # the client gave up and closed: what we want
+        finally:
+            state.open_connections -= 1
+            conn.close()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        stop.set()
+        thread.join(2)
+        listener.close()

@@ -47,8 +47,13 @@ def test_quick_run_writes_well_formed_cells(
     assert (throughput["batch"], throughput["workers"]) == (100, 1)
     for key in ("rows_per_s", "baseline_rows_per_s", "ratio", "statements_per_batch"):
         assert throughput[key] > 0
-    # The relay's statements per batch: claim, fenced load, settle.
+    # The relay's statements per batch: claim, receipt, settle.
     assert throughput["statements_per_batch"] == 3
+
+    # The receipt replaced the fenced read without a statement more per batch.
+    (receipt,) = by_name["receipt"]
+    assert receipt["rows_per_s"] > 0 and receipt["fenced_read_rows_per_s"] > 0
+    assert receipt["statements_per_batch"] == receipt["fenced_read_statements_per_batch"] == 3
 
     (enqueue,) = by_name["enqueue"]
     assert enqueue["rows_per_s"] > 0 and enqueue["baseline_rows_per_s"] > 0 and enqueue["ratio"] > 0

@@ -94,9 +94,26 @@ STATUS_TABLE = [
     ("/bad", "failed", "HTTP 400", None),
     ("/redirect", "failed", "HTTP 301: redirect not followed", None),
     ("/unavailable", "retry", "HTTP 503", None),
-    # Retry-After: a deferral (no attempt counted), as the relay's contract says.
+    ("/status/401", "failed", "HTTP 401", None),
+    ("/status/403", "failed", "HTTP 403", None),
+    ("/status/412", "failed", "HTTP 412", None),
+    ("/status/408", "retry", "HTTP 408", None),
+    ("/status/429", "retry", "HTTP 429", None),  # no Retry-After: backoff
+    ("/status/500", "retry", "HTTP 500", None),
+    ("/status/502", "retry", "HTTP 502", None),
+    ("/status/504", "retry", "HTTP 504", None),
+    # Retry-After: a deferral (no attempt counted), as the relay's contract says...
     ("/throttle-seconds", "deferred", "HTTP 429 with Retry-After", 7.0),
     ("/throttle-date", "deferred", "HTTP 429 with Retry-After", 120.0),
+    ("/status/503/retry-after", "deferred", "HTTP 503 with Retry-After", 7.0),
+    # ...but only on 429 and 503: elsewhere the header is ignored.
+    ("/status/500/retry-after", "retry", "HTTP 500", None),
+    ("/status/408/retry-after", "retry", "HTTP 408", None),
+    ("/status/504/retry-after", "retry", "HTTP 504", None),
+    # Outside 2xx-5xx: transient (retry), never a permanent failure.
+    ("/status/150", "retry", "HTTP 150: unexpected status", None),
+    ("/status/600", "retry", "HTTP 600: unexpected status", None),
+    ("/status/799", "retry", "HTTP 799: unexpected status", None),
 ]
 
 
@@ -190,7 +207,7 @@ def test_secret_rotation_sends_one_signature_per_secret(local_ca: LocalCA, aws: 
     arn = boto3.client("secretsmanager").create_secret(
         Name="webhooks/rotating", SecretString=f"{new} {old}"
     )["ARN"]
-    channel = channel_for(local_ca, "unused-default")
+    channel = channel_for(local_ca, "unused-default", allowed_secret_ids=[arn])
     with receiver(local_ca) as rx:
         p = payload(rx.url("/ok", "webhook.test"), secret_id=arn)
         channel.validate(p)
@@ -356,13 +373,43 @@ def test_nothing_secret_or_personal_reaches_the_logs(
         for path in ("/ok", "/gone", "/redirect", "/unavailable"):
             url = rx.url(path, "webhook.test") + "?token=s3cr3t-token"
             deliver(engine, "webhook", payload(url), channel=channel)
-    # botocore's own DEBUG wire logs (off in Lambda, where the root logger is at
-    # WARNING) print whole responses; everything else is scanned at DEBUG.
-    text = "\n".join(
-        f"{r.getMessage()} {r.__dict__}"
-        for r in caplog.records
-        if not r.name.startswith("botocore")
-    )
+    # Every logger at DEBUG, botocore's included (observability pins it at WARNING).
+    text = "\n".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
     assert "settled" in text
     for needle in (secret, secret.removeprefix("whsec_"), "s3cr3t-token", "webhook.test", "é"):
         assert needle not in text
+
+
+def test_a_secret_id_outside_the_operators_list_signs_nothing(
+    local_ca: LocalCA, signing_secret: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any producer can name a secret_id: only the listed ones (and the
+    default) may sign, or one tenant's payload could borrow another's key."""
+    import boto3
+
+    arn, _ = signing_secret
+    other = boto3.client("secretsmanager").create_secret(
+        Name="webhooks/another-tenant", SecretString=new_secret()
+    )["ARN"]
+    listed = boto3.client("secretsmanager").create_secret(
+        Name="webhooks/listed", SecretString=new_secret()
+    )["ARN"]
+    monkeypatch.setenv("WEBHOOK_SECRET_ARNS", f" {listed} , ")
+    channel = WebhookChannel(
+        allow_insecure=True,
+        default_secret_id=arn,
+        ssl_context=local_ca.client_context(),
+        resolver=loopback_resolver(),
+    )
+    assert channel.allowed_secret_ids == {arn, listed}
+    with receiver(local_ca) as rx:
+        url = rx.url("/ok", "webhook.test")
+        refused = channel.send(Message(1, "webhook", payload(url, secret_id=other), 1), Deadline(5))
+        assert rx.requests == []
+        by_list = channel.send(
+            Message(2, "webhook", payload(url, secret_id=listed), 1), Deadline(5)
+        )
+        by_default = channel.send(Message(3, "webhook", payload(url), 1), Deadline(5))
+    assert refused.kind == "failed" and "WEBHOOK_SECRET_ARNS" in (refused.error or "")
+    assert (by_list.kind, by_default.kind) == ("delivered", "delivered")
+    assert len(rx.requests) == 2

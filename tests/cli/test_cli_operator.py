@@ -19,7 +19,6 @@ from support import (
     ScriptedChannel,
     attempts,
     expire_leases,
-    head_revision,
     install_channel,
     make_due,
     row,
@@ -81,11 +80,16 @@ def one_error_line(result: Result, *fragments: str) -> None:
 
 
 def test_migrate_is_idempotent_and_reports_the_revision(run: Any) -> None:
+    from alembic.script import ScriptDirectory
+
+    from outbox.migrate import _MIGRATIONS
+
+    head = ScriptDirectory(str(_MIGRATIONS)).get_current_head()
     first = run("migrate")
     assert first.exit_code == 0, first.output
-    assert f"revision {head_revision()}" in first.stdout
+    assert f"revision {head}" in first.stdout
     again = run("migrate", "--json")
-    assert json.loads(again.stdout) == {"revision": head_revision()}
+    assert json.loads(again.stdout) == {"revision": head}
 
 
 def test_enqueue_inline_and_from_file_with_options(
@@ -138,6 +142,37 @@ def test_enqueue_inline_and_from_file_with_options(
     assert statuses(engine) == {"pending": 2}
 
 
+def test_enqueue_with_a_ttl_and_a_failure_policy(run: Any, engine: sa.Engine) -> None:
+    result = run(
+        "enqueue",
+        "--channel",
+        "email",
+        "--payload",
+        json.dumps(EMAIL),
+        "--ordering-key",
+        "customer-7",
+        "--delay",
+        "10m",
+        "--ttl",
+        "1h",
+        "--on-predecessor-failure",
+        "cancel",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    message_id = json.loads(result.stdout)["id"]
+    with engine.connect() as conn:
+        policy, expires_in = conn.execute(
+            sa.text(
+                "SELECT on_predecessor_failure, EXTRACT(EPOCH FROM expires_at - now()) "
+                "FROM outbox_message WHERE id = :id"
+            ),
+            {"id": message_id},
+        ).one()
+    assert policy == "cancel"
+    assert 4190 < float(expires_in) <= 4200  # the hour counts from when it is due
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
@@ -181,6 +216,18 @@ def test_status_counts_per_channel_and_status(run: Any, engine: sa.Engine) -> No
     table = run("status")
     assert table.exit_code == 0
     assert "email" in table.stdout and "1 past their lease" in table.stdout
+
+
+def test_status_shows_messages_held_behind_a_failed_one(run: Any, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        head, *_ = outbox.enqueue_many(
+            conn, [{"channel": "email", "payload": EMAIL, "ordering_key": "K"}] * 3
+        )
+    settle_all(engine, "failed")
+    assert json.loads(run("status", "--json").stdout)["held"] == 2
+    assert "held 2: pending behind a failed" in run("status").stdout
+    assert "cancelled 1" in run("cancel", str(head)).stdout  # the key goes on
+    assert json.loads(run("status", "--json").stdout)["held"] == 0
 
 
 def test_list_filters_and_limits(run: Any, engine: sa.Engine) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -172,3 +173,57 @@ def test_sigterm_mid_run_leaves_no_claimed_rows(
             sa.text("SELECT count(*) FROM outbox_attempt WHERE outcome <> 'delivered'")
         ).scalar_one()
     assert expired == 0
+
+
+def test_sigterm_while_receivers_drip_stops_within_the_grace(
+    engine: sa.Engine, database_url: str, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Webhook receivers that drip their answers a byte at a time: the worker
+    still exits within SENDER_TIMEOUT_SECONDS (plus a settle) of SIGTERM, with
+    no send thread left for the interpreter to wait for."""
+    import boto3
+    from channel_support import drip_receiver, new_secret
+
+    secret_arn = boto3.client("secretsmanager", endpoint_url=moto_endpoint).create_secret(
+        Name=f"webhooks/{uuid.uuid4().hex}", SecretString=new_secret()
+    )["ARN"]
+    sender_timeout = 3
+    monkeypatch.setenv("WEBHOOK_ALLOW_INSECURE", "true")  # a loopback http receiver
+    with drip_receiver("headers", interval=0.2, lasts=60) as rx:
+        seed(engine, 4, "webhook", {"url": rx.url(), "event_type": "t", "body": {}})
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "AWS_ENDPOINT_URL": moto_endpoint,
+            "WEBHOOK_ALLOW_INSECURE": "true",
+            "WEBHOOK_SECRET_ARN": secret_arn,
+            "SENDER_TIMEOUT_SECONDS": str(sender_timeout),
+            "SETTLE_MARGIN_SECONDS": "0.5",
+            "LEASE_SECONDS": "70",
+            "POWERTOOLS_LOG_LEVEL": "ERROR",
+            "POWERTOOLS_METRICS_DISABLED": "true",
+        }
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "outbox.cli", "worker", "--channels", "webhook", "--json"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while rx.requests < 4 and time.monotonic() < deadline:
+                assert worker.poll() is None, worker.communicate()
+                time.sleep(0.05)
+            assert rx.requests == 4, "the receivers were never reached"
+            signalled = time.monotonic()
+            worker.send_signal(signal.SIGTERM)
+            out, err = worker.communicate(timeout=60)
+            stopped_after = time.monotonic() - signalled
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+    assert worker.returncode == 0, err
+    assert stopped_after < sender_timeout + 2.0, f"stopped {stopped_after:.1f} s after SIGTERM"
+    assert statuses(engine) == {"pending": 4}  # each call cut off, counted, none left claimed
+    assert json.loads(out)["statuses"] == {"pending": 4}

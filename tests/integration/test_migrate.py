@@ -4,6 +4,7 @@ custom resource answering a real (local, TLS) response URL."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -13,11 +14,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from outbox import migrate
+from outbox import migrate, runtime
 from outbox.config import DatabaseSettings
 from outbox.db import create_engine
+from outbox.runtime import check_response_url
 from outbox.runtime import migrate as migrate_handler
-from support import LambdaContext, head_revision, make_ca
+from support import LambdaContext, make_ca
 
 
 @pytest.fixture
@@ -44,10 +46,21 @@ def tables(engine: sa.Engine) -> set[str]:
     return set(sa.inspect(engine).get_table_names())
 
 
+def head() -> str:
+    from alembic.script import ScriptDirectory
+
+    from outbox.migrate import _MIGRATIONS
+
+    return str(ScriptDirectory(str(_MIGRATIONS)).get_current_head())
+
+
+HEAD = head()
+
+
 def test_upgrade_creates_the_schema_and_is_idempotent(fresh_database: sa.Engine) -> None:
     assert migrate.current(fresh_database) is None
-    assert migrate.upgrade(fresh_database) == head_revision()
-    assert migrate.upgrade(fresh_database) == head_revision()
+    assert migrate.upgrade(fresh_database) == HEAD
+    assert migrate.upgrade(fresh_database) == HEAD
     assert {"outbox_message", "outbox_attempt"} <= tables(fresh_database)
     migrate.downgrade(fresh_database, "base")
     assert not {"outbox_message", "outbox_attempt"} & tables(fresh_database)
@@ -55,9 +68,11 @@ def test_upgrade_creates_the_schema_and_is_idempotent(fresh_database: sa.Engine)
 
 @pytest.fixture
 def response_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
-    """A local HTTPS endpoint standing in for CloudFormation's pre-signed S3 URL."""
+    """A local HTTPS endpoint standing in for CloudFormation's pre-signed S3 URL
+    (the one substitution: its host, 127.0.0.1, is let through the host check)."""
     ca = make_ca(tmp_path, names=("127.0.0.1",))
     monkeypatch.setenv("SSL_CERT_FILE", str(ca.ca_file))
+    monkeypatch.setattr(runtime, "RESPONSE_URL_HOST", re.compile(r"^127\.0\.0\.1$"))
     received: list[dict[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -98,9 +113,9 @@ def test_custom_resource_create_migrates_and_answers_success(
     result = migrate_handler(
         custom_resource_event(url, "Create"), LambdaContext(), lambda: fresh_database
     )
-    assert result == {"status": "SUCCESS", "Revision": head_revision()}
+    assert result == {"status": "SUCCESS", "Revision": HEAD}
     (answer,) = response_url
-    assert answer["Status"] == "SUCCESS" and answer["Data"] == {"Revision": head_revision()}
+    assert answer["Status"] == "SUCCESS" and answer["Data"] == {"Revision": HEAD}
     assert (answer["RequestId"], answer["LogicalResourceId"]) == ("req-1", "OutboxSchema")
     assert answer["path"] == "/stack-response?sig=x"
     assert {"outbox_message", "outbox_attempt"} <= tables(fresh_database)
@@ -128,6 +143,48 @@ def test_custom_resource_reports_a_failed_migration(response_url: list[dict[str,
 
 
 def test_plain_invoke_returns_the_revision(fresh_database: sa.Engine) -> None:
-    assert migrate_handler({}, LambdaContext(), lambda: fresh_database) == {
-        "revision": head_revision()
-    }
+    assert migrate_handler({}, LambdaContext(), lambda: fresh_database) == {"revision": HEAD}
+
+
+VALID_RESPONSE_URLS = [
+    "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com/arn%3A?X-Amz-Signature=a",
+    "https://cloudformation-custom-resource-response-euwest1.s3-eu-west-1.amazonaws.com/k?sig=x",
+    "https://cloudformation-custom-resource-response-apsoutheast2.s3.ap-southeast-2.amazonaws.com/k",
+    "https://cloudformation-custom-resource-response-cnnorth1.s3.cn-north-1.amazonaws.com.cn/k",
+    "https://cloudformation-custom-resource-response-usgovwest1.s3-us-gov-west-1.amazonaws.com/k",
+]
+FORGED_RESPONSE_URLS = [
+    "http://cloudformation-custom-resource-response-useast1.s3.amazonaws.com/x",
+    "https://169.254.169.254/latest/meta-data/",
+    "https://127.0.0.1/",
+    "https://attacker.example.com/cloudformation-custom-resource-response",
+    "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com.evil.com/x",
+    "https://user:pw@cloudformation-custom-resource-response-useast1.s3.amazonaws.com/x",
+    "https://bucket.s3.amazonaws.com/x",
+    "https://[::1/",
+    42,
+]
+
+
+def test_response_urls_must_be_cloudformations_s3_bucket_over_https() -> None:
+    for url in VALID_RESPONSE_URLS:
+        assert check_response_url(url) == url
+    for bad in FORGED_RESPONSE_URLS:
+        with pytest.raises(ValueError, match="ResponseURL") as caught:
+            check_response_url(bad)
+        assert "pw" not in str(caught.value)
+
+
+def test_a_forged_response_url_migrates_nothing_and_sends_nothing(
+    fresh_database: sa.Engine, response_url: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The migrate function holds the migrator's credentials: a forged
+    custom-resource event must not make it PUT anywhere but CloudFormation."""
+    monkeypatch.undo()  # the real host check: the local receiver is not CloudFormation's
+    url = response_url.pop(0)["url"]
+    with pytest.raises(ValueError, match="ResponseURL"):
+        migrate_handler(
+            custom_resource_event(url, "Create"), LambdaContext(), lambda: fresh_database
+        )
+    assert response_url == []
+    assert migrate.current(fresh_database) is None

@@ -17,6 +17,8 @@ from support import (
     attempts,
     expire_leases,
     install_channel,
+    make_due,
+    receive,
     row,
     settings,
 )
@@ -36,7 +38,7 @@ def claim(engine: sa.Engine) -> list[store.Claim]:
 
 def test_expired_claims_go_back_to_pending_with_the_attempt_counted(engine: sa.Engine) -> None:
     (mid,) = enqueue(engine)
-    claim(engine)
+    receive(engine, claim(engine))  # a sender took it, then died
     report = reaper.run(engine, settings(), lambda: 30.0)
     assert report.reclaimed == 0  # the lease has not run out yet
     expire_leases(engine)
@@ -56,11 +58,11 @@ def test_expired_claims_go_back_to_pending_with_the_attempt_counted(engine: sa.E
 def test_a_row_that_keeps_crashing_its_sender_ends_dead(engine: sa.Engine) -> None:
     (mid,) = enqueue(engine, max_attempts=3)
     for _ in range(3):
-        from support import make_due
-
         make_due(engine)
-        assert [c.id for c in claim(engine)] == [mid]
-        expire_leases(engine)  # the sender crashed: nobody settles
+        claims = claim(engine)
+        assert [c.id for c in claims] == [mid]
+        receive(engine, claims)
+        expire_leases(engine)  # the sender crashed after taking it: nobody settles
         reaper.run(engine, settings(), lambda: 30.0)
     with engine.connect() as conn:
         r, history = row(conn, mid), attempts(conn, mid)

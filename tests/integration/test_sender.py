@@ -1,4 +1,4 @@
-"""The sender runtime: fenced re-read, outcomes, batched fenced settle (invariants 2, 4, 6, 7)."""
+"""The sender runtime: the receipt, outcomes, batched fenced settle (invariants 2, 4, 6, 7)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ import outbox
 from outbox import sender, store
 from outbox.channels import Outcome
 from outbox.handoff import HandOff
-from support import LambdaContext, ScriptedChannel, attempts, install_channel, row, settings
+from support import (
+    LambdaContext,
+    ScriptedChannel,
+    attempts,
+    install_channel,
+    receive,
+    row,
+    settings,
+)
 
 
 def enqueue(engine: sa.Engine, n: int = 1, **options: object) -> list[int]:
@@ -129,7 +137,8 @@ def test_a_sender_whose_lease_was_taken_changes_nothing_and_says_so(engine: sa.E
     install_channel(ScriptedChannel())
     (mid,) = enqueue(engine)
     stale = claim(engine)
-    with engine.begin() as conn:  # the reaper released it and another dispatcher re-claimed it
+    receive(engine, stale)  # a slow sender took it ...
+    with engine.begin() as conn:  # ... the reaper released it and another dispatcher re-claimed it
         conn.execute(sa.text("UPDATE outbox_message SET lease_expires_at = now() - interval '1s'"))
         store.reap_expired(conn, 10, store.Backoff(0, 0, 5))
     fresh = claim(engine)
@@ -252,3 +261,96 @@ def test_settle_is_one_statement_whatever_the_batch_size(engine: sa.Engine) -> N
         sa.event.remove(engine, "before_cursor_execute", count)
     assert report.statuses == {"delivered": 200}
     assert len([s for s in statements if s.strip()]) == 2  # fenced load + settle
+
+
+# --- issue 9 item 6: a channel that cannot send fails its rows at once --------
+
+
+def _claim_raw(engine: sa.Engine, channel: str) -> list[store.Claim]:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("INSERT INTO outbox_message (channel, payload) VALUES (:c, '{\"n\": 1}')"),
+            {"c": channel},
+        )
+        return store.claim(conn, 10, 120)
+
+
+def _send_event(engine: sa.Engine, channel: str, claims: list[store.Claim]) -> sender.SendReport:
+    return sender.run(engine, HandOff(channel, tuple(claims)).to_event(), settings(), lambda: 30.0)
+
+
+def test_a_channel_missing_from_the_senders_registry_fails_at_once(engine: sa.Engine) -> None:
+    (c,) = _claim_raw(engine, "ghost")
+    report = _send_event(engine, "ghost", [c])
+    assert report.statuses == {"failed": 1}
+    with engine.connect() as conn:
+        r = row(conn, c.id)
+        assert (r.status, r.attempts) == ("failed", 1)
+        assert r.last_error == "channel 'ghost' is not in this sender's channel registry"
+
+
+def test_a_channel_without_a_working_send_fails_at_once(engine: sa.Engine) -> None:
+    from outbox.channels import SchemaChannel
+
+    class Unfinished(SchemaChannel):  # validate from the schema, send never written
+        name = "unfinished"
+        schema = {"type": "object"}
+
+    class NoSend:
+        name = "nosend"
+        schema: dict[str, object] = {}
+
+        def validate(self, payload: object) -> None:
+            pass
+
+    class RaisesNotImplemented(ScriptedChannel):
+        def send(self, message, deadline):  # type: ignore[no-untyped-def]
+            raise NotImplementedError
+
+    install_channel(Unfinished())
+    install_channel(NoSend())
+    install_channel(RaisesNotImplemented(name="later"))
+    expected = {
+        "unfinished": "channel 'unfinished' does not implement send",
+        "nosend": "channel 'nosend' has no send method",
+        "later": "channel 'later' does not implement send",
+    }
+    for channel, error in expected.items():
+        (c,) = _claim_raw(engine, channel)
+        assert _send_event(engine, channel, [c]).statuses == {"failed": 1}
+        with engine.connect() as conn:
+            r = row(conn, c.id)
+        assert (r.status, r.last_error) == ("failed", error)
+
+
+def test_the_worker_fails_a_channel_it_cannot_send_at_once(engine: sa.Engine) -> None:
+    from outbox.channels import SchemaChannel
+    from outbox.worker import Worker
+
+    class Unfinished(SchemaChannel):
+        name = "unfinished"
+        schema = {"type": "object"}
+
+    install_channel(Unfinished())
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_message (channel, payload) "
+                "VALUES ('unfinished', '{}'), ('ghost', '{}')"
+            )
+        )
+    Worker(engine, settings(), reap_interval_seconds=3600).run(until_empty=True)
+    with engine.connect() as conn:
+        got = conn.execute(
+            sa.text("SELECT channel, status, attempts, last_error FROM outbox_message ORDER BY id")
+        ).all()
+    assert [tuple(r) for r in got] == [
+        ("unfinished", "failed", 1, "channel 'unfinished' does not implement send"),
+        (
+            "ghost",
+            "failed",
+            1,
+            "no function is configured for channel 'ghost' "
+            "(it is not in this process's channel registry)",
+        ),
+    ]

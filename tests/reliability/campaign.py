@@ -20,11 +20,20 @@ what was duplicated.
    (support.expire_leases), backoffs made due (support.make_due), reaper and
    dispatcher + sender until every message is terminal;
 5. checks the invariants (``check``) and prints the counts.
+
+Two calm runs (``mode``) aim one hostile input at the relay with no other
+fault: ``poison`` seeds rows whose payloads the driver cannot decode (nested
+past any recursion limit) or that break the payload limits, written past the
+producer; ``drip`` sends some messages to a real receiver that drips its
+answer a byte at a time. Both must show 0 sends for another's claim, 0 good
+messages dead, the poisoned rows failed alone, and every process stopping
+within its grace.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -45,7 +54,7 @@ TESTS_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TESTS_DIR))
 
 import support  # noqa: E402
-from outbox import channels, dispatcher, migrate, reaper, sender  # noqa: E402
+from outbox import channels, dispatcher, migrate, reaper, sender, store  # noqa: E402
 from outbox.config import DatabaseSettings  # noqa: E402
 from outbox.db import create_engine  # noqa: E402
 from outbox.handoff import CallableInvoker  # noqa: E402
@@ -55,13 +64,21 @@ STATEMENT_TIMEOUT_MS = 1000
 LEASE_SECONDS = 3
 BEHAVIOURS = ["transient", "permanent", "throttle", "error", "hang"]
 BEHAVIOUR_WEIGHTS = [0.45, 0.06, 0.25, 0.14, 0.10]
+MODES = ("chaos", "poison", "drip")
+# How long after its end time each process may take to stop (calm runs): a
+# sender finishes its batch (provider calls end at their deadline, inside the
+# lease), the reaper outlives the senders by a lease and 2 s by design.
+STOP_GRACE = {"dispatcher": 2.0, "sender": LEASE_SECONDS + 2.0, "reaper": LEASE_SECONDS + 4.5}
 
 
 @dataclass
 class RunReport:
     run: int
     seed: int
+    mode: str = "chaos"
     messages: int = 0
+    poisoned: int = 0
+    slowest_stop: dict[str, float] = field(default_factory=dict)
     statuses: dict[str, int] = field(default_factory=dict)
     kills: dict[str, int] = field(default_factory=dict)
     stalls: int = 0
@@ -121,15 +138,20 @@ def relay_engine(url: str) -> sa.Engine:
 # --- the run -----------------------------------------------------------------
 
 
-def seed_messages(engine: sa.Engine, rng: random.Random, n: int) -> list[int]:
+def seed_messages(engine: sa.Engine, rng: random.Random, n: int, mode: str = "chaos") -> list[int]:
     import outbox
 
     messages = []
     for i in range(n):
-        script = [
-            rng.choices(BEHAVIOURS, BEHAVIOUR_WEIGHTS)[0]
-            for _ in range(rng.choice([0, 0, 1, 2, 3]))
-        ]
+        if mode == "drip":  # good messages: some meet the dripping receiver once or twice
+            script = rng.choice([[], [], ["drip"], ["drip", "drip"], ["transient", "drip"]])
+        elif mode == "poison":  # good messages, whatever the poisoned ones do
+            script = rng.choice([[], [], ["transient"], ["throttle"]])
+        else:
+            script = [
+                rng.choices(BEHAVIOURS, BEHAVIOUR_WEIGHTS)[0]
+                for _ in range(rng.choice([0, 0, 1, 2, 3]))
+            ]
         message: dict[str, Any] = {
             "channel": harness.CHANNEL,
             "payload": {"n": i, "script": script},
@@ -139,7 +161,7 @@ def seed_messages(engine: sa.Engine, rng: random.Random, n: int) -> list[int]:
             message["ordering_key"] = f"key-{rng.randrange(4)}"
         if rng.random() < 0.2:
             message["delay"] = rng.uniform(0, 2)
-        if rng.random() < 0.2:
+        if rng.random() < 0.2 and mode == "chaos":
             message["max_attempts"] = rng.choice([2, 3])
         messages.append(message)
     with harness.FakeProviderRegistered(), engine.begin() as conn:
@@ -198,8 +220,39 @@ class Chaos(threading.Thread):
                 time.sleep(STATEMENT_TIMEOUT_MS / 1000 * 2)
 
 
+# Rows no producer would write: nested past any Python's recursion limit (the
+# driver cannot decode them), and past the payload limits (decodable, refused).
+POISON = (
+    '{"n": 0, "x": ' + "[" * 5000 + "]" * 5000 + "}",
+    '{"n": 0, "a": ' + '{"a": ' * 40 + "1" + "}" * 41,
+)
+
+
+def seed_poison(engine: sa.Engine, rng: random.Random, n: int) -> list[int]:
+    """Poisoned rows among the good ones, written past the producer (raw SQL)."""
+    with engine.begin() as conn:
+        return [
+            int(
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO outbox_message (channel, payload, priority) "
+                        "VALUES (:c, CAST(:p AS jsonb), :prio) RETURNING id"
+                    ),
+                    {"c": harness.CHANNEL, "p": POISON[i % 2], "prio": rng.choice([0, 1, 5])},
+                ).scalar_one()
+            )
+            for i in range(n)
+        ]
+
+
 def spawn(
-    role: str, url: str, until: float, point: str | None, seed: int, log: Any
+    role: str,
+    url: str,
+    until: float,
+    point: str | None,
+    seed: int,
+    log: Any,
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env.update(
@@ -211,6 +264,7 @@ def spawn(
             "REL_KILL_PROB": "0.3",
             "REL_SEED": str(seed),
             "REL_LEASE": str(LEASE_SECONDS),
+            **(extra_env or {}),
         }
     )
     return subprocess.Popen(
@@ -236,7 +290,10 @@ def run_processes(
     report: RunReport,
     log_path: Path,
     counts: dict[str, int],
+    extra_env: dict[str, str] | None = None,
 ) -> None:
+    calm = report.mode != "chaos"
+    env = {**(extra_env or {}), **({"REL_CALM": "1"} if calm else {})}
     until = time.time() + seconds
     turn: Counter[str] = Counter()
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
@@ -246,13 +303,14 @@ def run_processes(
             points = ROTATION[role]
             point = points[turn[role] % len(points)]
             turn[role] += 1
-            procs.append((role, spawn(role, url, until, point, rng.randrange(1 << 30), log)))
+            procs.append((role, spawn(role, url, until, point, rng.randrange(1 << 30), log, env)))
 
         for role, n in counts.items():
             for _ in range(n):
                 start(role)
         chaos = Chaos(url, rng, report)
-        chaos.start()
+        if not calm:
+            chaos.start()
         try:
             while time.time() < until:
                 time.sleep(0.1)
@@ -263,16 +321,28 @@ def run_processes(
                             start(role)
         finally:
             chaos.stop.set()
-            chaos.join()
+            if chaos.is_alive():
+                chaos.join()
             # The processes stop by themselves at `until` and wait for hung
             # provider calls; a straggler is a harness failure.
-            for role, proc in procs:
-                try:
-                    proc.wait(timeout=LEASE_SECONDS * 3 + 10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-                    report.violations.append(f"{role} process {proc.pid} did not stop")
+            give_up = max(until, time.time()) + LEASE_SECONDS * 3 + 10
+            running = list(procs)
+            while running and time.time() < give_up:
+                for role, proc in list(running):
+                    if proc.poll() is not None:
+                        running.remove((role, proc))
+                        late = round(max(0.0, time.time() - until), 1)
+                        report.slowest_stop[role] = max(report.slowest_stop.get(role, 0.0), late)
+                time.sleep(0.05)
+            for role, proc in running:
+                proc.kill()
+                proc.wait()
+                report.violations.append(f"{role} process {proc.pid} did not stop")
+            for role, late in report.slowest_stop.items():
+                if calm and late > STOP_GRACE[role] + 0.5:
+                    report.violations.append(
+                        f"a {role} stopped {late} s after its end (grace {STOP_GRACE[role]} s)"
+                    )
 
 
 def drain(url: str, aux: sa.Engine) -> None:
@@ -289,7 +359,8 @@ def drain(url: str, aux: sa.Engine) -> None:
     def send(event: dict[str, Any]) -> None:
         pairs = harness.event_pairs(event)
         provider.tokens.update(pairs)
-        provider.in_flight = pairs
+        # (hand-offs run concurrently here: every claim handed off so far is in flight)
+        provider.in_flight = [*provider.in_flight, *pairs]
         sender.run(engine, event, relay, lambda: 30.0, channel_name=harness.CHANNEL)
 
     try:
@@ -321,7 +392,7 @@ def drain(url: str, aux: sa.Engine) -> None:
         engine.dispose()
 
 
-def check(url: str, report: RunReport, default_max: int) -> None:
+def check(url: str, report: RunReport, default_max: int, poisoned: list[int] | None = None) -> None:
     """The invariants, each a query that lists the rows breaking it."""
     engine = sa.create_engine(url, connect_args={"application_name": "rel-check"})
     v = report.violations
@@ -329,6 +400,27 @@ def check(url: str, report: RunReport, default_max: int) -> None:
 
         def ids(sql: str, **params: Any) -> list[Any]:
             return [tuple(r) for r in conn.execute(sa.text(sql), params).all()]
+
+        if bad := ids("SELECT message_id, token FROM rel_events WHERE kind = 'foreign_send'"):
+            v.append(f"provider calls for a claim the hand-off did not hold: {bad}")
+        if report.mode != "chaos":
+            # Calm runs: nothing but the hostile input, so every good message
+            # is delivered and every poisoned row failed alone, never sent.
+            poison = store.array_literal(poisoned or [])
+            if bad := ids(
+                "SELECT id, status, last_error FROM outbox_message WHERE status <> 'delivered' "
+                "AND id <> ALL(CAST(:p AS bigint[]))",
+                p=poison,
+            ):
+                v.append(f"good messages not delivered: {bad}")
+            if bad := ids(
+                "SELECT id, status, last_error FROM outbox_message "
+                "WHERE id = ANY(CAST(:p AS bigint[])) AND (status <> 'failed' "
+                "OR last_error NOT LIKE 'invalid payload: payload%' OR EXISTS "
+                "(SELECT 1 FROM rel_calls c WHERE c.message_id = outbox_message.id))",
+                p=poison,
+            ):
+                v.append(f"poisoned rows not failed alone: {bad}")
 
         report.statuses = dict(
             conn.execute(
@@ -338,8 +430,13 @@ def check(url: str, report: RunReport, default_max: int) -> None:
         total = sum(report.statuses.values())
         if total != report.messages:
             v.append(f"lost messages: {report.messages} enqueued, {total} in the table")
+        # Pending is allowed only for a row held behind a failed, dead or
+        # expired row of its ordering key (it waits for an operator).
         if bad := ids(
-            "SELECT id, status FROM outbox_message WHERE status IN ('pending', 'claimed')"
+            "SELECT m.id, m.status FROM outbox_message m WHERE m.status = 'claimed' "
+            "OR (m.status = 'pending' AND NOT EXISTS (SELECT 1 FROM outbox_message f "
+            "WHERE f.ordering_key = m.ordering_key AND f.id < m.id "
+            "AND f.status IN ('failed', 'dead', 'expired')))"
         ):
             v.append(f"not terminal: {bad}")
         if bad := ids(
@@ -364,13 +461,14 @@ def check(url: str, report: RunReport, default_max: int) -> None:
             "SELECT message_id, old_token, writer_token, new_status FROM rel_transitions "
             "WHERE writer_token IS DISTINCT FROM old_token AND "
             "(writer_token IS NOT NULL OR NOT lease_expired "
-            "OR new_status NOT IN ('pending', 'dead'))"
+            "OR new_status NOT IN ('pending', 'dead', 'expired'))"
         ):
             v.append(f"writes with a stale claim token: {bad}")
         if bad := ids(
             "SELECT m.id, m.attempts, COALESCE(m.max_attempts, :d) FROM outbox_message m "
             "WHERE m.attempts > COALESCE(m.max_attempts, :d) OR m.attempts <> (SELECT count(*) "
-            "FROM outbox_attempt a WHERE a.message_id = m.id AND a.outcome <> 'deferred') "
+            "FROM outbox_attempt a WHERE a.message_id = m.id "
+            "AND a.outcome NOT IN ('deferred', 'not_started')) "
             "OR EXISTS (SELECT 1 FROM outbox_attempt a WHERE a.message_id = m.id "
             "AND a.attempt > COALESCE(m.max_attempts, :d))",
             d=default_max,
@@ -475,22 +573,39 @@ def one_run(
     counts: dict[str, int],
     log_dir: Path,
     url: str | None = None,
+    mode: str = "chaos",
 ) -> RunReport:
+    from channel_support import drip_receiver
+
+    assert mode in MODES, mode
     rng = random.Random(seed)
-    report = RunReport(run=run, seed=seed, messages=messages)
+    report = RunReport(run=run, seed=seed, mode=mode, messages=messages)
     own = url is None
     url = url or create_database(server_url)
     aux = harness.aux_engine(url)
+    stack = contextlib.ExitStack()
     try:
         with aux.connect() as conn:
             conn.execute(sa.text(harness.RESET_SQL))
         engine = relay_engine(url)
-        seed_messages(engine, rng, messages)
+        seed_messages(engine, rng, messages, mode)
+        poisoned = seed_poison(engine, rng, max(2, messages // 6)) if mode == "poison" else []
+        report.poisoned = len(poisoned)
+        report.messages += len(poisoned)
         engine.dispose()
-        run_processes(url, seconds, rng, report, log_dir / f"run-{run}.log", counts)
+        extra_env = {}
+        if mode == "drip":
+            # It outlasts the whole run: only the client's deadline ends a call.
+            receiver = stack.enter_context(drip_receiver("headers", interval=0.2, lasts=600))
+            extra_env["REL_DRIP_URL"] = receiver.url()
+            os.environ["REL_DRIP_URL"] = receiver.url()  # for the drain, in this process
+            stack.callback(os.environ.pop, "REL_DRIP_URL", None)
+        log = log_dir / f"run-{run}.log"
+        run_processes(url, seconds, rng, report, log, counts, extra_env)
         drain(url, aux)
-        check(url, report, driver.settings(LEASE_SECONDS).max_attempts)
+        check(url, report, driver.settings(LEASE_SECONDS).max_attempts, poisoned)
     finally:
+        stack.close()
         aux.dispose()
         if own:
             drop_database(server_url, url)

@@ -2,7 +2,8 @@
 
 ROLE is dispatcher, sender or reaper. Settings come from the environment:
 REL_DB_URL, REL_UNTIL (epoch seconds to stop at), REL_KILL_POINT (one of
-harness.ALL_POINTS, or empty), REL_KILL_PROB, REL_SEED, REL_LEASE.
+harness.ALL_POINTS, or empty), REL_KILL_PROB, REL_SEED, REL_LEASE, REL_CALM
+(1: no faults injected by this process), REL_DRIP_URL (the dripping receiver).
 
 The dispatcher claims with ``outbox.dispatcher.dispatch_once`` and hands off
 through the ``rel_queue`` table; the sender takes one event at a time from
@@ -31,6 +32,7 @@ def settings(lease: float) -> RelaySettings:
         max_attempts=6,
         backoff_base_seconds=0.05,
         backoff_cap_seconds=0.4,
+        min_deferral_seconds=0.05,  # scaled down with the backoff
         handoff_chunk_size=4,
         send_concurrency=4,
         settle_margin_seconds=0.5,
@@ -60,9 +62,13 @@ def main(role: str) -> None:
     seed = int(os.environ.get("REL_SEED", "0"))
     lease = float(os.environ.get("REL_LEASE", "3"))
 
+    # A calm run (the poisoned-payload and slow-drip runs): no kills, stalls
+    # or slow statements, so every fault in it is the one under test.
+    calm = os.environ.get("REL_CALM") == "1"
+
     aux = harness.aux_engine(url)
     recorder = harness.Recorder(aux)
-    killer = harness.Killer(recorder, point, probability, seed)
+    killer = None if calm else harness.Killer(recorder, point, probability, seed)
     harness.install_wrappers(recorder, killer, lease)
     provider = harness.FakeProvider(recorder, killer)
     channels.register(harness.CHANNEL, lambda: provider)

@@ -229,9 +229,15 @@ class FakeProvider(SchemaChannel):
 
     def send(self, message: Message, deadline: Deadline) -> Outcome:
         token = self.tokens.get(message.id)
+        if (message.id, token) not in set(self.in_flight):
+            # A row this sender's hand-off never named (a shifted read, a
+            # replay): a send for another's claim.
+            self.recorder.events("foreign_send", [(message.id, token)])
         calls_before = self.recorder.call(message.id, token)
         script = message.payload.get("script") or []
         behaviour = script[calls_before] if calls_before < len(script) else "ok"
+        if behaviour == "drip":
+            return self.drip(deadline)
         if behaviour == "transient":
             return Outcome.retry("provider: transient failure")
         if behaviour == "permanent":
@@ -256,6 +262,17 @@ class FakeProvider(SchemaChannel):
             self.killer.hit("after_send", self.in_flight)
         return Outcome.delivered(f"fake-{message.id}-{calls_before}")
 
+    def drip(self, deadline: Deadline) -> Outcome:
+        """A real webhook POST to the campaign's dripping receiver (REL_DRIP_URL),
+        through the webhook channel's own HTTP client and its deadline."""
+        from outbox import netguard
+        from outbox.channels.webhook import WebhookChannel
+
+        target = netguard.resolve(os.environ["REL_DRIP_URL"], allow_insecure=True)
+        channel = WebhookChannel(allow_insecure=True, default_secret_id="unused")
+        headers = {"Host": target.host_header, "Content-Type": "application/json"}
+        return channel._post(target, headers, b"{}", deadline)
+
 
 def install_wrappers(
     recorder: Recorder, killer: Killer | None, lease_seconds: float
@@ -264,7 +281,7 @@ def install_wrappers(
     writer holds, record lost leases and abandoned calls, and host the kill
     points inside the settle. Returns a function that undoes the wrapping."""
     original_settle, original_release = store.settle, store.release
-    original_load = store.load_claimed
+    original_receive = store.receive_claimed
 
     def writer(conn: sa.Connection, pairs: Sequence[tuple[int, Any]]) -> None:
         # Transaction-local when there is a transaction; in autocommit (how the
@@ -305,20 +322,20 @@ def install_wrappers(
         writer(conn, pairs)
         return original_release(conn, pairs, reason, delay_seconds)
 
-    def load_claimed(conn: sa.Connection, channel: str, claims: Any, default_max: int) -> Any:
+    def receive_claimed(conn: sa.Connection, channel: str, claims: Any, default_max: int) -> Any:
         pairs = list(claims)
-        rows = original_load(conn, channel, pairs, default_max)
+        rows = original_receive(conn, channel, pairs, default_max)
         if killer is not None:
             killer.hit("after_load", pairs)
         return rows
 
-    store.settle, store.release, store.load_claimed = settle, release, load_claimed  # type: ignore[assignment]
+    store.settle, store.release, store.receive_claimed = settle, release, receive_claimed  # type: ignore[assignment]
 
     def undo() -> None:
-        store.settle, store.release, store.load_claimed = (  # type: ignore[assignment]
+        store.settle, store.release, store.receive_claimed = (  # type: ignore[assignment]
             original_settle,
             original_release,
-            original_load,
+            original_receive,
         )
 
     return undo

@@ -120,7 +120,11 @@ def test_valid_messages_round_trip_exactly(
 
 
 @FUZZ
-@given(subject=TEXT.filter(lambda s: 1 <= len(s) <= 998), text=TEXT.filter(bool))
+# (one header line: CR and LF are refused, see test_smaller_gaps)
+@given(
+    subject=TEXT.filter(lambda s: 1 <= len(s) <= 998 and "\r" not in s and "\n" not in s),
+    text=TEXT.filter(bool),
+)
 def test_email_with_any_unicode_subject_and_text_round_trips(
     engine: sa.Engine, subject: str, text: str
 ) -> None:

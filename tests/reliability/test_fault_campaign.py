@@ -56,3 +56,28 @@ def test_long_fault_campaign(server_url: str, tmp_path: Path) -> None:
     violations = [v for r in reports for v in r.violations]
     assert not violations, violations
     assert not campaign.missing_points(reports)
+
+
+@pytest.mark.parametrize("mode", ["poison", "drip"])
+def test_calm_runs_against_poisoned_payloads_and_a_dripping_receiver(
+    server_url: str, tmp_path: Path, mode: str
+) -> None:
+    """Relay processes meet one hostile input and nothing else: rows the driver
+    cannot decode (or beyond the payload limits), or a receiver that drips its
+    answer. 0 sends for another's claim, 0 good messages dead, the poisoned
+    rows failed alone, every process stopped within its grace."""
+    report = campaign.one_run(
+        server_url,
+        0,
+        20261201,
+        seconds=6,
+        messages=48,
+        counts={"dispatcher": 1, "sender": 2, "reaper": 1},
+        log_dir=tmp_path,
+        mode=mode,
+    )
+    assert report.violations == [], report.violations
+    assert report.statuses.get("delivered", 0) == 48
+    if mode == "poison":
+        assert report.poisoned == 8 and report.statuses.get("failed") == 8
+    assert set(report.slowest_stop) == {"dispatcher", "sender", "reaper"}

@@ -1,7 +1,9 @@
 """The state machine of DESIGN.md as a Python model, checked step by step
 against the real database while Hypothesis drives claim, hand-off (the
-sender's fenced load), settle (every outcome, with current and stale tokens),
-lease expiry, reap, redrive, cancel and prune in random interleavings.
+sender's receipt: each claim taken once), settle (every outcome, with current
+and stale tokens; deferrals counted and capped), lease expiry, reap (an
+attempt counted only after a receipt), deliver-by expiry, the ordering-key
+hold and cancel policy, redrive, cancel and prune in random interleavings.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from hypothesis import HealthCheck, Phase, settings
@@ -21,9 +24,15 @@ from outbox.channels import SchemaChannel
 from support import expire_leases
 
 DEFAULT_MAX = 3
-# Backoff of zero: a retried row is due at once, so the model need not know the clock.
-BACKOFF = store.Backoff(0.0, 0.0, DEFAULT_MAX)
-TERMINAL = {"delivered", "failed", "dead", "suppressed", "cancelled"}
+MAX_DEFERRALS = 2
+# Backoff and deferral floor of zero: a retried or deferred row is due at
+# once, so the model need not know the clock.
+BACKOFF = store.Backoff(
+    0.0, 0.0, DEFAULT_MAX, max_deferrals=MAX_DEFERRALS, min_deferral_seconds=0.0
+)
+TERMINAL = {"delivered", "failed", "dead", "suppressed", "cancelled", "expired"}
+HOLDING = {"failed", "dead", "expired"}
+LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)  # a deliver-by time that has passed
 
 
 class ModelChannel(SchemaChannel):
@@ -37,9 +46,13 @@ class Row:
     priority: int
     ordering_key: str | None
     max_attempts: int | None
+    policy: str = "hold"  # on_predecessor_failure
+    overdue: bool = False  # its deliver-by time has passed
     status: str = "pending"
     attempts: int = 0
+    deferrals: int = 0
     token: uuid.UUID | None = None
+    received: bool = False  # a sender took this claim's receipt
     expired: bool = False
     due_stamp: int = 0  # the order of the statements that made it due (available_at)
     attempt_rows: int = 0
@@ -66,12 +79,16 @@ class OutboxModel(RuleBasedStateMachine):
         def blocked(r: Row) -> bool:
             return r.ordering_key is not None and any(
                 p.ordering_key == r.ordering_key
-                and p.id < r.id
-                and p.status in ("pending", "claimed")
+                and p.id != r.id
+                and (p.status == "claimed" or (p.id < r.id and p.status in ("pending", *HOLDING)))
                 for p in self.rows.values()
             )
 
-        due = [r for r in self.rows.values() if r.status == "pending" and not blocked(r)]
+        due = [
+            r
+            for r in self.rows.values()
+            if r.status == "pending" and not r.overdue and not blocked(r)
+        ]
         return sorted(due, key=lambda r: (-r.priority, r.due_stamp, r.id))
 
     def _owned(self, message_id: int, token: uuid.UUID) -> Row | None:
@@ -101,8 +118,18 @@ class OutboxModel(RuleBasedStateMachine):
         priority=st.sampled_from([0, 0, 1]),
         key=st.sampled_from([None, None, "a", "b"]),
         max_attempts=st.sampled_from([None, 1, 2]),
+        policy=st.sampled_from(["hold", "hold", "cancel"]),
+        overdue=st.sampled_from([False, False, False, True]),
     )
-    def enqueue(self, n: int, priority: int, key: str | None, max_attempts: int | None) -> None:
+    def enqueue(
+        self,
+        n: int,
+        priority: int,
+        key: str | None,
+        max_attempts: int | None,
+        policy: str,
+        overdue: bool,
+    ) -> None:
         with self.engine.begin() as conn:
             ids = outbox.enqueue_many(
                 conn,
@@ -113,13 +140,17 @@ class OutboxModel(RuleBasedStateMachine):
                         "priority": priority,
                         "ordering_key": key,
                         "max_attempts": max_attempts,
+                        "on_predecessor_failure": policy,
+                        "expires_at": LONG_AGO if overdue else None,
                     }
                     for i in range(n)
                 ],
             )
         stamp = next(self.clock)
         for message_id in ids:
-            self.rows[message_id] = Row(message_id, priority, key, max_attempts, due_stamp=stamp)
+            self.rows[message_id] = Row(
+                message_id, priority, key, max_attempts, policy, overdue, due_stamp=stamp
+            )
 
     @rule(batch=st.integers(1, 4))
     def claim(self, batch: int) -> None:
@@ -130,22 +161,28 @@ class OutboxModel(RuleBasedStateMachine):
         for c in claims:
             r = self.rows[c.id]
             assert c.attempt == r.attempts + 1
-            r.status, r.token, r.expired = "claimed", c.claim_token, False
+            r.status, r.token, r.expired, r.received = "claimed", c.claim_token, False, False
             self.tokens.append((c.id, c.claim_token))
 
-    @rule(data=st.data())
-    def hand_off(self, data: st.DataObject) -> None:
-        """The sender's fenced load: only claims still held and not expired come back."""
+    @rule(data=st.data(), twice=st.booleans())
+    def hand_off(self, data: st.DataObject, twice: bool) -> None:
+        """The sender's receipt: only claims still held, not expired and not
+        yet taken come back, once (a pair listed twice, or a duplicated event)."""
         pairs = self._pick_tokens(data)
+        if twice:
+            pairs = pairs + pairs
         with self.engine.begin() as conn:
-            loaded = store.load_claimed(conn, "model", pairs, DEFAULT_MAX)
+            loaded = store.receive_claimed(conn, "model", pairs, DEFAULT_MAX)
         expected = sorted(
-            i for i, t in set(pairs) if (r := self._owned(i, t)) is not None and not r.expired
+            i
+            for i, t in set(pairs)
+            if (r := self._owned(i, t)) is not None and not r.expired and not r.received
         )
         assert [m.id for m in loaded] == expected
         for m in loaded:
             r = self.rows[m.id]
             assert (m.attempt, m.max_attempts, m.claim_token) == (r.attempts + 1, r.limit, r.token)
+            r.received = True
 
     @rule(data=st.data())
     def settle(self, data: st.DataObject) -> None:
@@ -166,8 +203,13 @@ class OutboxModel(RuleBasedStateMachine):
             r = self._owned(i, t)
             if r is None:
                 continue  # a stale token: nothing may change
-            if outcome == "deferred":
+            if outcome == "deferred" and r.deferrals < MAX_DEFERRALS:
                 r.status = "pending"
+                r.deferrals += 1
+            elif outcome == "deferred":  # past the cap: counts an attempt, like a retry
+                r.deferrals += 1
+                r.attempts += 1
+                r.status = "dead" if r.attempts >= r.limit else "pending"
             else:
                 r.attempts += 1
                 if outcome == "retry":
@@ -194,11 +236,48 @@ class OutboxModel(RuleBasedStateMachine):
         stamp = next(self.clock)
         for r in self.rows.values():
             if r.status == "claimed" and r.expired:
-                r.attempts += 1
-                r.status = "dead" if r.attempts >= r.limit else "pending"
+                if r.received:  # a sender started it: the attempt counts
+                    r.attempts += 1
+                    r.status = "dead" if r.attempts >= r.limit else "pending"
+                else:  # never started: no attempt
+                    r.status = "pending"
                 r.token, r.due_stamp = None, stamp
                 r.attempt_rows += 1
-                expected[r.id] = r.status
+                expected[r.id] = store.Reaped(r.status, r.received)
+        assert result == expected
+
+    @rule()
+    def expire_overdue(self) -> None:
+        """The reaper's sweep of pending rows past their deliver-by time."""
+        with self.engine.begin() as conn:
+            result = store.expire_overdue(conn, 100, BACKOFF)
+        expected = set()
+        for r in self.rows.values():
+            if r.status == "pending" and r.overdue:
+                r.status = "expired"
+                r.attempt_rows += 1
+                expected.add(r.id)
+        assert result == expected
+
+    @rule()
+    def cancel_held(self) -> None:
+        """The reaper cancels held rows whose producer asked for that."""
+        with self.engine.begin() as conn:
+            result = store.cancel_held(conn, 100)
+        expected = set()
+        for r in self.rows.values():
+            if (
+                r.status == "pending"
+                and r.policy == "cancel"
+                and any(
+                    p.ordering_key == r.ordering_key and p.id < r.id and p.status in HOLDING
+                    for p in self.rows.values()
+                    if r.ordering_key is not None
+                )
+            ):
+                expected.add(r.id)
+        for i in expected:
+            self.rows[i].status = "cancelled"
         assert result == expected
 
     @rule(batch=st.integers(1, 4))
@@ -218,8 +297,9 @@ class OutboxModel(RuleBasedStateMachine):
         expected = set()
         for i in set(ids):
             r = self.rows.get(i)
-            if r is not None and r.status in ("dead", "failed"):
-                r.status, r.attempts, r.due_stamp = "pending", 0, stamp
+            if r is not None and r.status in HOLDING:
+                r.status, r.attempts, r.deferrals, r.due_stamp = "pending", 0, 0, stamp
+                r.overdue = False  # a deliver-by time that has passed is lifted
                 expected.add(i)
         assert result == expected
 
@@ -231,7 +311,7 @@ class OutboxModel(RuleBasedStateMachine):
         expected = set()
         for i in set(ids):
             r = self.rows.get(i)
-            if r is not None and r.status == "pending":
+            if r is not None and r.status in ("pending", *HOLDING):
                 r.status = "cancelled"
                 expected.add(i)
         assert result == expected
@@ -252,8 +332,10 @@ class OutboxModel(RuleBasedStateMachine):
         with self.engine.connect() as conn:
             rows = conn.execute(
                 sa.text(
-                    "SELECT m.id, m.status, m.attempts, m.claim_token, m.settled_at IS NOT NULL "
-                    "AS settled, (SELECT count(*) FROM outbox_attempt a WHERE a.message_id = m.id) "
+                    "SELECT m.id, m.status, m.attempts, m.deferrals, m.claim_token, "
+                    "m.status = 'claimed' AND m.received_at IS NOT NULL AS received, "
+                    "m.settled_at IS NOT NULL AS settled, "
+                    "(SELECT count(*) FROM outbox_attempt a WHERE a.message_id = m.id) "
                     "AS attempt_rows FROM outbox_message m ORDER BY m.id"
                 )
             ).all()
@@ -265,10 +347,27 @@ class OutboxModel(RuleBasedStateMachine):
             ).scalar_one()
         assert orphans == 0
         actual = {
-            r.id: (r.status, r.attempts, r.claim_token, r.settled, r.attempt_rows) for r in rows
+            r.id: (
+                r.status,
+                r.attempts,
+                r.deferrals,
+                r.claim_token,
+                r.received,
+                r.settled,
+                r.attempt_rows,
+            )
+            for r in rows
         }
         model = {
-            r.id: (r.status, r.attempts, r.token, r.status in TERMINAL, r.attempt_rows)
+            r.id: (
+                r.status,
+                r.attempts,
+                r.deferrals,
+                r.token,
+                r.status == "claimed" and r.received,
+                r.status in TERMINAL,
+                r.attempt_rows,
+            )
             for r in self.rows.values()
         }
         assert actual == model

@@ -64,8 +64,15 @@ if not RUNTIME_PYTHON.is_file():
 # reports every loaded module that came from the repository but not from the
 # build, which must be none.
 RUNNER = r"""
-import json, sys, time
+import json, os, socket, sys, time
 event_path, out_path, build, root = sys.argv[1:5]
+# Names the test's local servers stand in for (the real CloudFormation host).
+loopback = set(filter(None, os.environ.get("TEST_RESOLVE_TO_LOOPBACK", "").split(",")))
+if loopback:
+    real_getaddrinfo = socket.getaddrinfo
+    def getaddrinfo(host, *args, **kwargs):
+        return real_getaddrinfo("127.0.0.1" if host in loopback else host, *args, **kwargs)
+    socket.getaddrinfo = getaddrinfo
 out = {}
 try:
     started = time.perf_counter()
@@ -293,7 +300,10 @@ def test_migrate_custom_resource_answers_cloudformation(
 ) -> None:
     """The Create event's answer is PUT to the (here: local, TLS) ResponseURL."""
     received: list[dict[str, Any]] = []
-    local = make_ca(tmp_path, names=("127.0.0.1",))
+    # The event's own host name (the migrate function answers only
+    # CloudFormation's bucket), resolved to the local server in the runner.
+    host = "cloudformation-custom-resource-response-useast1.s3.amazonaws.com"
+    local = make_ca(tmp_path, names=(host,))
     ca, chain, key = local.ca_file, local.cert_file, local.key_file
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -316,7 +326,7 @@ def test_migrate_custom_resource_answers_cloudformation(
     try:
         event = load_event("migrate")
         path = event["ResponseURL"].split(".com", 1)[1]
-        event["ResponseURL"] = f"https://127.0.0.1:{server.server_address[1]}{path}"
+        event["ResponseURL"] = f"https://{host}:{server.server_address[1]}{path}"
         out = invoke(
             "migrate",
             event,
@@ -324,7 +334,7 @@ def test_migrate_custom_resource_answers_cloudformation(
             endpoint=moto_endpoint,
             tmp_path=tmp_path,
             times={},
-            extra_env={"SSL_CERT_FILE": str(ca)},
+            extra_env={"SSL_CERT_FILE": str(ca), "TEST_RESOLVE_TO_LOOPBACK": host},
         )
     finally:
         server.shutdown()
@@ -385,11 +395,13 @@ def test_reaper_releases_an_expired_claim(
 ) -> None:
     import outbox
     from outbox import store
-    from support import EMAIL, expire_leases
+    from support import EMAIL, expire_leases, receive
 
     with engine.begin() as conn:
         message_id = outbox.enqueue(conn, "email", EMAIL)
-        assert [c.id for c in store.claim(conn, 10, 120)] == [message_id]
+        claims = store.claim(conn, 10, 120)
+        assert [c.id for c in claims] == [message_id]
+    receive(engine, claims)  # a sender took it, then died: the attempt counts
     expire_leases(engine, [message_id])
 
     out = invoke(

@@ -30,7 +30,9 @@ SCHEDULER_INPUT = {
 }
 # The one documented wildcard: SNS direct-to-phone publishing has no resource ARN.
 SMS_EXCEPTION = ("SmsFunction", "PublishSmsToPhoneNumbers")
-SMS_DENY_RESOURCE = "arn:aws:sns:*:*:*"
+# In the stack's own partition: a literal arn:aws: would leave Publish on "*"
+# unrestricted in aws-cn and aws-us-gov.
+SMS_DENY_RESOURCE = "arn:${AWS::Partition}:sns:*:*:*"
 # Phone-number actions, which have no resource ARN to grant them on.
 SMS_ACTIONS = {"sns:Publish", "sns:CheckIfPhoneNumberIsOptedOut"}
 
@@ -130,6 +132,8 @@ def iam_violations(template: dict[str, Any]) -> list[str]:
             if "*" in action:
                 found.append(f"{where}: action wildcard {action!r}")
         for resource in _strings(st.get("Resource", [])):
+            if resource.startswith("arn:aws:"):
+                found.append(f"{where}: hard-coded partition in {resource!r}")
             if st.get("Effect") == "Deny":
                 continue
             if resource == "*":
@@ -160,6 +164,30 @@ def iam_violations(template: dict[str, Any]) -> list[str]:
     return found
 
 
+# Actions a channel's code reaches through a library rather than a boto3 call
+# of its own (Powertools Parameters reads the webhook signing secrets).
+INDIRECT_ACTIONS = {"secretsmanager:GetSecretValue"}
+
+
+def unused_grant_violations(template: dict[str, Any], root: Path = ROOT) -> list[str]:
+    """Every action a channel function is granted is one its channel calls."""
+    found = []
+    for name, props in functions(template).items():
+        folder = folder_of(props)
+        source = root / "layers/outbox/outbox/channels" / f"{folder}.py"
+        if folder in NON_CHANNEL_FUNCTIONS or not source.is_file():
+            continue
+        code = source.read_text()
+        for fn_name, st in statements(template):
+            if fn_name != name or st.get("Effect") != "Allow":
+                continue
+            for action in _strings(st.get("Action", [])):
+                operation = re.sub(r"(?<!^)(?=[A-Z])", "_", action.split(":")[1]).lower()
+                if action not in INDIRECT_ACTIONS and f"{operation}(" not in code:
+                    found.append(f"{name}: granted {action}, which {source.name} never calls")
+    return found
+
+
 SECRET_NAME = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIAL|PRIVATE|API_?KEY", re.I)
 ARN_PATTERN_PREFIX = "^(arn:"
 
@@ -178,7 +206,13 @@ def secret_violations(template: dict[str, Any]) -> list[str]:
     for where, key, value in environment(template):
         if key == "DATABASE_URL":
             found.append(f"{where}: DATABASE_URL (a URL can carry a password) in AWS")
-        if SECRET_NAME.search(key):
+        if SECRET_NAME.search(key) and key.endswith("_ARNS"):
+            # A list of ARNs: joined from a list parameter of ARNs.
+            joined = value.get("Fn::Join") if isinstance(value, dict) else None
+            ref = joined[1].get("Ref") if joined and isinstance(joined[1], dict) else None
+            if template["Parameters"].get(ref or "", {}).get("Type") != "CommaDelimitedList":
+                found.append(f"{where}: {key} is not joined from a list parameter of ARNs")
+        elif SECRET_NAME.search(key):
             if not key.endswith("_ARN"):
                 found.append(f"{where}: {key} looks like a secret value, pass its ARN")
             for branch in _branches(value):
@@ -192,7 +226,7 @@ def secret_violations(template: dict[str, Any]) -> list[str]:
             if isinstance(branch, str) and re.search(r"://[^/\s]*:[^@/\s]+@", branch):
                 found.append(f"{where}: {key} carries credentials in a URL")
     for name in template["Parameters"]:
-        if SECRET_NAME.search(name) and not name.endswith("Arn") and "Prefix" not in name:
+        if SECRET_NAME.search(name) and not name.endswith(("Arn", "Arns")):
             found.append(f"parameter {name}: secrets are passed by ARN")
     sslmode = template["Globals"]["Function"]["Environment"]["Variables"].get("DB_SSLMODE")
     if sslmode != "verify-full":
@@ -345,6 +379,86 @@ def test_no_iam_wildcards_beyond_the_sms_exception(template: dict[str, Any]) -> 
     assert iam_violations(template) == []
 
 
+def test_channel_functions_are_granted_only_what_their_channel_calls(
+    template: dict[str, Any],
+) -> None:
+    assert unused_grant_violations(template) == []
+
+
+def _resources(node: Any) -> list[Any]:
+    """Every resource value of a statement, through Fn::If branches and Fn::Split."""
+    out = []
+    for item in _as_list(node):
+        if isinstance(item, dict) and "Fn::Split" in item:
+            joined = item["Fn::Split"][1]["Fn::Join"][1]
+            out.extend(r for part in joined for r in _resources(part))
+        elif isinstance(item, dict) and "Fn::Join" in item:
+            parts = item["Fn::Join"][1]
+            out.extend(r for part in _as_list(parts) for r in _resources(part))
+        else:
+            out.append(item)
+    return out
+
+
+def test_webhook_reads_only_the_signing_secrets_the_operator_lists(
+    template: dict[str, Any],
+) -> None:
+    (secret_read,) = [
+        st
+        for name, st in statements(template)
+        if name == "WebhookFunction" and "secretsmanager:GetSecretValue" in _strings(st["Action"])
+    ]
+    assert set(map(str, _resources(secret_read["Resource"]))) == set(
+        map(str, [{"Ref": "WebhookSecretArns"}, {"Ref": "WebhookDefaultSecretArn"}])
+    )
+    assert not any("*" in r for r in _strings(secret_read["Resource"]))
+    env = functions(template)["WebhookFunction"]["Environment"]["Variables"]
+    assert env["WEBHOOK_SECRET_ARNS"] == {"Fn::Join": [",", {"Ref": "WebhookSecretArns"}]}
+
+
+def test_the_migrator_and_the_relay_use_different_database_users(
+    template: dict[str, Any],
+) -> None:
+    fns = functions(template)
+    migrate_env = fns["MigrateFunction"]["Environment"]["Variables"]
+    assert fns["MigrateFunction"]["Policies"] == [{"Ref": "MigrateDatabaseAccessPolicy"}]
+    assert {str(b) for b in _branches(migrate_env["DB_SECRET_ARN"])} == {
+        str({"Ref": "MigrateDatabaseSecretArn"})
+    }
+    assert {str(b) for b in _branches(migrate_env["DB_IAM_USER"])} == {
+        str({"Ref": "MigrateDatabaseIamUser"})
+    }
+    assert migrate_env["OUTBOX_RELAY_ROLE"] == {"Ref": "DatabaseRelayRole"}
+    for name, props in fns.items():
+        if name != "MigrateFunction":
+            assert {"Ref": "MigrateDatabaseAccessPolicy"} not in props["Policies"], name
+            assert {"Ref": "DatabaseAccessPolicy"} in props["Policies"], name
+            assert "DB_SECRET_ARN" not in props.get("Environment", {}).get("Variables", {})
+    migrator = str(template["Resources"]["MigrateDatabaseAccessPolicy"])
+    assert "MigrateDatabaseSecretArn" in migrator and "${MigrateDatabaseIamUser}" in migrator
+    assert "'DatabaseSecretArn'" not in migrator
+    rules = str(template["Rules"])
+    for check in ("MigrateDatabaseSecretArn", "MigrateDatabaseIamUser"):
+        # required, and not the relay's own user
+        assert rules.count(str({"Ref": check})) == 2
+
+
+def test_retention_never_drops_below_a_day_and_unresolved_rows_wait(
+    template: dict[str, Any],
+) -> None:
+    params = template["Parameters"]
+    assert params["RetentionDays"]["MinValue"] == 1
+    assert params["UnresolvedRetentionDays"]["Default"] == "never"
+    pattern = re.compile(params["UnresolvedRetentionDays"]["AllowedPattern"])
+    assert [bool(pattern.match(v)) for v in ("never", "30", "0", "-1", "")] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+
+
 def test_secrets_by_arn_and_tls_required(template: dict[str, Any]) -> None:
     assert secret_violations(template) == []
 
@@ -446,7 +560,16 @@ def test_checks_catch_a_broken_template(template: dict[str, Any], tmp_path: Path
     sms = res["SmsFunction"]["Properties"]["Policies"][1]["Statement"]
     sms.pop()  # the Deny
     sms[0]["Action"].append("sns:CreateTopic")  # not a phone-number action
-    assert len(iam_violations(bad)) == 5
+    res["PushFunction"]["Properties"]["Policies"][1]["Statement"][0]["Resource"] = {
+        "Fn::Sub": "arn:aws:sns:${AWS::Region}:${AWS::AccountId}:endpoint/*"
+    }
+    assert len(iam_violations(bad)) == 6
+    push = res["PushFunction"]["Properties"]["Policies"][1]["Statement"][0]
+    push["Action"] = ["sns:Publish", "sns:GetEndpointAttributes"]
+    assert unused_grant_violations(bad) == [
+        "SmsFunction: granted sns:CreateTopic, which sms.py never calls",
+        "PushFunction: granted sns:GetEndpointAttributes, which push.py never calls",
+    ]
 
     res["WebhookFunction"]["Properties"]["Environment"]["Variables"]["WEBHOOK_SECRET"] = "hunter2"
     bad["Globals"]["Function"]["Environment"]["Variables"]["DB_SSLMODE"] = "require"
@@ -454,7 +577,8 @@ def test_checks_catch_a_broken_template(template: dict[str, Any], tmp_path: Path
         "postgresql://u:pw@h/db"
     )
     res["WebhookFunction"]["Properties"]["Environment"]["Variables"]["WEBHOOK_ALLOW_INSECURE"] = "1"
-    assert len(secret_violations(bad)) == 6
+    res["WebhookFunction"]["Properties"]["Environment"]["Variables"]["WEBHOOK_SECRET_ARNS"] = "x,y"
+    assert len(secret_violations(bad)) == 7
 
     res["PushFunction"]["Properties"]["EventInvokeConfig"]["MaximumRetryAttempts"] = 2
     del res["SqsFunction"]["Properties"]["EventInvokeConfig"]["DestinationConfig"]

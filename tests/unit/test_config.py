@@ -37,6 +37,10 @@ BASE = {"DATABASE_URL": "postgresql://postgres@127.0.0.1/test"}
         ({**BASE, "CHANNEL_FUNCTIONS": '{"email": ""}'}, "CHANNEL_FUNCTIONS"),
         ({**BASE, "BACKOFF_BASE_SECONDS": "10", "BACKOFF_CAP_SECONDS": "5"}, "BACKOFF_CAP_SECONDS"),
         ({**BASE, "DB_SSLMODE": "prefer"}, "DB_SSLMODE"),
+        ({**BASE, "MAX_DEFERRALS": "-1"}, "MAX_DEFERRALS"),
+        ({**BASE, "MIN_DEFERRAL_SECONDS": "nan"}, "MIN_DEFERRAL_SECONDS"),
+        ({**BASE, "DEFAULT_TTL_SECONDS": "1.5"}, "DEFAULT_TTL_SECONDS"),
+        ({**BASE, "DEFAULT_TTL_SECONDS": "-60"}, "DEFAULT_TTL_SECONDS"),
         ({"DB_SECRET_ARN": "arn:x", "DB_SSLMODE": "disable"}, "DB_SSLMODE"),
     ],
 )
@@ -51,6 +55,18 @@ def test_bad_configuration_fails_at_cold_start_naming_the_setting(
 def test_defaults_keep_the_lease_longer_than_timeout_plus_event_age() -> None:
     s = RelaySettings.from_env(BASE)
     assert s.lease_seconds > s.sender_timeout_seconds + s.max_event_age_seconds
+
+
+def test_issue_9_settings_are_read_with_production_defaults() -> None:
+    defaults = RelaySettings.from_env(BASE)
+    assert (defaults.max_attempts, defaults.backoff_base_seconds) == (8, 30.0)
+    assert (defaults.backoff_cap_seconds, defaults.max_deferrals) == (1800.0, 20)
+    assert (defaults.min_deferral_seconds, defaults.default_ttl_seconds) == (5.0, 86_400)
+    chosen = RelaySettings.from_env(
+        {**BASE, "MAX_DEFERRALS": "3", "MIN_DEFERRAL_SECONDS": "0.5", "DEFAULT_TTL_SECONDS": "0"}
+    )
+    assert (chosen.max_deferrals, chosen.min_deferral_seconds) == (3, 0.5)
+    assert chosen.default_ttl_seconds == 0
 
 
 def test_tls_is_verified_unless_the_url_is_local() -> None:

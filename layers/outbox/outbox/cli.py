@@ -146,11 +146,20 @@ def database(*, autocommit: bool = False) -> Iterator[sa.Engine]:
         message = _db_message(exc)
         if "outbox_message" in message and "does not exist" in message:
             fail("the outbox tables do not exist yet: run `outbox migrate` first")
-        if exc.connection_invalidated or isinstance(exc, sa.exc.InterfaceError):
+        if isinstance(exc, sa.exc.InterfaceError) or (
+            exc.connection_invalidated and not _server_reported(exc)
+        ):
             fail(f"cannot reach the database: {message}")
         fail(f"database error: {message}")
     finally:
         engine.dispose()
+
+
+def _server_reported(exc: sa.exc.DBAPIError) -> bool:
+    """The server answered with an error (pg8000 carries its fields in a dict);
+    the engine still discards such a connection, but the database was reached."""
+    args: tuple[Any, ...] = getattr(exc.orig, "args", ())
+    return bool(args) and isinstance(args[0], dict)
 
 
 def _db_message(exc: sa.exc.DBAPIError) -> str:
@@ -181,9 +190,11 @@ def _channels(values: Sequence[str]) -> list[str] | None:
 
 
 def _check_ids(ids: Sequence[int]) -> list[int]:
-    bad = [i for i in ids if i < 1]
+    from .handoff import MAX_MESSAGE_ID
+
+    bad = [i for i in ids if not 1 <= i <= MAX_MESSAGE_ID]
     if bad:
-        fail(f"message ids are positive integers, got {bad[0]}", 2)
+        fail(f"message ids are positive integers up to {MAX_MESSAGE_ID}, got {bad[0]}", 2)
     return sorted(set(ids))
 
 
@@ -239,6 +250,16 @@ def _read_payload(text: str) -> Any:
 @click.option("--priority", type=int, default=0, show_default=True)
 @click.option("--delay", type=Duration(), default=None, help="Not before this long (45s, 10m, 1h).")
 @click.option("--max-attempts", type=int, default=None, help="Overrides the relay's default.")
+@click.option(
+    "--ttl", type=Duration(), default=None, help="Expire if not delivered this long after due."
+)
+@click.option(
+    "--on-predecessor-failure",
+    type=click.Choice(["hold", "cancel"]),
+    default="hold",
+    show_default=True,
+    help="When an earlier message of the ordering key fails: wait for an operator, or cancel.",
+)
 @json_option
 def enqueue(
     channel: str,
@@ -248,6 +269,8 @@ def enqueue(
     priority: int,
     delay: float | None,
     max_attempts: int | None,
+    ttl: float | None,
+    on_predecessor_failure: str,
     as_json: bool,
 ) -> None:
     """Enqueue one message (validated like outbox.enqueue); prints its id."""
@@ -266,6 +289,8 @@ def enqueue(
                     priority=priority,
                     delay=delay,
                     max_attempts=max_attempts,
+                    ttl=ttl,
+                    on_predecessor_failure=on_predecessor_failure,
                 )
         except ValidationError as exc:
             fail(str(exc), 2)
@@ -278,7 +303,8 @@ def enqueue(
 @cli.command()
 @json_option
 def status(as_json: bool) -> None:
-    """Messages per channel and status, oldest due age, claims past their lease."""
+    """Messages per channel and status, oldest due age, claims past their lease,
+    and pending messages held behind a failed row of their ordering key."""
     from . import store
 
     with database() as engine, engine.connect() as conn:
@@ -304,6 +330,7 @@ def status(as_json: bool) -> None:
                 "claimed": backlog.claimed,
                 "expired_claims": backlog.expired_claims,
                 "dead": backlog.dead,
+                "held": backlog.held,
                 "paused_channels": [
                     {"channel": p.channel, "reason": p.reason, "paused_at": p.paused_at}
                     for p in paused
@@ -321,6 +348,11 @@ def status(as_json: bool) -> None:
         f"{backlog.oldest_due_age_seconds:.1f}s), claimed {backlog.claimed} "
         f"({backlog.expired_claims} past their lease), dead {backlog.dead}"
     )
+    if backlog.held:
+        click.echo(
+            f"held {backlog.held}: pending behind a failed, dead or expired message of their "
+            "ordering key; redrive or cancel that message to let them go"
+        )
 
 
 def print_status_table(groups: Sequence[Any], title: str = "messages") -> None:
@@ -396,10 +428,23 @@ def show(message_id: int, as_json: bool) -> None:
         history = store.attempt_history(conn, message_id) if row else []
     if row is None:
         fail(f"no message with id {message_id}")
+    message = _row_dict(row)
+    message["payload"] = _stored_payload(message["payload"])
     if as_json:
-        emit_json({"message": _row_dict(row), "attempts": [_row_dict(a) for a in history]})
+        emit_json({"message": message, "attempts": [_row_dict(a) for a in history]})
         return
-    print_message(_row_dict(row), [_row_dict(a) for a in history])
+    print_message(message, [_row_dict(a) for a in history])
+
+
+def _stored_payload(text: str) -> Any:
+    """The payload decoded, or, when it is beyond the payload limits (a row
+    written past the producer), its stored JSON text as it is."""
+    from .payloads import decode
+
+    try:
+        return decode(text)
+    except ValidationError:
+        return text
 
 
 def print_message(message: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> None:
@@ -412,7 +457,10 @@ def print_message(message: Mapping[str, Any], history: Sequence[Mapping[str, Any
     for key, value in message.items():
         if value is None:
             continue
-        shown = json.dumps(value, ensure_ascii=False) if key == "payload" else _jsonable(value)
+        if key == "payload":
+            shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        else:
+            shown = _jsonable(value)
         fields.add_row(key, str(shown))
     out.print(fields)
     attempts = Table(title="attempts")
@@ -459,9 +507,9 @@ def redrive(
     since: float | None,
     as_json: bool,
 ) -> None:
-    """Send dead or failed messages again (attempts reset, history kept).
+    """Send dead, failed or expired messages again (attempts reset, history kept).
 
-    Either IDS, or --status dead|failed with optional --channel and --since.
+    Either IDS, or --status dead|failed|expired with optional --channel and --since.
     """
     from . import store
 
@@ -469,10 +517,13 @@ def redrive(
     if ids and (wanted or channels_ or since is not None):
         fail("give either message ids or --status/--channel/--since, not both", 2)
     if not ids and not wanted:
-        fail("give message ids, or --status dead (or failed)", 2)
+        fail("give message ids, or --status dead (or failed, expired)", 2)
     bad = sorted(set(wanted) - set(store.REDRIVABLE_STATUSES))
     if bad:
-        fail(f"cannot redrive status {bad[0]!r}; choose from dead, failed", 2)
+        fail(
+            f"cannot redrive status {bad[0]!r}; choose from {', '.join(store.REDRIVABLE_STATUSES)}",
+            2,
+        )
     with database() as engine, engine.begin() as conn:
         if ids:
             wanted_ids = _check_ids(ids)
@@ -488,12 +539,14 @@ def redrive(
 @click.option("--reason", default="cancelled by operator", show_default=True)
 @json_option
 def cancel(ids: tuple[int, ...], reason: str, as_json: bool) -> None:
-    """Cancel pending messages (all ids must be pending, or nothing changes)."""
+    """Cancel messages: pending ones, or failed, dead or expired ones holding
+    their ordering key (its later messages then go). All ids must qualify, or
+    nothing changes."""
     from . import store
 
     wanted = _check_ids(ids)
     with database() as engine, engine.begin() as conn:
-        _locked_ids(conn, wanted, ("pending",), "cancel")
+        _locked_ids(conn, wanted, store.CANCELLABLE_STATUSES, "cancel")
         done = store.cancel(conn, wanted, reason)
     _report("cancelled", sorted(done), as_json)
 

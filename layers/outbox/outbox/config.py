@@ -40,6 +40,33 @@ def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: flo
     return float(_number(env, name, default, lo, hi, float))
 
 
+def _days_or_never(env: Mapping[str, str], name: str) -> int | None:
+    raw = (env.get(name) or "never").strip().lower()
+    if raw == "never":
+        return None
+    if not raw.isdigit():
+        raise ConfigError(name, f"must be a whole number of days or never, got {raw!r}")
+    return _int({name: raw}, name, 0, 1, 3650)
+
+
+def _check_database_url(url: str) -> None:
+    """One clear error for a malformed URL; never echoes it (it may hold a password)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+        port = parsed.port
+    except (ArgumentError, ValueError, TypeError):
+        raise ConfigError(
+            "DATABASE_URL", "is not a valid URL (postgresql://user:password@host:port/database)"
+        ) from None
+    if parsed.get_backend_name() not in ("postgresql", "postgres"):
+        raise ConfigError("DATABASE_URL", "must be a postgresql:// URL")
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError("DATABASE_URL", "has a port outside 1 to 65535")
+
+
 @dataclass(frozen=True)
 class DatabaseSettings:
     """Where the database is and how to authenticate to it.
@@ -84,6 +111,8 @@ class DatabaseSettings:
             raise ConfigError("DB_SSLMODE", f"must be verify-full or disable, got {sslmode!r}")
         if sslmode == "disable" and not url:
             raise ConfigError("DB_SSLMODE", "TLS can only be disabled for a local DATABASE_URL")
+        if url:
+            _check_database_url(url)
         return cls(
             url=url,
             secret_arn=secret_arn,
@@ -103,10 +132,24 @@ class RelaySettings:
 
     batch_size: int = 100
     lease_seconds: int = 120
-    max_attempts: int = 5
-    backoff_base_seconds: float = 2.0
-    backoff_cap_seconds: float = 900.0
+    # Retries span 31 to 62 minutes from the first failure to dead (the seven
+    # jittered delays 30 s .. 30 min before attempts 2..8): a real provider
+    # outage, not half a minute of one, is what a message must outlive.
+    max_attempts: int = 8
+    backoff_base_seconds: float = 30.0
+    backoff_cap_seconds: float = 1800.0
+    # Deferrals (throttling) a message may take before each counts an attempt.
+    max_deferrals: int = 20
+    # The shortest deferral: "retry after 0 s" must not loop a message.
+    min_deferral_seconds: float = 5.0
+    # A message not delivered this long after it was first due ends expired
+    # (unless it set its own deliver-by time); 0: no default.
+    default_ttl_seconds: int = 86_400
     retention_days: int = 7
+    # failed, dead and expired rows wait for an operator (redrive, cancel,
+    # `outbox prune`): None keeps them until then; a number prunes them
+    # after that many days (at least 1).
+    unresolved_retention_days: int | None = None
     # The longest a sender runs (its Lambda timeout) and the longest an async
     # event may wait in Lambda's queue: invariant 4 wants both inside the lease.
     sender_timeout_seconds: int = 30
@@ -135,10 +178,14 @@ class RelaySettings:
         settings = cls(
             batch_size=_int(env, "BATCH_SIZE", 100, 1, 10_000),
             lease_seconds=_int(env, "LEASE_SECONDS", 120, 5, 86_400),
-            max_attempts=_int(env, "MAX_ATTEMPTS", 5, 1, 1_000),
-            backoff_base_seconds=_float(env, "BACKOFF_BASE_SECONDS", 2.0, 0.0, 86_400.0),
-            backoff_cap_seconds=_float(env, "BACKOFF_CAP_SECONDS", 900.0, 0.0, 604_800.0),
-            retention_days=_int(env, "RETENTION_DAYS", 7, 0, 3650),
+            max_attempts=_int(env, "MAX_ATTEMPTS", 8, 1, 1_000),
+            backoff_base_seconds=_float(env, "BACKOFF_BASE_SECONDS", 30.0, 0.0, 86_400.0),
+            backoff_cap_seconds=_float(env, "BACKOFF_CAP_SECONDS", 1800.0, 0.0, 604_800.0),
+            max_deferrals=_int(env, "MAX_DEFERRALS", 20, 0, 10_000),
+            min_deferral_seconds=_float(env, "MIN_DEFERRAL_SECONDS", 5.0, 0.0, 3600.0),
+            default_ttl_seconds=_int(env, "DEFAULT_TTL_SECONDS", 86_400, 0, 366 * 86_400),
+            retention_days=_int(env, "RETENTION_DAYS", 7, 1, 3650),
+            unresolved_retention_days=_days_or_never(env, "UNRESOLVED_RETENTION_DAYS"),
             sender_timeout_seconds=_int(env, "SENDER_TIMEOUT_SECONDS", 30, 1, 900),
             max_event_age_seconds=_int(env, "MAX_EVENT_AGE_SECONDS", 60, 0, 21_600),
             handoff_chunk_size=_int(env, "HANDOFF_CHUNK_SIZE", 20, 1, 1_000),

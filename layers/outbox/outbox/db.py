@@ -95,12 +95,16 @@ def create_engine(
         # Below RDS Proxy's default idle client timeout, and short enough that a
         # rotated secret or an expired IAM token is picked up on reconnect.
         pool_recycle=600,
+        # Errors and SQLAlchemy's own logs never carry bound parameters: they are
+        # payloads (phone numbers, one-time codes) and claim tokens (invariant 8).
+        hide_parameters=True,
         # Set as a driver attribute on each new connection: no SQL is sent.
         **({"isolation_level": "AUTOCOMMIT"} if autocommit else {}),
     )
     if settings.secret_arn or settings.iam_user:
         _mint_credentials_per_connection(engine, settings)
     sa.event.listen(engine, "connect", _no_delay)
+    sa.event.listen(engine, "handle_error", _invalidate_after_any_error)
     _ping_when_idle(engine)
     _commit_in_one_round_trip(engine)
     return engine
@@ -129,6 +133,55 @@ def _ping_when_idle(engine: sa.Engine) -> None:
         except Exception as exc:
             # The pool discards this connection and checks out a fresh one.
             raise sa.exc.DisconnectionError() from exc
+
+
+def _invalidate_after_any_error(context: sa.engine.ExceptionContext) -> None:
+    """A connection whose statement raised is never used again.
+
+    The driver decodes rows while it reads them: an exception it does not
+    expect (a RecursionError decoding a deeply nested value, MemoryError, a
+    signal) leaves the rest of the answer unread on the socket, and the next
+    statement on that connection would read the previous one's results. A
+    fresh connection costs one connect; a desynchronised one sends a message
+    for another's claim. Only a real disconnect invalidates the whole pool.
+    """
+    if context.sqlalchemy_exception is not None:
+        redact(context.sqlalchemy_exception)
+    if context.is_disconnect or context.connection is None:
+        return
+    context.is_disconnect = True
+    context.invalidate_pool_on_disconnect = False
+
+
+# Fields of a Postgres error that can quote the data: DETAIL ("Failing row
+# contains (...)", "Key (...)=(...)") and CONTEXT (which can quote a bound
+# parameter's value). The message, code, hint and the names of the schema
+# objects stay.
+_DATA_FIELDS = ("D", "W", "q", "P", "p")
+
+
+def redact(exc: BaseException) -> BaseException:
+    """Strip bound parameters and quoted row data from a database error, in
+    place: its text may reach a log line or a Lambda error report."""
+    if isinstance(exc, sa.exc.StatementError):
+        exc.hide_parameters = True
+        exc.params = None
+        # The driver's error and the ones it was raised from (pg8000 chains them).
+        seen: set[int] = set()
+        cause: BaseException | None = exc.orig
+        while cause is not None and id(cause) not in seen:
+            seen.add(id(cause))
+            args = cause.args
+            if args and isinstance(args[0], dict):
+                fields = {k: v for k, v in args[0].items() if k not in _DATA_FIELDS}
+                cause.args = (fields, *args[1:])
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
+            # SQLAlchemy wrote the driver's text into its own message when it
+            # built the error: write it again from the redacted fields.
+            orig = exc.orig
+            exc.args = (f"({type(orig).__module__}.{type(orig).__name__}) {orig}",)
+    return exc
 
 
 def _commit_in_one_round_trip(engine: sa.Engine) -> None:

@@ -27,7 +27,9 @@ def pg8000_url(url: str) -> str:
 
 def answers(url: str, timeout: float = 2.0) -> bool:
     """Whether a Postgres accepts a connection at ``url``."""
-    engine = sa.create_engine(pg8000_url(url), connect_args={"timeout": timeout})
+    engine = sa.create_engine(
+        pg8000_url(url), connect_args={"timeout": timeout}, hide_parameters=True
+    )
     try:
         with engine.connect():
             return True
@@ -59,7 +61,9 @@ def embedded(pgdata: Path) -> Iterator[str]:
 
 
 def _admin(server_url: str) -> sa.Engine:
-    return sa.create_engine(pg8000_url(server_url), isolation_level="AUTOCOMMIT")
+    return sa.create_engine(
+        pg8000_url(server_url), isolation_level="AUTOCOMMIT", hide_parameters=True
+    )
 
 
 def _quoted(name: str) -> str:

@@ -44,8 +44,14 @@ class DispatchReport:
 
 
 def backoff_of(settings: RelaySettings) -> store.Backoff:
+    """The retry policy the settings describe."""
     return store.Backoff(
-        settings.backoff_base_seconds, settings.backoff_cap_seconds, settings.max_attempts
+        settings.backoff_base_seconds,
+        settings.backoff_cap_seconds,
+        settings.max_attempts,
+        max_deferrals=settings.max_deferrals,
+        min_deferral_seconds=settings.min_deferral_seconds,
+        default_ttl_seconds=settings.default_ttl_seconds or None,
     )
 
 
@@ -58,7 +64,13 @@ def dispatch_once(
     """One claim and its hand-offs."""
     report = DispatchReport(batches=1)
     with engine.begin() as conn:
-        claims = store.claim(conn, settings.batch_size, settings.lease_seconds, channels)
+        claims = store.claim(
+            conn,
+            settings.batch_size,
+            settings.lease_seconds,
+            channels,
+            default_ttl_seconds=settings.default_ttl_seconds or None,
+        )
     report.claimed = len(claims)
     if not claims:
         return report
@@ -76,7 +88,7 @@ def dispatch_once(
                         c.id,
                         c.claim_token,
                         "failed",
-                        error=f"no function is configured for channel {c.channel!r}",
+                        error=unroutable_reason(invoker, c.channel),
                     )
                     for c in unroutable
                 ],
@@ -113,6 +125,14 @@ def dispatch_once(
 def count_by_channel(name: str, claims: Iterable[store.Claim]) -> None:
     for channel, n in Counter(c.channel for c in claims).items():
         count(name, n, channel=channel)
+
+
+def unroutable_reason(invoker: Invoker, channel: str) -> str:
+    """What is missing for ``channel``, in the invoker's words when it has them."""
+    explain = getattr(invoker, "missing_route", None)
+    if callable(explain):
+        return str(explain(channel))
+    return f"no function is configured for channel {channel!r}"
 
 
 def _hand_off_all(invoker: Invoker, handoffs: list[HandOff]) -> list[HandOff]:

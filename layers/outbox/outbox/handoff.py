@@ -1,8 +1,8 @@
 """The dispatcher -> channel function event, and the ways to deliver it.
 
 The event carries only ids, claim tokens and attempt numbers, never payloads:
-the sender re-reads the rows under its fence, so a stale or replayed event
-can change nothing.
+the sender takes its rows by a compare-and-set receipt, so a stale, replayed
+or duplicated event finds nothing to send and changes nothing.
 
     {"version": 1, "channel": "email",
      "messages": [{"id": 42, "claim_token": "5f0c...", "attempt": 1}, ...]}
@@ -14,13 +14,19 @@ import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from .errors import ValidationError
 from .store import Claim
 
 VERSION = 1
 MAX_MESSAGES_PER_EVENT = 1000
+MAX_MESSAGE_ID = 2**63 - 1  # bigint: a larger id is a field error, not a database error
+MAX_ATTEMPT = 2**31 - 1  # integer
+
+
+def _whole_in(value: Any, hi: int) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= hi
 
 
 @dataclass(frozen=True)
@@ -53,22 +59,27 @@ class HandOff:
             raise ValidationError("event.messages", "must be a non-empty list")
         if len(messages) > MAX_MESSAGES_PER_EVENT:
             raise ValidationError("event.messages", f"holds more than {MAX_MESSAGES_PER_EVENT}")
-        claims = []
+        claims: dict[tuple[int, uuid.UUID], Claim] = {}
         for i, item in enumerate(messages):
             where = f"event.messages[{i}]"
             if not isinstance(item, Mapping):
                 raise ValidationError(where, "must be an object")
             message_id, attempt = item.get("id"), item.get("attempt")
-            if isinstance(message_id, bool) or not isinstance(message_id, int) or message_id < 1:
-                raise ValidationError(f"{where}.id", "must be a positive integer")
-            if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
-                raise ValidationError(f"{where}.attempt", "must be a positive integer")
+            if not _whole_in(message_id, MAX_MESSAGE_ID):
+                raise ValidationError(
+                    f"{where}.id", f"must be an integer from 1 to {MAX_MESSAGE_ID}"
+                )
+            if not _whole_in(attempt, MAX_ATTEMPT):
+                raise ValidationError(
+                    f"{where}.attempt", f"must be an integer from 1 to {MAX_ATTEMPT}"
+                )
             try:
                 token = uuid.UUID(str(item.get("claim_token")))
             except ValueError:
                 raise ValidationError(f"{where}.claim_token", "must be a UUID") from None
-            claims.append(Claim(message_id, channel, token, attempt))
-        return cls(channel, tuple(claims))
+            # A pair listed twice is one claim: it is sent once.
+            claims.setdefault((message_id, token), Claim(message_id, channel, token, attempt))
+        return cls(channel, tuple(claims.values()))
 
 
 def chunk(claims: Sequence[Claim], size: int) -> list[HandOff]:
@@ -108,7 +119,11 @@ class LambdaInvoker:
                 config=Config(
                     connect_timeout=3,
                     read_timeout=10,
-                    retries={"total_max_attempts": 2, "mode": "standard"},
+                    # One attempt: a retry after a read timeout would queue a
+                    # second event when the first was already accepted. A
+                    # failed hand-off releases its claims, and the next pass
+                    # claims them again.
+                    retries={"total_max_attempts": 1, "mode": "standard"},
                     max_pool_connections=16,
                 ),
             )
@@ -116,6 +131,9 @@ class LambdaInvoker:
 
     def can_route(self, channel: str) -> bool:
         return channel in self.functions
+
+    def missing_route(self, channel: str) -> str:
+        return f"no function is configured for channel {channel!r} (CHANNEL_FUNCTIONS)"
 
     def hand_off(self, handoff: HandOff) -> None:
         response = self.client.invoke(
@@ -135,6 +153,12 @@ class CallableInvoker:
 
     def can_route(self, channel: str) -> bool:
         return channel in self.targets
+
+    def missing_route(self, channel: str) -> str:
+        return (
+            f"no function is configured for channel {channel!r} "
+            "(it is not in this process's channel registry)"
+        )
 
     def hand_off(self, handoff: HandOff) -> None:
         self.targets[handoff.channel](handoff.to_event())

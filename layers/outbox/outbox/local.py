@@ -63,6 +63,7 @@ RELAY_ENV = {
     "MAX_ATTEMPTS": "3",
     "BACKOFF_BASE_SECONDS": "0.2",
     "BACKOFF_CAP_SECONDS": "1",
+    "MIN_DEFERRAL_SECONDS": "0.2",
     "DISPATCH_BUDGET_SECONDS": "0.4",
     "POLL_INTERVAL_SECONDS": "0.05",
     "SETTLE_MARGIN_SECONDS": "1",
@@ -177,8 +178,9 @@ def _flaky(demo: Demo) -> list[DemoMessage]:
             "flaky",
             {"fail_times": 0, "note": "lost hand-off"},
             "delivered",
-            note="its first hand-off is lost (a crashed function): the reaper takes the "
-            "claim back when the lease ends, the next attempt delivers",
+            note="its first hand-off is lost (an event never run): the reaper takes the "
+            "claim back when the lease ends without counting an attempt (no sender took "
+            "it), the next hand-off delivers",
             lose_first_handoff=True,
             show_history=True,
         ),
@@ -517,7 +519,7 @@ def main() -> int:
             result: dict[str, Any] = reaper(
                 {"execution_id": f"demo-reap-{name}"}, LambdaContext("outbox-reaper", 60)
             )
-            reclaimed += result["reclaimed"] + result["dead"]
+            reclaimed += result["reclaimed"] + result["not_started"] + result["dead"]
             return result
 
         with Progress(

@@ -116,8 +116,9 @@ def _split(url: str, allow_insecure: bool) -> tuple[SplitResult, str, int]:
     try:
         parts = urlsplit(url)
         port = parts.port
-    except ValueError as exc:
-        raise ForbiddenDestination(f"is not a valid URL ({exc})") from None
+    except ValueError:
+        # (the parser's own message quotes the bad part: a password, a token)
+        raise ForbiddenDestination("is not a valid URL (bad host or port)") from None
     schemes = ("https", "http") if allow_insecure else ("https",)
     if parts.scheme not in schemes:
         raise ForbiddenDestination(
@@ -127,12 +128,25 @@ def _split(url: str, allow_insecure: bool) -> tuple[SplitResult, str, int]:
         raise ForbiddenDestination("must not carry credentials")
     if parts.fragment:
         raise ForbiddenDestination("must not have a fragment")
-    host = (parts.hostname or "").rstrip(".")
+    host = _ascii_host(parts.hostname or "").rstrip(".")
     if not host:
         raise ForbiddenDestination("must name a host")
     if port == 0:
         raise ForbiddenDestination("must not use port 0")
     return parts, host, port or (443 if parts.scheme == "https" else 80)
+
+
+def _ascii_host(host: str) -> str:
+    """The host as resolvers will see it. Full-width digits and full stops,
+    and ideographic full stops (U+FF11 U+FF12 U+FF17 U+3002 ...) spell
+    127.0.0.1 to IDNA, so every check runs on the IDNA (ASCII) form, the one
+    the connection will use."""
+    if host.isascii():
+        return host
+    try:
+        return host.encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        raise ForbiddenDestination("has a host name that is not valid IDNA") from None
 
 
 def _literal(host: str) -> IPAddress | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -31,6 +32,35 @@ from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 
 NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "OutboxRelay"
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME") or "outbox"
+
+# Libraries whose DEBUG and INFO records carry what invariant 8 keeps out of
+# logs: botocore logs request and response bodies (a secret's value, a phone
+# number and its SMS text), urllib3 request lines (tokens in query strings),
+# SQLAlchemy and pg8000 statements and their parameters. Lambda's
+# ApplicationLogLevel (the template's LogLevel) sets the root logger; these
+# stay at WARNING (urllib3 at ERROR) whatever it says.
+QUIET_LIBRARIES = (
+    "botocore",
+    "boto3",
+    "s3transfer",
+    "urllib3",
+    "sqlalchemy",
+    "pg8000",
+    "aws_lambda_powertools",
+)
+
+
+# urllib3's own warnings quote the request URL (query strings carry tokens).
+QUIET_AT_ERROR = ("urllib3",)
+
+
+def quiet_libraries() -> None:
+    for name in QUIET_LIBRARIES:
+        level = logging.ERROR if name in QUIET_AT_ERROR else logging.WARNING
+        logging.getLogger(name).setLevel(level)
+
+
+quiet_libraries()
 
 logger = Logger(service=SERVICE)
 metrics = Metrics(namespace=NAMESPACE, service=SERVICE)

@@ -12,24 +12,37 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
-from datetime import timedelta
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
-from . import channels, store
+from . import channels, payloads, store
 from .errors import ValidationError
 
 MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_KEY_LENGTH = 255
 MAX_DELAY_SECONDS = 365 * 24 * 3600
+MAX_TTL_SECONDS = 366 * 24 * 3600
 _PRIORITY_RANGE = (-32768, 32767)  # smallint
 _MAX_ATTEMPTS_RANGE = (1, 1000)
 # A JSON escape of NUL: "\u0000" after an even number of backslashes (an odd
 # number would make it the literal text "\u0000", which is fine).
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-_FIELDS = {"channel", "payload", "dedupe_key", "ordering_key", "priority", "delay", "max_attempts"}
+_FIELDS = {
+    "channel",
+    "payload",
+    "dedupe_key",
+    "ordering_key",
+    "priority",
+    "delay",
+    "max_attempts",
+    "expires_at",
+    "ttl",
+    "on_predecessor_failure",
+}
 
 
 def _key(field: str, value: Any) -> str | None:
@@ -60,18 +73,52 @@ def _int_in(field: str, value: Any, lo: int, hi: int) -> int:
 def _delay_seconds(value: Any) -> float:
     if value is None:
         return 0.0
+    return _seconds("delay", value, 0, MAX_DELAY_SECONDS)
+
+
+def _seconds(field: str, value: Any, lo: float, hi: float) -> float:
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, int | float) and not isinstance(value, bool):
         seconds = float(value)
     else:
-        raise ValidationError("delay", "must be a timedelta or a number of seconds")
-    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_DELAY_SECONDS:
-        raise ValidationError("delay", f"must be between 0 and {MAX_DELAY_SECONDS} seconds")
+        raise ValidationError(field, "must be a timedelta or a number of seconds")
+    if not math.isfinite(seconds) or not lo <= seconds <= hi:
+        raise ValidationError(field, f"must be between {lo:.0f} and {hi:.0f} seconds")
     return seconds
 
 
+def _deliver_by(expires_at: Any, ttl: Any) -> tuple[str | None, float | None]:
+    """(expires_at as ISO 8601 text, ttl in seconds): at most one of them."""
+    if expires_at is not None and ttl is not None:
+        raise ValidationError("ttl", "give expires_at or ttl, not both")
+    if ttl is not None:
+        seconds = _seconds("ttl", ttl, 0.0, MAX_TTL_SECONDS)
+        if seconds <= 0:
+            raise ValidationError("ttl", "must be more than 0 seconds")
+        return None, seconds
+    if expires_at is None:
+        return None, None
+    if not isinstance(expires_at, datetime):
+        raise ValidationError("expires_at", f"must be a datetime, got {type(expires_at).__name__}")
+    if expires_at.tzinfo is None or expires_at.utcoffset() is None:
+        # A naive time would be read in the database session's zone: refuse the guess.
+        raise ValidationError("expires_at", "must be timezone-aware (e.g. datetime.now(UTC))")
+    return expires_at.isoformat(), None
+
+
+def _on_predecessor_failure(value: Any) -> str:
+    if value not in store.ON_PREDECESSOR_FAILURE:
+        raise ValidationError(
+            "on_predecessor_failure",
+            f"must be one of {', '.join(map(repr, store.ON_PREDECESSOR_FAILURE))}, got {value!r}",
+        )
+    return str(value)
+
+
 def _payload_json(channel: channels.Channel, payload: Any) -> str:
+    # The shape first: a schema validator and the JSON encoder both recurse.
+    payloads.check_shape(payload)
     channel.validate(payload)
     try:
         text = store.payload_json(payload)
@@ -98,11 +145,15 @@ def prepare(
     priority: Any = 0,
     delay: Any = None,
     max_attempts: Any = None,
+    expires_at: Any = None,
+    ttl: Any = None,
+    on_predecessor_failure: Any = "hold",
 ) -> store.NewMessage:
     """Validate one message; raises ValidationError naming the field."""
     if not isinstance(channel, str):
         raise ValidationError("channel", f"must be a string, got {type(channel).__name__}")
     impl = channels.get(channel)
+    deadline, ttl_seconds = _deliver_by(expires_at, ttl)
     return store.NewMessage(
         channel=channel,
         payload_json=_payload_json(impl, payload),
@@ -113,7 +164,25 @@ def prepare(
         max_attempts=None
         if max_attempts is None
         else _int_in("max_attempts", max_attempts, *_MAX_ATTEMPTS_RANGE),
+        expires_at=deadline,
+        ttl_seconds=ttl_seconds,
+        on_predecessor_failure=_on_predecessor_failure(on_predecessor_failure),
     )
+
+
+@contextmanager
+def _redacted_errors() -> Iterator[None]:
+    """The application's engine may show bound parameters in its errors (the
+    payloads: phone numbers, one-time codes); an error from ``enqueue`` never
+    does, whatever engine the caller built. The exception keeps its type, so
+    the caller's retry logic (a lock or serialization failure) still works."""
+    try:
+        yield
+    except sa.exc.StatementError as exc:
+        from .db import redact
+
+        redact(exc)
+        raise
 
 
 def _check_connection(conn: Any) -> sa.Connection:
@@ -132,11 +201,21 @@ def enqueue(
     priority: int = 0,
     delay: timedelta | float | None = None,
     max_attempts: int | None = None,
+    expires_at: datetime | None = None,
+    ttl: timedelta | float | None = None,
+    on_predecessor_failure: str = "hold",
 ) -> int:
     """Write one message in the caller's transaction; returns its id.
 
     A repeated (channel, dedupe_key) returns the id of the existing message.
-    Messages sharing an ordering_key are delivered one at a time, in enqueue order.
+    Messages sharing an ordering_key are delivered one at a time, in commit
+    order (producers of one key take turns: a transaction-scoped lock on the
+    key is held from this call to the caller's commit). When an earlier message
+    of the key ends failed, dead or expired, this one waits for an operator
+    (``on_predecessor_failure="hold"``) or is cancelled (``"cancel"``).
+    ``expires_at`` (an aware datetime) or ``ttl`` (from when the message is
+    due): not delivered by then, it ends ``expired``; without either, the
+    relay's DEFAULT_TTL_SECONDS applies.
     """
     message = prepare(
         channel,
@@ -146,8 +225,12 @@ def enqueue(
         priority=priority,
         delay=delay,
         max_attempts=max_attempts,
+        expires_at=expires_at,
+        ttl=ttl,
+        on_predecessor_failure=on_predecessor_failure,
     )
-    return store.insert_messages(_check_connection(conn), [message])[0]
+    with _redacted_errors():
+        return store.insert_messages(_check_connection(conn), [message])[0]
 
 
 def enqueue_many(conn: sa.Connection, messages: Iterable[Mapping[str, Any]]) -> list[int]:
@@ -157,6 +240,8 @@ def enqueue_many(conn: sa.Connection, messages: Iterable[Mapping[str, Any]]) -> 
     raises ValidationError (its field prefixed with ``messages[i].``) and none is written.
     """
     conn = _check_connection(conn)
+    if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Iterable):
+        raise ValidationError("messages", "must be a list of dicts")
     prepared = []
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping):
@@ -171,4 +256,5 @@ def enqueue_many(conn: sa.Connection, messages: Iterable[Mapping[str, Any]]) -> 
             prepared.append(prepare(**message))
         except ValidationError as exc:
             raise ValidationError(f"messages[{index}].{exc.field}", exc.problem) from None
-    return store.insert_messages(conn, prepared)
+    with _redacted_errors():
+        return store.insert_messages(conn, prepared)

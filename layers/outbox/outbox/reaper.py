@@ -1,8 +1,18 @@
 """The reaper: the one recovery path (invariant 5).
 
-Each scheduled run releases claims whose lease expired (the attempt counts;
-a row out of attempts goes to ``dead``), prunes terminal rows past the
-retention window in bounded batches, and publishes backlog metrics.
+Each scheduled run releases claims whose lease expired (after a sender's
+receipt the attempt counts, and a row out of attempts goes to ``dead``; with
+no receipt no sender ever started it, so none is counted and the row is due
+again at once: ``LeaseExpiredNotStarted``, alarmed), expires pending rows past
+their deliver-by time, cancels rows held behind a failed row of their ordering
+key whose producer asked for that, prunes terminal rows past the retention
+window, and publishes backlog metrics. Every step works in bounded batches.
+
+Rows that ended without reaching their recipient (``failed``, ``dead``,
+``expired``) are not routine history: they wait for an operator, and the
+dead-messages alarm with them (and they hold their ordering key's later rows).
+They are pruned only after their own retention (``UNRESOLVED_RETENTION_DAYS``),
+never by default.
 """
 
 from __future__ import annotations
@@ -21,13 +31,17 @@ from .observability import count, gauge
 log = logging.getLogger(__name__)
 
 PRUNE_BATCH_SIZE = 5000
+UNRESOLVED_STATUSES = frozenset({"failed", "dead", "expired"})
 _MIN_TIME_FOR_A_BATCH = 2.0
 
 
 @dataclass
 class ReapReport:
-    reclaimed: int = 0
+    reclaimed: int = 0  # back to pending: attempt counted
+    not_started: int = 0  # back to pending: no receipt, no attempt counted
     dead: int = 0
+    expired: int = 0  # past their deliver-by time (leases and pending rows)
+    cancelled: int = 0  # held rows cancelled as their producer asked
     pruned: int = 0
     backlog: store.Backlog | None = None
     channels: list[store.ChannelBacklog] = field(default_factory=list)
@@ -39,25 +53,56 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
     while time_left() > _MIN_TIME_FOR_A_BATCH:
         with engine.begin() as conn:
             released = store.reap_expired(conn, settings.batch_size, backoff)
-        dead = [i for i, status in released.items() if status == "dead"]
-        report.dead += len(dead)
-        report.reclaimed += len(released) - len(dead)
+        by_status: dict[str, list[int]] = {}
+        for message_id, r in released.items():
+            key = r.status if r.status != "pending" else "reclaimed" if r.started else "not_started"
+            by_status.setdefault(key, []).append(message_id)
+        report.dead += len(by_status.get("dead", ()))
+        report.expired += len(by_status.get("expired", ()))
+        report.reclaimed += len(by_status.get("reclaimed", ()))
+        report.not_started += len(by_status.get("not_started", ()))
         if released:
-            log.warning(
-                "expired claims released",
-                extra={"message_ids": sorted(released), "dead_ids": sorted(dead)},
-            )
+            log.warning("expired claims released", extra={"message_ids": _sorted_ids(by_status)})
         if len(released) < settings.batch_size:
             break
-    count("Reclaimed", report.reclaimed)
-    count("Dead", report.dead)
 
     while time_left() > _MIN_TIME_FOR_A_BATCH:
         with engine.begin() as conn:
-            pruned = store.prune(conn, settings.retention_days * 86400, PRUNE_BATCH_SIZE)
-        report.pruned += pruned
-        if pruned < PRUNE_BATCH_SIZE:
+            expired = store.expire_overdue(conn, settings.batch_size, backoff)
+        report.expired += len(expired)
+        if expired:
+            log.warning(
+                "messages past their deliver-by time expired",
+                extra={"message_ids": sorted(expired)},
+            )
+        if len(expired) < settings.batch_size:
             break
+
+    while time_left() > _MIN_TIME_FOR_A_BATCH:
+        with engine.begin() as conn:
+            cancelled = store.cancel_held(conn, settings.batch_size)
+        report.cancelled += len(cancelled)
+        if cancelled:
+            log.warning(
+                "held messages cancelled (on_predecessor_failure=cancel)",
+                extra={"message_ids": sorted(cancelled)},
+            )
+        if len(cancelled) < settings.batch_size:
+            break
+
+    count("Reclaimed", report.reclaimed)
+    # Leases that ended before any sender started them: the channel's
+    # senders cannot keep up (or crash at start). Alarmed in the template.
+    count("LeaseExpiredNotStarted", report.not_started)
+    count("Dead", report.dead)
+    count("Expired", report.expired)
+    count("HeldCancelled", report.cancelled)
+
+    routine = [s for s in store.TERMINAL_STATUSES if s not in UNRESOLVED_STATUSES]
+    unresolved = [s for s in store.TERMINAL_STATUSES if s in UNRESOLVED_STATUSES]
+    report.pruned += _prune(engine, routine, settings.retention_days, time_left)
+    if settings.unresolved_retention_days is not None:
+        report.pruned += _prune(engine, unresolved, settings.unresolved_retention_days, time_left)
     count("Pruned", report.pruned)
 
     with engine.begin() as conn:
@@ -67,6 +112,7 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
     gauge("PendingMessages", b.pending)
     gauge("DeadMessages", b.dead)
     gauge("ExpiredClaims", b.expired_claims)
+    gauge("HeldMessages", b.held)
     gauge("OldestPendingAgeSeconds", b.oldest_due_age_seconds, seconds=True)
     with engine.begin() as conn:
         report.channels = store.channel_backlog(conn)
@@ -81,7 +127,11 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
         "reaper run",
         extra={
             "reclaimed": report.reclaimed,
+            "not_started": report.not_started,
             "dead": report.dead,
+            "expired": report.expired,
+            "cancelled": report.cancelled,
+            "held": b.held,
             "pruned": report.pruned,
             "pending": b.pending,
             "oldest_due_age_seconds": round(b.oldest_due_age_seconds, 3),
@@ -89,3 +139,20 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
         },
     )
     return report
+
+
+def _sorted_ids(by_status: dict[str, list[int]]) -> dict[str, list[int]]:
+    return {status: sorted(ids) for status, ids in sorted(by_status.items())}
+
+
+def _prune(
+    engine: sa.Engine, statuses: list[str], days: int, time_left: Callable[[], float]
+) -> int:
+    pruned_total = 0
+    while statuses and time_left() > _MIN_TIME_FOR_A_BATCH:
+        with engine.begin() as conn:
+            pruned = store.prune(conn, days * 86400, PRUNE_BATCH_SIZE, statuses)
+        pruned_total += pruned
+        if pruned < PRUNE_BATCH_SIZE:
+            break
+    return pruned_total

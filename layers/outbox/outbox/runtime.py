@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
@@ -82,7 +84,10 @@ class Runtime:
         report = reaper.run(self.engine, self.settings, lambda: remaining() - _EXIT_MARGIN_SECONDS)
         return {
             "reclaimed": report.reclaimed,
+            "not_started": report.not_started,
             "dead": report.dead,
+            "expired": report.expired,
+            "cancelled": report.cancelled,
             "pruned": report.pruned,
             "backlog": asdict(report.backlog) if report.backlog else None,
             "paused_channels": [c.channel for c in report.channels if c.paused],
@@ -137,6 +142,7 @@ def migrate(event: Any, context: Any, engine_factory: Callable[[], sa.Engine]) -
         logger.info("schema migrated", extra={"revision": revision})
         return {"revision": revision}
 
+    check_response_url(event["ResponseURL"])  # before anything: a forged event does nothing
     request_type = event.get("RequestType")
     physical_id = event.get("PhysicalResourceId") or "outbox-schema"
     try:
@@ -154,6 +160,33 @@ def migrate(event: Any, context: Any, engine_factory: Callable[[], sa.Engine]) -
         return {"status": "FAILED"}
 
 
+# Where CloudFormation's pre-signed response URLs point: its own S3 buckets,
+# in every partition (amazonaws.com, amazonaws.com.cn), with the global,
+# regional and dash-regional S3 endpoint spellings.
+RESPONSE_URL_HOST = re.compile(
+    r"^cloudformation-custom-resource-response-[a-z0-9-]+"
+    r"\.s3(?:[.-][a-z0-9-]+)?(?:\.dualstack\.[a-z0-9-]+)?\.amazonaws\.com(?:\.cn)?$"
+)
+
+
+def check_response_url(value: Any) -> str:
+    """The custom resource's ``ResponseURL``: https to CloudFormation's S3
+    response bucket, or nothing is sent (a forged event cannot make the
+    migrate function, which holds the migrator's credentials, PUT anywhere)."""
+    if not isinstance(value, str) or len(value) > 8192:
+        raise ValidationError("ResponseURL", "must be a URL")
+    try:
+        parts = urllib.parse.urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a malformed port
+    except ValueError:
+        raise ValidationError("ResponseURL", "must be a URL") from None
+    if parts.scheme != "https" or parts.username is not None or parts.password is not None:
+        raise ValidationError("ResponseURL", "must be an https URL without credentials")
+    if not RESPONSE_URL_HOST.match(parts.hostname or ""):
+        raise ValidationError("ResponseURL", "must point at CloudFormation's S3 response bucket")
+    return value
+
+
 def _answer_cloudformation(
     event: Mapping[str, Any], status: str, physical_id: str, data: dict[str, Any], reason: str
 ) -> None:
@@ -168,10 +201,8 @@ def _answer_cloudformation(
             "Data": data,
         }
     ).encode()
-    url = str(event["ResponseURL"])
-    if not url.startswith("https://"):
-        raise ValidationError("ResponseURL", "must be an https URL")
-    request = urllib.request.Request(  # noqa: S310 - the scheme is checked just above
+    url = check_response_url(event["ResponseURL"])
+    request = urllib.request.Request(  # noqa: S310 - scheme and host checked just above
         url, data=body, method="PUT", headers={"Content-Type": "", "Content-Length": str(len(body))}
     )
     with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310

@@ -1,7 +1,8 @@
 """The sender runtime shared by every channel function.
 
-fenced re-read -> concurrent provider calls, each within its deadline ->
-one fenced settle statement that also writes the attempt rows.
+receipt (a compare-and-set: each claim is taken, and so sent, once) ->
+concurrent provider calls, each within its deadline -> one fenced settle
+statement that also writes the attempt rows.
 
 The deadline of a row is the sooner of its lease end (from the database
 clock) and the Lambda's end, less a margin for the settle. A row whose
@@ -22,7 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import channels, store
+from . import channels, payloads, store
 from .channels import Channel, Deadline, Message, Outcome
 from .config import RelaySettings
 from .dispatcher import backoff_of
@@ -42,6 +43,7 @@ _METRIC = {
     "dead": "Dead",
     "suppressed": "Suppressed",
     "deferred": "Deferred",
+    "expired": "Expired",
 }
 
 
@@ -60,14 +62,17 @@ def _send_one(
     if deadline.expired():
         return Outcome.deferred(NOT_STARTED), 0
     try:
-        channel.validate(row.payload)
+        payload = payloads.decode(row.payload)
+        channel.validate(payload)
     except ValidationError as exc:
         return Outcome.failed(f"invalid payload: {exc}"), 0
-    message = Message(
-        row.id, row.channel, row.payload, row.attempt, row.dedupe_key, row.ordering_key
-    )
+    except NotImplementedError:
+        return Outcome.failed(f"channel {row.channel!r} does not implement validate"), 0
+    message = Message(row.id, row.channel, payload, row.attempt, row.dedupe_key, row.ordering_key)
     try:
         outcome = channel.send(message, deadline)
+    except NotImplementedError:
+        return Outcome.failed(f"channel {row.channel!r} does not implement send"), 0
     except Exception as exc:  # a channel bug or an unclassified provider error
         outcome = Outcome.retry(f"unexpected {type(exc).__name__}")
     if outcome.kind not in store.SEND_OUTCOMES:
@@ -90,12 +95,15 @@ def run(
         raise ValidationError(
             "event.channel", f"this function sends {channel_name!r}, not {handoff.channel!r}"
         )
-    channel = channel or channels.get(handoff.channel)
+    if channel is None:
+        channel, missing = channels.load(handoff.channel)
+    else:
+        missing = channels.missing_piece(channel)
     report = SendReport(received=len(handoff.claims))
     backoff = backoff_of(settings)
 
     with engine.begin() as conn:
-        rows = store.load_claimed(
+        rows = store.receive_claimed(
             conn,
             handoff.channel,
             [(c.id, c.claim_token) for c in handoff.claims],
@@ -105,18 +113,26 @@ def run(
     owned = {r.id for r in rows}
     not_owned = [c.id for c in handoff.claims if c.id not in owned]
     if not_owned:
-        # Settled already (a replayed event), reaped, or re-claimed by another
-        # dispatcher: someone else owns these rows now. Touch nothing.
+        # Settled already, reaped, re-claimed by another dispatcher, or taken
+        # by another sender handed the same event (a duplicate): not ours to
+        # send. Touch nothing.
         report.lease_lost.extend(not_owned)
         count("LeaseLost", len(not_owned), channel=handoff.channel)
-        log.warning("claims no longer held; skipped", extra={"message_ids": not_owned})
+        log.warning("claims not held or already taken; skipped", extra={"message_ids": not_owned})
     if not rows:
         return report
 
-    margin = settings.settle_margin_seconds
-    lambda_left = remaining_seconds()
-    deadlines = {r.id: Deadline(min(r.lease_left_seconds, lambda_left) - margin) for r in rows}
-    results = _send_all(channel, rows, deadlines, settings.send_concurrency)
+    if missing is not None or channel is None:
+        # Nothing here can send this channel: fail the rows at once with the
+        # reason, rather than let them come back until dead.
+        reason = missing or f"channel {handoff.channel!r} is unavailable"
+        log.error("channel cannot send; rows failed", extra={"channel": handoff.channel})
+        results = {r.id: (Outcome.failed(reason), 0) for r in rows}
+    else:
+        margin = settings.settle_margin_seconds
+        lambda_left = remaining_seconds()
+        deadlines = {r.id: Deadline(min(r.lease_left_seconds, lambda_left) - margin) for r in rows}
+        results = _send_all(channel, rows, deadlines, settings.send_concurrency)
 
     settlements = [
         store.Settlement(
@@ -146,7 +162,7 @@ def run(
         status = statuses.get(s.id)
         if status is None:
             continue
-        key = "deferred" if s.outcome == "deferred" else status
+        key = "deferred" if s.outcome == "deferred" and status == "pending" else status
         report.statuses[key] += 1
         ids_by_status.setdefault(key, []).append(s.id)
         if s.error:

@@ -1,11 +1,23 @@
 """All SQL of the state machine, and nothing else.
 
-    pending -> claimed -> delivered | failed | dead | suppressed
-    claimed -> pending   (retry with backoff; deferral without an attempt; reaped lease)
-    pending -> cancelled;   dead | failed -> pending (operator redrive)
+    pending -> claimed -> delivered | failed | dead | suppressed | expired
+    claimed -> pending   (retry with backoff, an attempt counted; a deferral, none
+                          counted until MAX_DEFERRALS; a lease that ended after the
+                          sender's receipt, counted; one that ended with no receipt,
+                          not counted: no sender ever started it)
+    pending -> cancelled | expired (deliver-by time passed);
+    dead | failed | expired -> pending (operator redrive)
+
+An ordering key runs one row at a time, in id order (= commit order: enqueue
+takes a transaction-scoped advisory lock per key). A row that ends failed, dead
+or expired holds its key's later rows (they stay pending, "held") until an
+operator redrives or cancels it; rows enqueued with
+``on_predecessor_failure='cancel'`` are cancelled instead, by the reaper.
 
 Rules every statement here keeps (DESIGN.md, invariants 1-7):
 * the claim is one compare-and-set UPDATE over ``FOR UPDATE SKIP LOCKED`` rows;
+* a claim is sent at most once: the sender's receipt is a compare-and-set too
+  (``received_at`` stamped on a claimed, unreceived row of a live lease);
 * every write after a claim is fenced on (id, status = 'claimed', claim_token);
 * every time comes from the database clock, ``now()``; Python only supplies
   durations (lease, delays, backoff parameters);
@@ -15,6 +27,7 @@ Rules every statement here keeps (DESIGN.md, invariants 1-7):
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from collections.abc import Iterable, Sequence
@@ -23,8 +36,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-TERMINAL_STATUSES = ("delivered", "failed", "dead", "suppressed", "cancelled")
+TERMINAL_STATUSES = ("delivered", "failed", "dead", "suppressed", "cancelled", "expired")
 SEND_OUTCOMES = ("delivered", "retry", "failed", "suppressed", "deferred")
+# The statuses of an ordering key's row that hold the rows after it.
+HOLDING_STATUSES = ("failed", "dead", "expired")
+ON_PREDECESSOR_FAILURE = ("hold", "cancel")
+# The longest a channel may defer a row by; longer asks are cut to this.
+MAX_DEFERRAL_SECONDS = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -39,11 +57,13 @@ class Claim:
 
 @dataclass(frozen=True)
 class ClaimedMessage:
-    """A row the sender still owns, re-read under its fence."""
+    """A row the sender took its receipt for: it alone sends it, once."""
 
     id: int
     channel: str
-    payload: Any
+    # The stored JSON as text: the sender decodes each row by itself
+    # (``payloads.decode``), so one undecodable row fails alone.
+    payload: str
     attempt: int
     max_attempts: int
     claim_token: uuid.UUID
@@ -56,8 +76,9 @@ class ClaimedMessage:
 class Settlement:
     """The result of one send, to be written under the fence.
 
-    ``delay_seconds``: for ``deferred``, when to try again (no attempt counted);
-    for ``retry``, an explicit delay instead of the exponential backoff.
+    ``delay_seconds``: for ``deferred``, when to try again (no attempt counted,
+    up to the deferral limit); for ``retry``, an explicit delay instead of the
+    exponential backoff. ``settle`` bounds it (see ``bounded_delay``).
     """
 
     id: int
@@ -71,11 +92,23 @@ class Settlement:
 
 @dataclass(frozen=True)
 class Backoff:
-    """Exponential backoff with equal jitter: base * 2^(n-1), capped, then * [0.5, 1)."""
+    """The retry policy. Exponential backoff with equal jitter: base * 2^(n-1),
+    capped, then * [0.5, 1); ``default_max_attempts`` for rows without their own.
+
+    ``max_deferrals``: deferrals a row may take without counting an attempt;
+    later ones count one and wait at least the backoff. ``min_deferral_seconds``:
+    the shortest deferral (a receiver answering "retry after 0 s" must not
+    loop a row).
+    ``default_ttl_seconds``: the deliver-by time of a row without its own,
+    counted from when it is first due; None: no default.
+    """
 
     base_seconds: float
     cap_seconds: float
     default_max_attempts: int
+    max_deferrals: int = 20
+    min_deferral_seconds: float = 5.0
+    default_ttl_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +120,10 @@ class NewMessage:
     priority: int = 0
     delay_seconds: float = 0.0
     max_attempts: int | None = None
+    # ISO 8601 with a zone, or None: the relay's default deliver-by.
+    expires_at: str | None = None
+    ttl_seconds: float | None = None
+    on_predecessor_failure: str = "hold"
 
 
 @dataclass(frozen=True)
@@ -97,6 +134,7 @@ class Backlog:
     claimed: int
     expired_claims: int
     dead: int
+    held: int = 0
 
 
 # The backoff before attempt ``attempts + 2`` for a row that has failed
@@ -130,6 +168,11 @@ def _backoff_params(backoff: Backoff) -> dict[str, Any]:
     }
 
 
+def _ttl_param(backoff: Backoff) -> float | None:
+    ttl = backoff.default_ttl_seconds
+    return None if ttl is None else float(ttl)
+
+
 def array_literal(values: Iterable[Any]) -> str:
     """A Postgres array literal with every element quoted, bound as one text
     parameter that the SQL casts (``CAST(:ids AS bigint[])``, ``uuid[]``,
@@ -151,21 +194,38 @@ def array_literal(values: Iterable[Any]) -> str:
 _INSERT = _sql(
     """
     INSERT INTO outbox_message
-        (channel, payload, dedupe_key, ordering_key, priority, available_at, max_attempts)
+        (channel, payload, dedupe_key, ordering_key, priority, available_at, max_attempts,
+         expires_at, on_predecessor_failure)
     SELECT channel, payload, dedupe_key, ordering_key, priority,
-           now() + make_interval(secs => delay_s), max_attempts
+           now() + make_interval(secs => delay_s), max_attempts,
+           -- a ttl counts from the time the message is first due
+           COALESCE(expires_at, now() + make_interval(secs => delay_s + ttl_s)),
+           on_predecessor_failure
     FROM ROWS FROM (
         unnest(CAST(:channels AS text[])),
         -- the payloads travel as one JSON array: no per-element escaping
         jsonb_array_elements(CAST(:payloads AS jsonb)),
         unnest(CAST(:dedupe_keys AS text[])), unnest(CAST(:ordering_keys AS text[])),
         unnest(CAST(:priorities AS int[])), unnest(CAST(:delays AS float8[])),
-        unnest(CAST(:max_attempts AS int[]))
+        unnest(CAST(:max_attempts AS int[])), unnest(CAST(:expires_at AS timestamptz[])),
+        unnest(CAST(:ttls AS float8[])), unnest(CAST(:on_predecessor_failure AS text[]))
     ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
-                           delay_s, max_attempts, ord)
+                           delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, ord)
     ORDER BY ord
     ON CONFLICT (channel, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
     RETURNING id, channel, dedupe_key
+    """
+)
+
+# Within an ordering key, ids must follow commit order: otherwise a transaction
+# that drew a lower id but commits later makes its row the key's head after a
+# later row was already sent. A transaction-scoped advisory lock per key (taken
+# in a fixed order, so two producers cannot deadlock on each other) makes
+# producers of one key take turns from their first enqueue to their commit.
+_LOCK_ORDERING_KEYS = _sql(
+    """
+    SELECT count(pg_advisory_xact_lock(hashtextextended('outbox-ordering-key:' || k, 0)))
+    FROM (SELECT DISTINCT k FROM unnest(CAST(:keys AS text[])) AS u(k) ORDER BY k) AS keys
     """
 )
 
@@ -186,6 +246,9 @@ def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list
     """
     if not messages:
         return []
+    ordering_keys = sorted({m.ordering_key for m in messages if m.ordering_key is not None})
+    if ordering_keys:  # one more statement, only when a key is present
+        conn.execute(_LOCK_ORDERING_KEYS, {"keys": array_literal(ordering_keys)})
     params = {
         "channels": array_literal([m.channel for m in messages]),
         # the payloads travel as one JSON array (canonical JSON text already)
@@ -195,6 +258,9 @@ def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list
         "priorities": [m.priority for m in messages],
         "delays": [float(m.delay_seconds) for m in messages],
         "max_attempts": [m.max_attempts for m in messages],
+        "expires_at": array_literal([m.expires_at for m in messages]),
+        "ttls": [m.ttl_seconds for m in messages],
+        "on_predecessor_failure": array_literal([m.on_predecessor_failure for m in messages]),
     }
     # Identity values are drawn in the order the SELECT produces rows (ORDER BY
     # ord), so the ids sorted ascending are the inserted messages in input order.
@@ -229,24 +295,37 @@ def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list
 
 # --- claim -----------------------------------------------------------------
 
-_CLAIM = """
+# A row's deliver-by time: its own, or the relay's default counted from when
+# it is first due (the claim writes that down, so it does not move with retries).
+_DEADLINE_SQL = (
+    "COALESCE(m.expires_at, m.available_at + make_interval(secs => CAST(:default_ttl AS float8)))"
+)
+
+_CLAIM = f"""
     WITH due AS (
         SELECT m.id FROM outbox_message AS m
-        WHERE m.status = 'pending' AND m.available_at <= now() {channel_filter}
+        WHERE m.status = 'pending' AND m.available_at <= now() {{channel_filter}}
+          -- never hand out a row past its deliver-by time (the reaper expires it)
+          AND ({_DEADLINE_SQL} > now()) IS NOT FALSE
           -- A paused channel is not claimed: its rows stay pending, no attempt counted.
           AND NOT EXISTS (SELECT 1 FROM outbox_channel_pause AS cp WHERE cp.channel = m.channel)
-          -- Only the head of an ordering key: no earlier unfinished row shares it.
+          -- One row of an ordering key at a time, in id order: none of its key
+          -- is claimed, and no earlier one is unfinished or holds the key
+          -- (failed, dead or expired: its successors wait for an operator).
           AND (m.ordering_key IS NULL OR NOT EXISTS (
                 SELECT 1 FROM outbox_message AS p
-                WHERE p.ordering_key = m.ordering_key AND p.id < m.id
-                  AND p.status IN ('pending', 'claimed')))
+                WHERE p.ordering_key = m.ordering_key AND p.id <> m.id
+                  AND (p.status = 'claimed'
+                       OR (p.id < m.id
+                           AND p.status IN ('pending', 'failed', 'dead', 'expired')))))
         ORDER BY m.priority DESC, m.available_at, m.id
         LIMIT :batch_size
         FOR UPDATE SKIP LOCKED
     )
     UPDATE outbox_message AS m
     SET status = 'claimed', claim_token = gen_random_uuid(), claimed_at = now(),
-        lease_expires_at = now() + make_interval(secs => :lease_seconds)
+        lease_expires_at = now() + make_interval(secs => :lease_seconds),
+        received_at = NULL, expires_at = {_DEADLINE_SQL}
     FROM due
     WHERE m.id = due.id AND m.status = 'pending'
     RETURNING m.id, m.channel, m.claim_token, m.attempts + 1 AS attempt
@@ -262,9 +341,17 @@ def claim(
     batch_size: int,
     lease_seconds: float,
     channels: Sequence[str] | None = None,
+    default_ttl_seconds: float | None = None,
 ) -> list[Claim]:
-    """Claim up to ``batch_size`` due rows, highest priority first, for one lease."""
-    params: dict[str, Any] = {"batch_size": batch_size, "lease_seconds": float(lease_seconds)}
+    """Claim up to ``batch_size`` due rows, highest priority first, for one lease.
+
+    ``default_ttl_seconds``: the deliver-by time of rows without their own
+    (counted from when they were first due); None: no default."""
+    params: dict[str, Any] = {
+        "batch_size": batch_size,
+        "lease_seconds": float(lease_seconds),
+        "default_ttl": None if default_ttl_seconds is None else float(default_ttl_seconds),
+    }
     statement = _CLAIM_ALL
     if channels is not None:
         statement, params["channels"] = _CLAIM_CHANNELS, array_literal(channels)
@@ -308,35 +395,44 @@ def release(
     return {r.id for r in rows}
 
 
-# --- the sender's fenced read and settle -----------------------------------
+# --- the sender's receipt and settle ----------------------------------------
 
-_LOAD_CLAIMED = _sql(
+# The receipt replaces a plain fenced read: the same one statement, but a
+# compare-and-set, so of two senders handed one claim (a duplicated or
+# replayed event, an Invoke retried after a timeout, an id listed twice) only
+# one gets the row back; the other finds nothing to send. A row locked by the
+# first is re-checked by the second after the first commits (READ COMMITTED),
+# when ``received_at`` is no longer NULL.
+_RECEIVE_CLAIMED = _sql(
     """
-    SELECT m.id, m.channel, m.payload, m.attempts + 1 AS attempt,
-           COALESCE(m.max_attempts, :default_max) AS max_attempts, m.claim_token,
-           m.dedupe_key, m.ordering_key,
-           EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8 AS lease_left
-    FROM outbox_message AS m
-    JOIN unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
-      ON m.id = h.id AND m.claim_token = h.token
-    WHERE m.status = 'claimed' AND m.channel = :channel AND m.lease_expires_at > now()
-    ORDER BY m.id
+    UPDATE outbox_message AS m
+    SET received_at = now()
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
+    WHERE m.id = h.id AND m.claim_token = h.token
+      AND m.status = 'claimed' AND m.channel = :channel AND m.lease_expires_at > now()
+      AND m.received_at IS NULL
+    RETURNING m.id, m.channel, CAST(m.payload AS text) AS payload, m.attempts + 1 AS attempt,
+              COALESCE(m.max_attempts, :default_max) AS max_attempts, m.claim_token,
+              m.dedupe_key, m.ordering_key,
+              EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8 AS lease_left
     """
 )
 
 
-def load_claimed(
+def receive_claimed(
     conn: sa.Connection,
     channel: str,
     claims: Iterable[tuple[int, uuid.UUID]],
     default_max_attempts: int,
 ) -> list[ClaimedMessage]:
-    """Re-read the rows this sender still owns; a row missing here is not ours."""
-    pairs = list(claims)
+    """Take the receipt of the claims this sender may send, once: a row missing
+    here is not ours (settled, reaped, claimed again) or already taken by another
+    sender. Repeated pairs count once. Ordered by id."""
+    pairs = list(dict.fromkeys(claims))
     if not pairs:
         return []
     rows = conn.execute(
-        _LOAD_CLAIMED,
+        _RECEIVE_CLAIMED,
         {
             "ids": array_literal(i for i, _ in pairs),
             "tokens": array_literal(t for _, t in pairs),
@@ -356,9 +452,36 @@ def load_claimed(
             ordering_key=r.ordering_key,
             lease_left_seconds=float(r.lease_left),
         )
-        for r in rows
+        for r in sorted(rows, key=lambda r: r.id)
     ]
 
+
+def bounded_delay(outcome: str, delay: Any, backoff: Backoff) -> float | None:
+    """A channel's delay made safe to write, so one bad answer cannot break the
+    batch's settle statement (a NaN or an infinity is no JSON number) or park a
+    row for ever. A deferral is held to [min_deferral_seconds, 24 h]; a retry
+    delay to [0, the backoff cap]. A delay that is no number (NaN, text, a
+    bool) is ignored: the deferral floor, or the normal backoff. Other
+    outcomes carry no delay."""
+    if outcome not in ("deferred", "retry"):
+        return None
+    seconds: float | None
+    if isinstance(delay, bool) or not isinstance(delay, int | float):
+        seconds = None
+    else:
+        try:
+            seconds = float(delay)
+        except OverflowError:  # an int beyond float range
+            seconds = math.inf if delay > 0 else -math.inf
+        if math.isnan(seconds):
+            seconds = None
+    if outcome == "retry":
+        return None if seconds is None else min(max(seconds, 0.0), backoff.cap_seconds)
+    floor = backoff.min_deferral_seconds
+    return min(max(seconds if seconds is not None else floor, floor), MAX_DEFERRAL_SECONDS)
+
+
+_EXPIRED_PREFIX = "deliver-by time passed"
 
 _SETTLE = _sql(
     f"""
@@ -368,42 +491,70 @@ _SETTLE = _sql(
             AS i(id bigint, token uuid, outcome text, error text, provider_id text,
                  delay_s float8, duration_ms int)
     ),
-    decided AS (
-        SELECT i.*,
-               m.attempts + CASE WHEN i.outcome = 'deferred' THEN 0 ELSE 1 END AS attempts_after,
-               CASE WHEN i.outcome IN ('delivered', 'failed', 'suppressed') THEN i.outcome
-                    WHEN i.outcome = 'retry' AND {_EXHAUSTED_SQL} THEN 'dead'
-                    ELSE 'pending' END AS next_status,
-               CASE WHEN i.outcome = 'retry' THEN COALESCE(i.delay_s, {_BACKOFF_SQL})
-                    ELSE COALESCE(i.delay_s, 0) END AS delay_after
+    classified AS (
+        -- A deferral past the row's deferral limit counts an attempt, like a retry.
+        SELECT i.id, i.token, i.provider_id, i.delay_s, i.duration_ms,
+               i.outcome = 'deferred' AS deferral,
+               i.outcome = 'deferred' AND m.deferrals >= :max_deferrals AS capped,
+               CASE WHEN i.outcome = 'deferred' AND m.deferrals >= :max_deferrals
+                    THEN 'retry' ELSE i.outcome END AS outcome,
+               CASE WHEN i.outcome = 'deferred' AND m.deferrals >= :max_deferrals
+                    THEN 'deferred ' || m.deferrals || ' times, now counted as an attempt: '
+                         || COALESCE(i.error, 'deferred')
+                    ELSE i.error END AS error,
+               m.attempts, m.max_attempts, m.deferrals, m.expires_at
         FROM input AS i JOIN outbox_message AS m ON m.id = i.id
+    ),
+    timed AS (
+        SELECT m.*,
+               m.attempts + CASE WHEN m.outcome = 'deferred' THEN 0 ELSE 1 END AS attempts_after,
+               -- a counted deferral waits at least the backoff, so a receiver that
+               -- keeps throttling cannot spend the attempts in seconds
+               now() + make_interval(secs => CASE
+                   WHEN m.capped THEN GREATEST(m.delay_s, {_BACKOFF_SQL})
+                   WHEN m.outcome = 'retry' THEN COALESCE(m.delay_s, {_BACKOFF_SQL})
+                   ELSE COALESCE(m.delay_s, 0) END) AS next_at
+        FROM classified AS m
+    ),
+    decided AS (
+        SELECT m.*,
+               CASE WHEN m.outcome IN ('delivered', 'failed', 'suppressed') THEN m.outcome
+                    WHEN m.outcome = 'retry' AND {_EXHAUSTED_SQL} THEN 'dead'
+                    -- the next try would come too late: expire now, not then
+                    WHEN m.next_at >= m.expires_at THEN 'expired'
+                    ELSE 'pending' END AS next_status
+        FROM timed AS m
     ),
     settled AS (
         UPDATE outbox_message AS m
         SET status = d.next_status,
             attempts = d.attempts_after,
-            available_at = CASE WHEN d.next_status = 'pending'
-                                THEN now() + make_interval(secs => d.delay_after)
+            deferrals = d.deferrals + CASE WHEN d.deferral THEN 1 ELSE 0 END,
+            available_at = CASE WHEN d.next_status = 'pending' THEN d.next_at
                                 ELSE m.available_at END,
             claim_token = NULL,
             lease_expires_at = NULL,
             provider_message_id = COALESCE(d.provider_id, m.provider_message_id),
             last_error = CASE WHEN d.outcome = 'delivered' THEN NULL
+                              WHEN d.next_status = 'expired'
+                              THEN '{_EXPIRED_PREFIX} before the next try; last error: '
+                                   || COALESCE(d.error, m.last_error, 'none')
                               ELSE COALESCE(d.error, m.last_error) END,
             settled_at = CASE WHEN d.next_status = 'pending' THEN NULL ELSE now() END
         FROM decided AS d
         -- The fence: a sender whose lease was taken matches nothing here.
         WHERE m.id = d.id AND m.claim_token = d.token AND m.status = 'claimed'
-        RETURNING m.id, m.status, m.claimed_at, d.outcome, d.attempts_after, d.error,
-                  d.provider_id, d.duration_ms
+        RETURNING m.id, m.status, m.claimed_at, m.last_error, d.outcome, d.attempts_after,
+                  d.error, d.provider_id, d.duration_ms
     ),
     logged AS (
         INSERT INTO outbox_attempt
             (message_id, attempt, outcome, error, provider_message_id, claimed_at, duration_ms)
         SELECT id,
                attempts_after + CASE WHEN outcome = 'deferred' THEN 1 ELSE 0 END,
-               CASE WHEN status = 'dead' THEN 'dead' ELSE outcome END,
-               error, provider_id, claimed_at, duration_ms
+               CASE WHEN status IN ('dead', 'expired') THEN status ELSE outcome END,
+               CASE WHEN status = 'expired' THEN last_error ELSE error END,
+               provider_id, claimed_at, duration_ms
         FROM settled
     )
     SELECT id, status FROM settled
@@ -417,7 +568,8 @@ def settle(
     """Write every outcome of a batch and its attempt rows in one statement.
 
     Returns {id: new status} for the rows that were still ours; any id absent
-    from the result had its lease taken, and nothing was written for it.
+    from the result had its lease taken, and nothing was written for it. Each
+    delay is bounded first (``bounded_delay``): a bad one affects its row only.
     """
     if not settlements:
         return {}
@@ -435,13 +587,14 @@ def settle(
                         "outcome": s.outcome,
                         "error": s.error,
                         "provider_id": s.provider_message_id,
-                        "delay_s": s.delay_seconds,
+                        "delay_s": bounded_delay(s.outcome, s.delay_seconds, backoff),
                         "duration_ms": s.duration_ms,
                     }
                     for s in settlements
                 ],
                 separators=(",", ":"),
             ),
+            "max_deferrals": backoff.max_deferrals,
             **_backoff_params(backoff),
         },
     ).all()
@@ -451,46 +604,163 @@ def settle(
 # --- the reaper ------------------------------------------------------------
 
 LEASE_EXPIRED_ERROR = "lease expired: the sender did not settle in time"
+NOT_STARTED_ERROR = (
+    "lease expired before any sender took the claim (no capacity, or the hand-off "
+    "was lost): not counted as an attempt"
+)
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """A claim the reaper took back: its new status, and whether a sender had
+    started it (took its receipt; only then is an attempt counted)."""
+
+    status: str
+    started: bool
+
 
 _REAP = _sql(
     f"""
-    WITH expired AS (
+    WITH lapsed AS (
         SELECT id FROM outbox_message
         WHERE status = 'claimed' AND lease_expires_at < now()
         ORDER BY lease_expires_at
         LIMIT :batch_size
         FOR UPDATE SKIP LOCKED
     ),
+    timed AS (
+        -- No receipt: no sender ever started the row (capacity, a lost event).
+        -- That is not the message's fault: no attempt, due again at once; its
+        -- deliver-by time bounds how long that can go on.
+        SELECT m.id, m.attempts, m.max_attempts, m.expires_at,
+               m.received_at IS NOT NULL AS started,
+               CASE WHEN m.received_at IS NULL THEN now()
+                    ELSE now() + make_interval(secs => {_BACKOFF_SQL}) END AS next_at
+        FROM outbox_message AS m JOIN lapsed USING (id)
+    ),
+    decided AS (
+        SELECT m.*,
+               CASE WHEN m.started AND {_EXHAUSTED_SQL} THEN 'dead'
+                    WHEN m.next_at >= m.expires_at THEN 'expired'
+                    ELSE 'pending' END AS next_status
+        FROM timed AS m
+    ),
     released AS (
         UPDATE outbox_message AS m
-        SET status = CASE WHEN {_EXHAUSTED_SQL} THEN 'dead' ELSE 'pending' END,
-            attempts = m.attempts + 1,
-            available_at = now() + make_interval(secs => {_BACKOFF_SQL}),
+        SET status = d.next_status,
+            attempts = m.attempts + CASE WHEN d.started THEN 1 ELSE 0 END,
+            available_at = d.next_at,
             claim_token = NULL,
             lease_expires_at = NULL,
-            last_error = :error,
-            settled_at = CASE WHEN {_EXHAUSTED_SQL} THEN now() END
-        FROM expired AS e
-        WHERE m.id = e.id
-        RETURNING m.id, m.status, m.attempts, m.claimed_at
+            last_error = CASE WHEN d.next_status = 'expired' THEN '{_EXPIRED_PREFIX}; '
+                              ELSE '' END
+                         || CASE WHEN d.started THEN :error ELSE :not_started_error END,
+            settled_at = CASE WHEN d.next_status <> 'pending' THEN now() END
+        FROM decided AS d
+        WHERE m.id = d.id
+        RETURNING m.id, m.status, m.attempts, m.claimed_at, m.last_error, d.started
     ),
     logged AS (
         INSERT INTO outbox_attempt (message_id, attempt, outcome, error, claimed_at)
-        SELECT id, attempts, CASE WHEN status = 'dead' THEN 'dead' ELSE 'expired' END,
-               :error, claimed_at
+        SELECT id, attempts + CASE WHEN started THEN 0 ELSE 1 END,
+               CASE WHEN status IN ('dead', 'expired') THEN status
+                    WHEN started THEN 'expired' ELSE 'not_started' END,
+               last_error, claimed_at
         FROM released
     )
-    SELECT id, status FROM released
+    SELECT id, status, started FROM released
     """
 )
 
 
-def reap_expired(conn: sa.Connection, batch_size: int, backoff: Backoff) -> dict[int, str]:
-    """Release claims whose lease ran out: the attempt counts (invariant 5)."""
+def reap_expired(conn: sa.Connection, batch_size: int, backoff: Backoff) -> dict[int, Reaped]:
+    """Release claims whose lease ran out (invariant 5): after a receipt the
+    attempt counts (``dead`` when out of attempts); without one it does not.
+    Either ends ``expired`` when the next try would fall after the deliver-by time."""
     rows = conn.execute(
-        _REAP, {"batch_size": batch_size, "error": LEASE_EXPIRED_ERROR, **_backoff_params(backoff)}
+        _REAP,
+        {
+            "batch_size": batch_size,
+            "error": LEASE_EXPIRED_ERROR,
+            "not_started_error": NOT_STARTED_ERROR,
+            **_backoff_params(backoff),
+        },
     ).all()
-    return {r.id: r.status for r in rows}
+    return {r.id: Reaped(r.status, r.started) for r in rows}
+
+
+# Pending rows past their deliver-by time, in bounded batches: those with a
+# time of their own (expiry index), and those under the relay's default,
+# counted from when they are due (only rows never claimed have none written).
+_EXPIRE_OVERDUE = _sql(
+    f"""
+    WITH own AS (
+        SELECT id FROM outbox_message
+        WHERE status = 'pending' AND expires_at <= now()
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    ),
+    by_default AS (
+        SELECT id FROM outbox_message
+        WHERE status = 'pending' AND expires_at IS NULL
+          AND available_at <= now() - make_interval(secs => CAST(:default_ttl AS float8))
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    ),
+    expired AS (
+        UPDATE outbox_message AS m
+        SET status = 'expired', settled_at = now(),
+            last_error = '{_EXPIRED_PREFIX} before it was delivered'
+                         || COALESCE('; last error: ' || m.last_error, '')
+        WHERE m.id IN (SELECT id FROM own UNION ALL SELECT id FROM by_default)
+          AND m.status = 'pending'
+        RETURNING m.id, m.attempts, m.last_error
+    ),
+    logged AS (
+        INSERT INTO outbox_attempt (message_id, attempt, outcome, error)
+        SELECT id, attempts + 1, 'expired', last_error FROM expired
+    )
+    SELECT id FROM expired
+    """
+)
+
+
+def expire_overdue(conn: sa.Connection, batch_size: int, backoff: Backoff) -> set[int]:
+    """pending -> expired for rows past their deliver-by time (up to two batches)."""
+    rows = conn.execute(
+        _EXPIRE_OVERDUE, {"batch_size": batch_size, "default_ttl": _ttl_param(backoff)}
+    ).all()
+    return {r.id for r in rows}
+
+
+# Rows whose producer chose on_predecessor_failure='cancel', behind a row of
+# their ordering key that ended failed, dead or expired. Driven from those
+# few holding rows (the ordering index), bounded per run.
+_CANCEL_HELD = _sql(
+    """
+    WITH doomed AS (
+        SELECT m.id, min(f.id) AS holder
+        FROM outbox_message AS f
+        JOIN outbox_message AS m ON m.ordering_key = f.ordering_key AND m.id > f.id
+        WHERE f.ordering_key IS NOT NULL AND f.status IN ('failed', 'dead', 'expired')
+          AND m.status = 'pending' AND m.on_predecessor_failure = 'cancel'
+        GROUP BY m.id
+        LIMIT :batch_size
+    )
+    UPDATE outbox_message AS m
+    SET status = 'cancelled', settled_at = now(),
+        last_error = 'cancelled: message ' || d.holder
+                     || ' before it in its ordering key did not succeed'
+    FROM doomed AS d
+    WHERE m.id = d.id AND m.status = 'pending'
+    RETURNING m.id
+    """
+)
+
+
+def cancel_held(conn: sa.Connection, batch_size: int) -> set[int]:
+    """Cancel the held rows whose producer asked for that (``on_predecessor_failure='cancel'``)."""
+    return {r.id for r in conn.execute(_CANCEL_HELD, {"batch_size": batch_size}).all()}
 
 
 _PRUNE = sa.text(
@@ -544,12 +814,24 @@ _BACKLOG = sa.text(
 _DEAD_COUNT = sa.text(
     "SELECT count(*) FROM outbox_message WHERE status = 'dead' AND settled_at IS NOT NULL"
 )
+# Pending rows held behind a failed, dead or expired row of their ordering
+# key, counted from those few holding rows (the ordering index).
+_HELD_COUNT = _sql(
+    """
+    SELECT count(DISTINCT m.id)
+    FROM outbox_message AS f
+    JOIN outbox_message AS m ON m.ordering_key = f.ordering_key AND m.id > f.id
+    WHERE f.ordering_key IS NOT NULL AND f.status IN ('failed', 'dead', 'expired')
+      AND m.status = 'pending'
+    """
+)
 
 
 def backlog(conn: sa.Connection) -> Backlog:
     """Backlog figures for metrics and `outbox status`; served by the partial indexes."""
     row = conn.execute(_BACKLOG).one()
     dead = conn.execute(_DEAD_COUNT).scalar_one()
+    held = held_count(conn)
     return Backlog(
         pending=row.pending,
         due=row.due,
@@ -557,7 +839,13 @@ def backlog(conn: sa.Connection) -> Backlog:
         claimed=row.claimed,
         expired_claims=row.expired_claims,
         dead=dead,
+        held=held,
     )
+
+
+def held_count(conn: sa.Connection) -> int:
+    """Pending rows waiting behind a failed, dead or expired row of their ordering key."""
+    return int(conn.execute(_HELD_COUNT).scalar_one())
 
 
 _CHANNEL_BACKLOG = sa.text(
@@ -618,34 +906,49 @@ def channel_backlog(conn: sa.Connection) -> list[ChannelBacklog]:
 
 # --- operator transitions ---------------------------------------------------
 
+# Pending rows, and the rows that hold their ordering key: cancelling a
+# failed, dead or expired row is how an operator lets its successors go
+# without sending it again.
+CANCELLABLE_STATUSES = ("pending", *HOLDING_STATUSES)
 _CANCEL = sa.text(
     """
     UPDATE outbox_message SET status = 'cancelled', settled_at = now(),
         last_error = COALESCE(:reason, last_error)
-    WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'pending'
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND status = ANY(CAST(:statuses AS text[]))
     RETURNING id
     """
 )
 
 
 def cancel(conn: sa.Connection, ids: Sequence[int], reason: str | None = None) -> set[int]:
-    """pending -> cancelled. Rows in any other state are left alone (returned ids say which)."""
-    rows = conn.execute(_CANCEL, {"ids": list(ids), "reason": reason}).all()
+    """pending | failed | dead | expired -> cancelled. Rows in any other state
+    are left alone (returned ids say which)."""
+    rows = conn.execute(
+        _CANCEL,
+        {"ids": list(ids), "reason": reason, "statuses": list(CANCELLABLE_STATUSES)},
+    ).all()
     return {r.id for r in rows}
 
 
+# A redrive starts the row afresh: attempts and deferrals from zero, and a
+# deliver-by time that has passed is lifted (the relay's default applies again,
+# from now), or the row would expire at once.
+_REDRIVE_SET = """
+    status = 'pending', attempts = 0, deferrals = 0, available_at = now(), settled_at = NULL,
+    expires_at = CASE WHEN expires_at <= now() THEN NULL ELSE expires_at END
+"""
 _REDRIVE = sa.text(
-    """
-    UPDATE outbox_message SET status = 'pending', attempts = 0, available_at = now(),
-        settled_at = NULL
-    WHERE id = ANY(CAST(:ids AS bigint[])) AND status IN ('dead', 'failed')
+    f"""
+    UPDATE outbox_message SET {_REDRIVE_SET}
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND status IN ('dead', 'failed', 'expired')
     RETURNING id
     """
 )
 
 
 def redrive(conn: sa.Connection, ids: Sequence[int]) -> set[int]:
-    """dead | failed -> pending with a fresh set of attempts; the history stays."""
+    """dead | failed | expired -> pending with a fresh set of attempts; the history stays.
+    Rows held behind it in its ordering key follow once it is delivered."""
     rows = conn.execute(_REDRIVE, {"ids": list(ids)}).all()
     return {r.id for r in rows}
 
@@ -659,8 +962,17 @@ def payload_json(payload: Any) -> str:
 # Filters are checked against closed sets before they reach a statement, and
 # every value travels as a bound parameter.
 
-STATUSES = ("pending", "claimed", "delivered", "failed", "dead", "suppressed", "cancelled")
-REDRIVABLE_STATUSES = ("dead", "failed")
+STATUSES = (
+    "pending",
+    "claimed",
+    "delivered",
+    "failed",
+    "dead",
+    "suppressed",
+    "cancelled",
+    "expired",
+)
+REDRIVABLE_STATUSES = ("dead", "failed", "expired")
 
 
 def _check_statuses(statuses: Sequence[str] | None, allowed: Sequence[str] = STATUSES) -> None:
@@ -710,9 +1022,9 @@ def channel_status_counts(conn: sa.Connection) -> list[ChannelStatusCount]:
 
 
 _MESSAGE_COLUMNS = """
-    id, channel, status, priority, attempts, max_attempts, dedupe_key, ordering_key,
-    provider_message_id, last_error, claim_token, created_at, available_at, claimed_at,
-    lease_expires_at, settled_at
+    id, channel, status, priority, attempts, max_attempts, deferrals, dedupe_key, ordering_key,
+    on_predecessor_failure, provider_message_id, last_error, claim_token, created_at,
+    available_at, claimed_at, received_at, lease_expires_at, expires_at, settled_at
 """
 
 _LIST_MESSAGES = sa.text(
@@ -749,7 +1061,12 @@ def list_messages(
     )
 
 
-_GET_MESSAGE = sa.text(f"SELECT {_MESSAGE_COLUMNS}, payload FROM outbox_message WHERE id = :id")
+# The payload as text: the caller decodes it (a row too deep to decode must
+# still show, and must not leave the connection half-read).
+_GET_MESSAGE = sa.text(
+    f"SELECT {_MESSAGE_COLUMNS}, CAST(payload AS text) AS payload "
+    "FROM outbox_message WHERE id = :id"
+)
 _ATTEMPT_HISTORY = sa.text(
     """
     SELECT attempt, outcome, error, provider_message_id, claimed_at, finished_at, duration_ms
@@ -785,9 +1102,8 @@ def statuses_of(conn: sa.Connection, ids: Sequence[int]) -> dict[int, str]:
 
 
 _REDRIVE_MATCHING = sa.text(
-    """
-    UPDATE outbox_message SET status = 'pending', attempts = 0, available_at = now(),
-        settled_at = NULL
+    f"""
+    UPDATE outbox_message SET {_REDRIVE_SET}
     WHERE status = ANY(CAST(:statuses AS text[]))
       AND (CAST(:channels AS text[]) IS NULL OR channel = ANY(CAST(:channels AS text[])))
       AND (CAST(:since_seconds AS float8) IS NULL
@@ -803,7 +1119,7 @@ def redrive_matching(
     channels: Sequence[str] | None = None,
     since_seconds: float | None = None,
 ) -> set[int]:
-    """dead | failed -> pending for every row matching the filters (settled
+    """dead | failed | expired -> pending for every row matching the filters (settled
     within the last ``since_seconds`` when given); the history stays."""
     if not statuses:
         raise ValueError("at least one status is needed")

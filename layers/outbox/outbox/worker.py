@@ -93,7 +93,7 @@ class Worker:
     def reap(self) -> reaper.ReapReport:
         deadline = time.monotonic() + 30.0
         result = reaper.run(self.engine, self.settings, lambda: deadline - time.monotonic())
-        self.report.reaped += result.reclaimed + result.dead
+        self.report.reaped += result.reclaimed + result.not_started + result.dead + result.expired
         return result
 
     def run_once(self) -> dispatcher.DispatchReport:

@@ -147,6 +147,31 @@ def names() -> list[str]:
     return sorted(_registry)
 
 
+def missing_piece(channel: Any) -> str | None:
+    """What keeps ``channel`` from sending, or None: a ``send`` or ``validate``
+    that is missing, or still the base class's unimplemented one."""
+    name = getattr(channel, "name", None) or type(channel).__name__
+    for method in ("validate", "send"):
+        if not callable(getattr(channel, method, None)):
+            return f"channel {name!r} has no {method} method"
+    if getattr(type(channel), "send", None) is SchemaChannel.send:
+        return f"channel {name!r} does not implement send"
+    return None
+
+
+def load(name: str) -> tuple[Channel | None, str | None]:
+    """The channel for ``name`` and None, or None and what is missing (not in
+    this registry, its module fails to import, or it cannot send)."""
+    if name not in _registry:
+        return None, f"channel {name!r} is not in this sender's channel registry"
+    try:
+        channel = get(name)
+    except Exception as exc:  # ImportError, AttributeError, a failing constructor
+        return None, f"channel {name!r} cannot be loaded: {type(exc).__name__}"
+    missing = missing_piece(channel)
+    return (None, missing) if missing else (channel, None)
+
+
 def get(name: str) -> Channel:
     """The channel instance for ``name``; ValidationError for an unknown name."""
     channel = _instances.get(name)

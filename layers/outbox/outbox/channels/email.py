@@ -75,6 +75,9 @@ class EmailChannel(aws.AwsChannel):
     def check(self, payload: dict[str, Any]) -> None:
         if "text" not in payload and "html" not in payload:
             raise ValidationError("payload.text", "text or html is required")
+        if "\r" in payload["subject"] or "\n" in payload["subject"]:
+            # One header line: a CR or LF would start another header.
+            raise ValidationError("payload.subject", "must be one line (no CR or LF)")
         recipients = sum(len(payload.get(k, [])) for k in ("to", "cc", "bcc"))
         if recipients > _MAX_RECIPIENTS:
             raise ValidationError(

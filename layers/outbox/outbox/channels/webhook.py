@@ -6,8 +6,9 @@ retry of a message, the receiver's idempotency key), ``webhook-timestamp``
 "id.timestamp.body">``, one per secret, space-separated, while a secret is
 being rotated). The body is ``{"type": event_type, "timestamp": ..., "data": body}``.
 
-The signing secret lives in Secrets Manager (the payload's ``secret_id``, else
-the function's ``WEBHOOK_SECRET_ARN``) as one or more whitespace-separated
+The signing secret lives in Secrets Manager (the payload's ``secret_id``, which
+must be one the operator listed in ``WEBHOOK_SECRET_ARNS``, else the function's
+``WEBHOOK_SECRET_ARN``) as one or more whitespace-separated
 ``whsec_<base64>`` values, read through Powertools Parameters (cached) and
 never logged. The destination passes the SSRF guard (``outbox.netguard``):
 resolved once, checked, and connected to by address while TLS still verifies
@@ -22,24 +23,28 @@ import binascii
 import hashlib
 import hmac
 import json
-import logging
 import os
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 from .. import netguard
 from ..errors import ValidationError
+from ..watchdog import WATCHDOG
 from . import Deadline, Message, Outcome, SchemaChannel, aws
 
 MAX_RESPONSE_BYTES = 64 * 1024
 SECRET_MAX_AGE_SECONDS = 300
 CONNECT_TIMEOUT_SECONDS = 5.0
+CUTOFF_LEAD_SECONDS = 0.1
 MAX_RETRY_AFTER_SECONDS = 3600.0
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# Retry-After means "come back then" only on these (RFC 9110: 503, and 429 of
+# RFC 6585); on any other status it is ignored and the backoff applies.
+RETRY_AFTER_STATUSES = frozenset({429, 503})
 USER_AGENT = "outbox-relay-webhooks/1"
 SECRET_PREFIX = "whsec_"  # noqa: S105 (the Standard Webhooks secret prefix)
 
@@ -105,14 +110,32 @@ def classify_status(status: int, headers: Any = None) -> Outcome:
     if status == 410:
         return Outcome.failed("HTTP 410: endpoint gone")
     if status in RETRY_STATUSES or 500 <= status < 600:
-        delay = retry_after(headers.get("Retry-After") if headers is not None else None)
-        if delay is not None:
-            # The receiver said when to come back: a deferral, no attempt counted.
-            return Outcome.deferred(f"HTTP {status} with Retry-After", delay)
+        if status in RETRY_AFTER_STATUSES:
+            delay = retry_after(headers.get("Retry-After") if headers is not None else None)
+            if delay is not None:
+                # The receiver said when to come back: a deferral, no attempt counted.
+                return Outcome.deferred(f"HTTP {status} with Retry-After", delay)
         return Outcome.retry(f"HTTP {status}")
     if 400 <= status < 500:
         return Outcome.failed(f"HTTP {status}")
-    return Outcome.failed(f"HTTP {status}: unexpected status")
+    # 1xx as a final answer, or 600 and up: not HTTP semantics anyone agreed
+    # on. Transient, as the calendar worker this replaces treats the unknown.
+    return Outcome.retry(f"HTTP {status}: unexpected status")
+
+
+def _connection_outcome(exc: Exception, out_of_time: bool) -> Outcome:
+    """A POST that got no status line: always worth another try."""
+    import urllib3
+
+    if isinstance(exc, urllib3.exceptions.NewConnectionError):  # (a ConnectTimeoutError)
+        return Outcome.retry("connection failed (refused or unreachable)")
+    if out_of_time or isinstance(exc, TimeoutError | urllib3.exceptions.ConnectTimeoutError):
+        return Outcome.retry("timeout: no answer before the deadline")
+    from urllib3.util.ssl_match_hostname import CertificateError
+
+    if isinstance(exc, ssl.SSLError | CertificateError | urllib3.exceptions.SSLError):
+        return Outcome.retry("TLS handshake or certificate check failed")
+    return Outcome.retry(f"connection failed ({type(exc).__name__})")
 
 
 class SecretUnavailable(Exception):
@@ -140,6 +163,7 @@ class WebhookChannel(SchemaChannel):
         *,
         allow_insecure: bool | None = None,
         default_secret_id: str | None = None,
+        allowed_secret_ids: Iterable[str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
         resolver: netguard.Resolver | None = None,
         secrets: Any = None,
@@ -149,14 +173,23 @@ class WebhookChannel(SchemaChannel):
             allow_insecure = os.environ.get("WEBHOOK_ALLOW_INSECURE", "").lower() == "true"
         self.allow_insecure = allow_insecure
         self.default_secret_id = default_secret_id or os.environ.get("WEBHOOK_SECRET_ARN") or None
+        if allowed_secret_ids is None:
+            listed = os.environ.get("WEBHOOK_SECRET_ARNS") or ""
+            allowed_secret_ids = [s.strip() for s in listed.split(",") if s.strip()]
+        # A payload's secret_id may name only the secrets the operator listed:
+        # otherwise any producer could have any body signed with any key.
+        self.allowed_secret_ids = frozenset(allowed_secret_ids) | (
+            {self.default_secret_id} if self.default_secret_id else set()
+        )
         self.resolver = resolver
         self.max_response_bytes = max_response_bytes
         self._ssl_context = ssl_context
         self._secrets = secrets
-        # urllib3 logs each request line (path and query: where tokens hide) at DEBUG.
-        pool_log = logging.getLogger("urllib3.connectionpool")
-        if pool_log.level < logging.INFO:
-            pool_log.setLevel(logging.INFO)
+        # urllib3 logs each request line (path and query: where tokens hide) at
+        # DEBUG; observability keeps it at WARNING.
+        from ..observability import quiet_libraries
+
+        quiet_libraries()
 
     @property
     def ssl_context(self) -> ssl.SSLContext:
@@ -205,6 +238,11 @@ class WebhookChannel(SchemaChannel):
         secret_id = p.get("secret_id") or self.default_secret_id
         if not secret_id:
             return Outcome.failed("no signing secret: set payload.secret_id or WEBHOOK_SECRET_ARN")
+        if secret_id not in self.allowed_secret_ids:
+            return Outcome.failed(
+                "payload.secret_id is not a signing secret this function may use "
+                "(WEBHOOK_SECRET_ARNS, template parameter WebhookSecretArns)"
+            )
         try:
             keys = self.signing_keys(secret_id)
         except SecretUnavailable as exc:
@@ -247,59 +285,64 @@ class WebhookChannel(SchemaChannel):
     def _post(
         self, target: netguard.Target, headers: dict[str, str], body: bytes, deadline: Deadline
     ) -> Outcome:
-        import urllib3
+        """One POST, over by the deadline whatever the receiver does: connect and
+        the TLS handshake are bounded by a socket timeout (CPython applies it to
+        the whole handshake and to the whole send), and the watchdog shuts the
+        socket at the deadline, which ends a read that a dripping receiver
+        would otherwise keep alive byte by byte."""
+        from urllib3.connection import HTTPConnection, HTTPSConnection
 
         remaining = deadline.remaining()
         if remaining <= 0:
             return Outcome.deferred("deadline near: not started")
-        timeout = urllib3.Timeout(connect=min(remaining, CONNECT_TIMEOUT_SECONDS), read=remaining)
-        pool: urllib3.HTTPConnectionPool
+        conn: HTTPConnection
         if target.scheme == "https":
             # Connect to the checked address; SNI and the certificate check use the name.
-            pool = urllib3.HTTPSConnectionPool(
+            conn = HTTPSConnection(
                 target.address,
                 target.port,
-                timeout=timeout,
-                maxsize=1,
-                retries=False,
+                timeout=min(remaining, CONNECT_TIMEOUT_SECONDS),
                 ssl_context=self.ssl_context,
                 server_hostname=target.hostname,
                 assert_hostname=target.hostname,
             )
         else:
-            pool = urllib3.HTTPConnectionPool(
-                target.address, target.port, timeout=timeout, maxsize=1, retries=False
+            conn = HTTPConnection(
+                target.address, target.port, timeout=min(remaining, CONNECT_TIMEOUT_SECONDS)
             )
         try:
-            try:
-                response = pool.urlopen(
-                    "POST",
-                    target.path,
-                    body=body,
-                    headers=headers,
-                    redirect=False,
-                    retries=False,
-                    assert_same_host=False,
-                    preload_content=False,
-                )
-            except urllib3.exceptions.NewConnectionError:  # (a ConnectTimeoutError subclass)
-                return Outcome.retry("connection failed (refused or unreachable)")
-            except (urllib3.exceptions.TimeoutError, TimeoutError):
-                return Outcome.retry("timeout: no answer before the deadline")
-            except urllib3.exceptions.SSLError:
-                return Outcome.retry("TLS handshake or certificate check failed")
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                return Outcome.retry(f"connection failed ({type(exc).__name__})")
-            try:
-                # The status is the answer; a body that stalls or breaks changes nothing.
-                self._drain(response, deadline)
-            except (urllib3.exceptions.HTTPError, OSError):
-                pass
-            finally:
-                response.close()
-            return classify_status(response.status, response.headers)
+            # Cut a moment before the deadline: the sender stops waiting at
+            # the deadline itself, and this call's answer should reach it.
+            cutoff = max(remaining - CUTOFF_LEAD_SECONDS, 0.0)
+            with WATCHDOG.guard(cutoff, lambda: conn.sock) as watch:
+                try:
+                    conn.request(
+                        "POST",
+                        target.path,
+                        body=body,
+                        headers=headers,
+                        preload_content=False,
+                        decode_content=False,
+                    )
+                    conn.timeout = max(deadline.remaining(), 0.001)  # for the answer
+                    response = conn.getresponse()
+                except Exception as exc:
+                    return _connection_outcome(exc, watch.fired or deadline.expired())
+                if watch.fired:
+                    # Cut off mid-answer: http.client takes a truncated status
+                    # line or header block as complete, so trust none of it.
+                    response.close()
+                    return Outcome.retry("timeout: no answer before the deadline")
+                try:
+                    # The status is the answer; a body that stalls or breaks changes nothing.
+                    self._drain(response, deadline)
+                except Exception:  # noqa: S110 - the receiver's own problem, ignored
+                    pass
+                finally:
+                    response.close()
+                return classify_status(response.status, response.headers)
         finally:
-            pool.close()
+            conn.close()
 
     def _drain(self, response: Any, deadline: Deadline) -> int:
         """Read (and drop) at most ``max_response_bytes`` of the body."""

@@ -1,15 +1,24 @@
 """Paused channels: one row per channel the dispatcher must not claim.
 
+Every claim reads this table, so the relay role (revision 0003) gets SELECT
+on it; and INSERT, UPDATE, DELETE, so that an operator running `outbox pause`
+with the relay's user can pause and resume (as it can cancel and redrive).
+
 Revision ID: 0005
-Revises: 0001
+Revises: 0003
 """
+
+import importlib
 
 from alembic import op
 
 revision = "0005"
-down_revision = "0001"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
+
+# The relay role's name (OUTBOX_RELAY_ROLE, checked) as revision 0003 grants it.
+relay_role = importlib.import_module("outbox.migrations.versions.0003_relay_role").relay_role
 
 
 def upgrade() -> None:
@@ -25,6 +34,7 @@ def upgrade() -> None:
         )
         """
     )
+    op.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_channel_pause TO {relay_role()}")
 
 
 def downgrade() -> None:

@@ -1,0 +1,73 @@
+"""The bounded shape of a payload, checked at enqueue and again when a sender
+decodes a row.
+
+JSON parsers and encoders recurse: a payload nested a few thousand levels
+deep is accepted by one Python and crashes another (and, read by the
+database driver, it once left a connection half-read). So a payload's shape
+is bounded, the same on every Python: nesting depth, keys per object,
+elements per array and values in all. The walk is iterative: checking a
+hostile payload cannot itself hit the recursion limit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import ValidationError
+
+MAX_DEPTH = 32
+MAX_OBJECT_KEYS = 1_000
+MAX_ARRAY_LENGTH = 10_000
+# Any JSON document of MAX_PAYLOAD_BYTES holds fewer values than this; the
+# cap stops the walk over a huge in-memory structure early.
+MAX_VALUES = 100_000
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,39}$")
+
+
+def _child(path: str, key: Any) -> str:
+    if isinstance(key, int) and not isinstance(key, bool):
+        return f"{path}[{key}]"
+    if isinstance(key, str) and _IDENTIFIER.match(key):
+        return f"{path}.{key}"
+    return f"{path}[…]"  # a key that is long or odd stays out of the message
+
+
+def check_shape(value: Any, field: str = "payload") -> None:
+    """Raise ValidationError naming the first container that breaks a limit."""
+    stack: list[tuple[Any, str, int]] = [(value, field, 1)]
+    seen = 0
+    while stack:
+        node, path, depth = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise ValidationError(field, f"holds more than {MAX_VALUES} values")
+        if isinstance(node, Mapping):
+            items: Any = node.items()
+            size, limit, what = len(node), MAX_OBJECT_KEYS, "keys"
+        elif isinstance(node, list | tuple):
+            items = enumerate(node)
+            size, limit, what = len(node), MAX_ARRAY_LENGTH, "elements"
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            raise ValidationError(path, f"is nested deeper than {MAX_DEPTH} levels")
+        if size > limit:
+            raise ValidationError(path, f"has {size} {what}; the limit is {limit}")
+        stack.extend((child, _child(path, key), depth + 1) for key, child in items)
+
+
+def decode(text: str | bytes) -> Any:
+    """A stored payload, read as text, decoded and checked; a row that cannot
+    be decoded raises ValidationError for that row alone."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValidationError("payload", f"is nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:
+        raise ValidationError("payload", f"is not valid JSON ({type(exc).__name__})") from None
+    check_shape(value)
+    return value
