@@ -151,7 +151,7 @@ def _relay_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[]
 # The sender's read before the receipt (a plain fenced SELECT), kept here only
 # to measure what the receipt costs: the ``relay-read`` cell.
 FENCED_READ = """
-    SELECT m.id, m.channel, m.payload, m.attempts + 1 AS attempt,
+    SELECT m.id, m.channel, CAST(m.payload AS text) AS payload, m.attempts + 1 AS attempt,
            COALESCE(m.max_attempts, :default_max) AS max_attempts, m.claim_token,
            m.dedupe_key, m.ordering_key,
            EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8 AS lease_left

@@ -72,7 +72,9 @@ def test_a_message_reaped_to_dead_survives_the_same_run(engine: sa.Engine) -> No
     install_channel(ScriptedChannel())
     with engine.begin() as conn:
         message_id = outbox.enqueue(conn, "scripted", {"n": 1}, max_attempts=1)
-        store.claim(conn, 10, 60)
+        [claim] = store.claim(conn, 10, 60)
+        # a sender took the receipt, then died: the expired lease counts an attempt
+        store.receive_claimed(conn, "scripted", [(claim.id, claim.claim_token)], 1)
     expire_leases(engine)
     report = reaper.run(engine, settings(retention_days=1), lambda: 30.0)
     assert (report.dead, report.pruned) == (1, 0)

@@ -450,5 +450,21 @@ def test_the_sample_database_stack_lints_clean_and_outputs_the_relay_parameters(
     assert proxy["Properties"]["RequireTLS"] is True
     relay = cfn_yaml.load(str(ROOT / "template.yaml"))
     outputs = set(sample["Outputs"])
-    for parameter in ("SubnetIds", "SecurityGroupIds", "DatabaseSecretArn", "DatabaseHost"):
+    for parameter in (
+        "SubnetIds",
+        "SecurityGroupIds",
+        "DatabaseSecretArn",
+        "MigrateDatabaseSecretArn",
+        "DatabaseHost",
+        "DatabaseName",
+    ):
         assert parameter in outputs and parameter in relay["Parameters"]
+    overrides = sample["Outputs"]["RelayParameterOverrides"]["Value"]["Fn::Sub"][0]
+    given = {pair.split("=")[0] for pair in overrides.split()}
+    assert given <= set(relay["Parameters"])
+    assert {"DatabaseSecretArn", "MigrateDatabaseSecretArn", "DatabaseRelayRole"} <= given
+    # the relay and the migrator are different users, each known to the proxy
+    assert sample["Outputs"]["DatabaseSecretArn"]["Value"] == {"Ref": "RelaySecret"}
+    assert sample["Outputs"]["MigrateDatabaseSecretArn"]["Value"] == {"Ref": "DatabaseSecret"}
+    proxy_secrets = [a["SecretArn"] for a in proxy["Properties"]["Auth"]]
+    assert proxy_secrets == [{"Ref": "DatabaseSecret"}, {"Ref": "RelaySecret"}]
