@@ -20,11 +20,13 @@ import pytest
 
 # Bodies of the payloads the tests enqueue (support.EMAIL and friends).
 PAYLOAD_SENTINELS = ("Your order shipped", "It is on its way.")
-# Correlation keys that legitimately hold UUIDs (Lambda request id, X-Ray, Scheduler).
+# Correlation keys that legitimately hold UUIDs (Lambda request id, X-Ray, Scheduler;
+# the dispatcher and reaper take the Scheduler's execution id as correlation_id).
 UUID_ALLOWED_KEYS = {
     "function_request_id",
     "xray_trace_id",
     "schedule_execution_id",
+    "correlation_id",
     "function_arn",
 }
 # Attribute names that must never appear on a record: their values are payload or secret.

@@ -7,7 +7,9 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from outbox.observability import log_metrics, logger
 from outbox.runtime import Runtime
 
-runtime = Runtime()  # settings are checked here, at cold start
+# Settings are checked here, at cold start (and a dispatcher without a
+# channel function map refuses to start).
+runtime = Runtime.for_dispatcher()
 
 
 @logger.inject_lambda_context(correlation_id_path="execution_id")

@@ -23,7 +23,7 @@ from outbox.channels.webhook import WebhookChannel
 from outbox.config import DatabaseSettings
 from outbox.db import _base_url, _secret_credentials
 from outbox.observability import logger as outbox_logger
-from support import EMAIL, LocalCA, expire_leases, settings
+from support import EMAIL, LocalCA, expire_leases, receive, settings
 
 DB_PASSWORD = "db-Password-7f3a91c2e4"
 PHONE = "+15555550123"
@@ -97,9 +97,8 @@ def test_a_debug_pass_logs_no_payload_secret_or_token(
     # The reaper over an expired claim.
     with engine.begin() as conn:
         outbox.enqueue(conn, "email", EMAIL)
-        [claim] = store.claim(conn, 10, 120)
-        # a sender took the receipt, then died: the reaper counts the attempt
-        store.receive_claimed(conn, "email", [(claim.id, claim.claim_token)], 3)
+        claims = store.claim(conn, 10, 120)
+    receive(engine, claims)  # a sender took it, then died
     expire_leases(engine)
     assert reaper.run(engine, settings(), lambda: 10.0).reclaimed == 1
 

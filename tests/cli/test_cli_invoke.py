@@ -82,7 +82,13 @@ def test_probe_gets_handler_env_context_and_its_folder_first(project: Path) -> N
         "MAX_ATTEMPTS": "9",  # Parameters of --env-vars, over the template's !Ref
         "LEASE_SECONDS": "300",  # the shell, over the template's literal
     }
-    assert "PROBE_UNRESOLVED" in result.stderr  # an intrinsic nothing resolved: said, left unset
+    # What nothing resolves is said, and left unset: a parameter without a
+    # default, and a !GetAtt (it exists only in CloudFormation).
+    assert "note: PROBE_UNRESOLVED left unset: Fn::GetAtt has no local value" in result.stderr
+    assert (
+        "note: DATABASE_URL left unset: parameter DatabaseUrl has no default "
+        "(--parameter-overrides DatabaseUrl=...)" in result.stderr
+    )
     assert out["lambda_env"] == {
         "AWS_LAMBDA_FUNCTION_NAME": "ProbeFunction",
         "AWS_LAMBDA_FUNCTION_TIMEOUT": "7",
@@ -110,25 +116,23 @@ def test_real_reaper_and_dispatcher_against_the_database(
     reaper = invoke(project, "ReaperFunction", "event.json", "--env-vars", "env.json", event=event)
     assert reaper.exit_code == 0, reaper.output
     assert json.loads(reaper.stdout)["backlog"]["pending"] == 3
-    # The dispatcher would hand off to Lambda: with no function for a channel
-    # in CHANNEL_FUNCTIONS, its rows fail as unroutable (nothing leaves the machine).
+    # A dispatcher with no channel function map would fail every row it claims
+    # as unroutable: it refuses to start instead, in one line, and claims nothing.
     env_file.write_text(
         json.dumps({"Parameters": {"DATABASE_URL": database_url, "CHANNEL_FUNCTIONS": "{}"}})
     )
-    # Not declared in the template: --env-vars ignores it (as SAM does), the
-    # process environment reaches the handler as it is.
-    dispatcher = invoke(
-        project,
-        "DispatcherFunction",
-        "event.json",
-        "--env-vars",
-        "env.json",
-        env={"DISPATCH_BUDGET_SECONDS": "0.3"},
+    dispatcher = invoke(project, "DispatcherFunction", "event.json", "--env-vars", "env.json")
+    assert dispatcher.exit_code == 1, dispatcher.output
+    assert (
+        dispatcher.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "Error: DispatcherFunction failed at init: ConfigError: configuration CHANNEL_FUNCTIONS"
+        )
     )
-    assert dispatcher.exit_code == 0, dispatcher.output
-    report = json.loads(dispatcher.stdout)
-    assert report["claimed"] == 3 and report["unroutable"] == 3
-    assert statuses(engine) == {"failed": 3}
+    assert "Traceback" not in dispatcher.stderr
+    assert json.loads(dispatcher.stdout)["errorType"] == "ConfigError"
+    assert statuses(engine) == {"pending": 3}
 
 
 def test_handler_exception_prints_traceback_and_error_document(project: Path) -> None:
@@ -201,7 +205,7 @@ def test_handlers_never_import_the_cli_or_dev_tools() -> None:
     """The Lambda import path stays lean: no click, rich, moto, yaml or pgserver."""
     code = (
         "import sys, runpy\n"
-        "for role in ('dispatcher', 'reaper', 'email', 'migrate'):\n"
+        "for role in ('dispatcher', 'reaper', 'email', 'migrate', 'feedback'):\n"
         f"    sys.path.insert(0, '{REPO}/functions/' + role)\n"
         f"    runpy.run_path('{REPO}/functions/' + role + '/app.py')\n"
         "    sys.path.pop(0)\n"
@@ -211,9 +215,102 @@ def test_handlers_never_import_the_cli_or_dev_tools() -> None:
         "if m in sys.modules]\n"
         "print(bad)\n"
     )
-    env = {**os.environ, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
+        "CHANNEL_FUNCTIONS": '{"email": "outbox-email"}',
+    }
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("sample", "status", "recorded"),
+    [
+        ("feedback-bounce", "bounced", "bounced"),
+        ("feedback-complaint", "complained", "complained"),
+        ("feedback-delivery", "delivered", "delivery_confirmed"),
+        ("feedback-eventbridge-bounce", "bounced", "bounced"),
+    ],
+)
+def test_the_feedback_samples_run_through_the_real_template(
+    engine: sa.Engine,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    sample: str,
+    status: str,
+    recorded: str,
+) -> None:
+    from outbox import feedback, store
+
+    event_file = REPO / "events" / f"{sample}.json"
+    (notification,) = feedback.notifications(json.loads(event_file.read_text()))
+    provider_id = notification["mail"]["messageId"]
+    with engine.begin() as conn:
+        mid = outbox.enqueue(conn, "email", EMAIL)
+    with engine.begin() as conn:
+        (claim,) = store.claim(conn, 1, 60)
+        store.settle(
+            conn,
+            [store.Settlement(mid, claim.claim_token, "delivered", None, provider_id)],
+            store.Backoff(1, 60, 5),
+        )
+    saved_env, saved_path = dict(os.environ), list(sys.path)
+    monkeypatch.chdir(REPO)
+    try:
+        result = CliRunner().invoke(
+            cli,
+            ["invoke", "FeedbackFunction", str(event_file), "--json"],
+            # the template's DB_SSLMODE is verify-full; a local Postgres has no TLS
+            env={"DATABASE_URL": database_url, "DB_SSLMODE": "disable"},
+        )
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.path[:] = saved_path
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["recorded"] == {recorded: 1}
+    assert statuses(engine) == {status: 1}
+
+
+def test_a_long_invocation_says_it_is_still_running(project: Path) -> None:
+    from outbox import invoke as invoke_module
+
+    template = invoke_module.load_template(project / "template.yaml")
+    spec = invoke_module.function_spec(template, project, "SlowFunction", shell={})
+    said: list[str] = []
+    outcome = invoke_module.invoke(spec, {}, progress=said.append, progress_every=0.25)
+    assert outcome.timed_out  # it sleeps 1.2 s on a 1 s Timeout
+    assert len(said) >= 3
+    assert all(
+        line.startswith("SlowFunction still running: ") and line.endswith("s of its 1s Timeout")
+        for line in said
+    ), said
+
+
+def test_each_invocation_starts_with_a_logger_free_of_earlier_keys(
+    project: Path, engine: sa.Engine, database_url: str
+) -> None:
+    """As in a fresh Lambda environment: the correlation id one invocation set
+    is not on the next function's log lines (here they share one logger)."""
+    from outbox import invoke as invoke_module
+    from outbox.observability import logger
+
+    (project / "env.json").write_text(json.dumps({"Parameters": {"DATABASE_URL": database_url}}))
+    reaper = invoke(
+        project,
+        "ReaperFunction",
+        "event.json",
+        "--env-vars",
+        "env.json",
+        event={"execution_id": "x-1"},
+    )
+    assert reaper.exit_code == 0, reaper.output
+    assert logger.get_current_keys().get("correlation_id") == "x-1"
+    template = invoke_module.load_template(project / "template.yaml")
+    probe = invoke_module.function_spec(template, project, "ProbeFunction", shell={})
+    assert invoke_module.invoke(probe, {}).error is None
+    assert "correlation_id" not in logger.get_current_keys()

@@ -3,7 +3,9 @@ machine's Postgres (the normal path) and forced onto the embedded one."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -52,7 +54,14 @@ def test_make_run_on_the_local_postgres(server_url: str) -> None:
     try:
         result = run_local(env)
         check_output(result, line)
-        if "OUTBOX_LOCAL_DBNAME" in env:
+        if "OUTBOX_LOCAL_DBNAME" in env:  # it says how to look at what it left
+            assert "Next (README: After make run)" in result.stdout
+            assert (
+                f"  export DATABASE_URL=postgresql://postgres@127.0.0.1:5432/{name}\n"
+                in result.stdout
+            )
+            assert "  outbox status; outbox list --status dead,failed" in result.stdout
+            assert "python -m outbox.local --keep-running" in result.stdout
             engine = sa.create_engine(make_url(server_url).set(database=name))
             with engine.connect() as conn:
                 rows = conn.execute(
@@ -86,6 +95,72 @@ def test_make_run_on_the_embedded_postgres(tmp_path: Path) -> None:
     result = run_local({"OUTBOX_LOCAL_DB": "embedded", "OUTBOX_LOCAL_PGDATA": str(pgdata)})
     check_output(result, f"database: embedded Postgres (pgserver) in {pgdata}")
     assert (pgdata / "PG_VERSION").is_file()
+    # Its server stops with the run: the next steps offer --keep-running, no URL.
+    assert "export DATABASE_URL" not in result.stdout
+    assert "python -m outbox.local --keep-running" in result.stdout
+
+
+def test_keep_running_serves_the_worker_and_invoke_recipes(tmp_path: Path) -> None:
+    """`python -m outbox.local --keep-running`: after the demo its database and
+    moto server stay up, and the commands it prints work against them."""
+    name = f"outbox_demo_{uuid.uuid4().hex[:8]}"
+    clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "AWS_ENDPOINT_URL")}
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "outbox.local", "--keep-running"],
+        env={
+            **clean,
+            "COLUMNS": "120",
+            "OUTBOX_LOCAL_DB": "embedded",
+            "OUTBOX_LOCAL_PGDATA": str(tmp_path / "pgdata"),
+            "OUTBOX_LOCAL_DBNAME": name,
+        },
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert demo.stdout is not None
+    try:
+        lines: list[str] = []
+        for line in demo.stdout:
+            lines.append(line)
+            if "stay up until Ctrl-C" in line:
+                break
+        printed = "".join(lines)
+        assert "local run OK" in printed, printed
+        exports = [ln.split("export ", 1)[1] for ln in lines if ln.startswith("  export ")]
+        env = dict(clean)
+        for assignment in " ".join(e.split("#")[0] for e in exports).split():
+            key, _, value = assignment.partition("=")
+            env[key] = value
+        assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
+
+        def outbox_cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-c", "from outbox.cli import main; main()", *args],
+                env=env,
+                cwd=Path(__file__).resolve().parents[2],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+
+        payload = (
+            '{"from": "orders@shop.example.com", "to": ["ada@example.net"], '
+            '"subject": "Hi", "text": "Hello"}'
+        )
+        for _ in range(2):
+            assert outbox_cli("enqueue", "--channel", "email", "--payload", payload).returncode == 0
+        worker = outbox_cli("worker", "--until-empty", "--channels", "email")
+        assert worker.returncode == 0, worker.stderr
+        assert worker.stdout.rstrip().endswith("settled: delivered 2"), worker.stdout
+        assert outbox_cli("enqueue", "--channel", "email", "--payload", payload).returncode == 0
+        invoked = outbox_cli(
+            "invoke", "EmailFunction", "--claim", "10", "--env-vars", "env.local.json"
+        )
+        assert invoked.returncode == 0, invoked.stderr
+        assert json.loads(invoked.stdout)["statuses"] == {"delivered": 1}
+    finally:
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(timeout=60) == 0
 
 
 def test_an_unknown_database_choice_is_refused() -> None:

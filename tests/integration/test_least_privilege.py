@@ -16,7 +16,7 @@ from outbox import dispatcher, reaper, sender, store
 from outbox.config import DatabaseSettings
 from outbox.db import create_engine
 from outbox.handoff import CallableInvoker
-from support import ScriptedChannel, expire_leases, install_channel, settings
+from support import ScriptedChannel, expire_leases, install_channel, receive, settings
 
 RELAY_ROLE = "outbox_relay"  # the migration's default (OUTBOX_RELAY_ROLE)
 
@@ -88,9 +88,8 @@ def test_the_relay_user_runs_the_whole_relay(relay_user: sa.Engine) -> None:
     assert sorted(scripted.sent) == ids
     with relay_user.begin() as conn:
         extra = outbox.enqueue(conn, "scripted", {"n": 99}, max_attempts=1)
-        [claim] = store.claim(conn, 10, 60)
-        # a sender took the receipt and then died: the expired lease counts an attempt
-        store.receive_claimed(conn, "scripted", [(claim.id, claim.claim_token)], 1)
+        claims = store.claim(conn, 10, 60)
+    receive(relay_user, claims)  # a sender took it, then died: the attempt counts
     expire_leases(relay_user)
     report = reaper.run(relay_user, relay, lambda: 30.0)
     assert report.dead == 1 and report.backlog is not None
@@ -99,6 +98,20 @@ def test_the_relay_user_runs_the_whole_relay(relay_user: sa.Engine) -> None:
         assert store.cancel(conn, [extra]) == {extra}
         conn.execute(sa.text("UPDATE outbox_message SET settled_at = now() - interval '2 days'"))
     assert reaper.run(relay_user, relay, lambda: 30.0).pruned == 7
+
+
+def test_the_relay_user_enqueues_with_dedupe_keys_and_prunes_them(relay_user: sa.Engine) -> None:
+    """Dedupe (outbox_dedupe, the fingerprint key, ids drawn ahead) and the send
+    log's pruning work under the relay role's grants (issue 12)."""
+    install_channel(ScriptedChannel())
+    with relay_user.begin() as conn:
+        first = outbox.enqueue(conn, "scripted", {"n": 1}, dedupe_key="k", return_created=True)
+        again = outbox.enqueue(conn, "scripted", {"n": 1}, dedupe_key="k", return_created=True)
+        history = store.recipient_history(conn, "+15555550100", ["sms"])
+    assert first.created and again == (first.id, False) and history == []
+    with relay_user.begin() as conn:
+        assert store.prune_dedupe_keys(conn, 0, 10) == 1
+        assert store.prune_attempts(conn, 0, 10) == 0
 
 
 def test_the_relay_user_reads_and_writes_channel_pauses(relay_user: sa.Engine) -> None:

@@ -61,9 +61,9 @@ def test_upgrade_creates_the_schema_and_is_idempotent(fresh_database: sa.Engine)
     assert migrate.current(fresh_database) is None
     assert migrate.upgrade(fresh_database) == HEAD
     assert migrate.upgrade(fresh_database) == HEAD
-    assert {"outbox_message", "outbox_attempt"} <= tables(fresh_database)
+    assert {"outbox_message", "outbox_attempt", "outbox_outcome_event"} <= tables(fresh_database)
     migrate.downgrade(fresh_database, "base")
-    assert not {"outbox_message", "outbox_attempt"} & tables(fresh_database)
+    assert not {"outbox_message", "outbox_attempt", "outbox_outcome_event"} & tables(fresh_database)
 
 
 @pytest.fixture
@@ -118,7 +118,7 @@ def test_custom_resource_create_migrates_and_answers_success(
     assert answer["Status"] == "SUCCESS" and answer["Data"] == {"Revision": HEAD}
     assert (answer["RequestId"], answer["LogicalResourceId"]) == ("req-1", "OutboxSchema")
     assert answer["path"] == "/stack-response?sig=x"
-    assert {"outbox_message", "outbox_attempt"} <= tables(fresh_database)
+    assert {"outbox_message", "outbox_attempt", "outbox_outcome_event"} <= tables(fresh_database)
 
 
 def test_custom_resource_delete_keeps_the_data(
@@ -129,7 +129,7 @@ def test_custom_resource_delete_keeps_the_data(
     event = {**custom_resource_event(url, "Delete"), "PhysicalResourceId": "outbox-schema"}
     migrate_handler(event, LambdaContext(), lambda: fresh_database)
     assert response_url[0]["Status"] == "SUCCESS"
-    assert {"outbox_message", "outbox_attempt"} <= tables(fresh_database)
+    assert {"outbox_message", "outbox_attempt", "outbox_outcome_event"} <= tables(fresh_database)
 
 
 def test_custom_resource_reports_a_failed_migration(response_url: list[dict[str, Any]]) -> None:
@@ -188,3 +188,67 @@ def test_a_forged_response_url_migrates_nothing_and_sends_nothing(
         )
     assert response_url == []
     assert migrate.current(fresh_database) is None
+
+
+def test_0006_moves_existing_rows_to_the_recipient_scope_and_the_send_log(
+    fresh_database: sa.Engine,
+) -> None:
+    import outbox
+    from support import EMAIL
+
+    migrate.upgrade(fresh_database, "0001")
+    with fresh_database.begin() as conn:
+        keyed, plain = conn.execute(
+            sa.text(
+                "INSERT INTO outbox_message (channel, payload, dedupe_key, status, settled_at) "
+                "VALUES ('email', CAST(:email AS jsonb), 'order-1', 'delivered', now()), "
+                "('sms', CAST(:sms AS jsonb), NULL, 'pending', NULL) RETURNING id"
+            ),
+            {"email": json.dumps(EMAIL), "sms": json.dumps({"to": "+15555550100", "message": "m"})},
+        ).scalars()
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_attempt (message_id, attempt, outcome) "
+                "VALUES (:id, 1, 'delivered')"
+            ),
+            {"id": keyed},
+        )
+    assert migrate.upgrade(fresh_database) == HEAD
+
+    with fresh_database.begin() as conn:
+        moved = conn.execute(
+            sa.text(
+                "SELECT d.message_id, d.recipient_fingerprint "
+                "= outbox_recipient_fingerprint(m.channel, m.payload) AS fingerprint_ok "
+                "FROM outbox_dedupe d JOIN outbox_message m ON m.id = d.message_id"
+            )
+        ).all()
+        assert [tuple(r) for r in moved] == [(keyed, True)]
+        attempt = conn.execute(
+            sa.text(
+                "SELECT channel, recipient_fingerprints = ARRAY[outbox_fingerprint(:to)] AS ok "
+                "FROM outbox_attempt"
+            ),
+            {"to": EMAIL["to"][0]},
+        ).one()
+        assert tuple(attempt) == ("email", True)
+        fingerprinted = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM outbox_message WHERE cardinality(recipient_fingerprints) = 1"
+            )
+        ).scalar_one()
+        assert fingerprinted == 2
+        # the old key holds for its recipient; another recipient is a new message
+        assert outbox.enqueue(conn, "email", EMAIL, dedupe_key="order-1", return_created=True) == (
+            keyed,
+            False,
+        )
+        other = {**EMAIL, "to": ["other@example.net"]}
+        assert outbox.enqueue(conn, "email", other, dedupe_key="order-1") not in (keyed, plain)
+        # attempts no longer go with their message
+        conn.execute(sa.text("DELETE FROM outbox_message WHERE id = :id"), {"id": keyed})
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox_attempt")).scalar_one() == 1
+
+    migrate.downgrade(fresh_database, "0001")
+    assert "outbox_dedupe" not in tables(fresh_database)
+    migrate.downgrade(fresh_database, "base")

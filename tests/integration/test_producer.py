@@ -40,10 +40,11 @@ def test_rollback_of_the_callers_transaction_leaves_no_message(engine: sa.Engine
 
 
 def test_repeated_dedupe_key_returns_the_existing_id(engine: sa.Engine) -> None:
+    other = {**EMAIL, "to": ["other@example.net"]}
     with engine.begin() as conn:
         first = outbox.enqueue(conn, "email", EMAIL, dedupe_key="order-1")
     with engine.begin() as conn:
-        second = outbox.enqueue(conn, "email", {**EMAIL, "subject": "again"}, dedupe_key="order-1")
+        second = outbox.enqueue(conn, "email", EMAIL, dedupe_key="order-1", return_created=True)
         ids = outbox.enqueue_many(
             conn,
             [
@@ -51,11 +52,12 @@ def test_repeated_dedupe_key_returns_the_existing_id(engine: sa.Engine) -> None:
                 {"channel": "email", "payload": EMAIL},
                 {"channel": "email", "payload": EMAIL, "dedupe_key": "order-1"},
                 {"channel": "email", "payload": EMAIL, "dedupe_key": "order-2"},
+                {"channel": "email", "payload": other, "dedupe_key": "order-1"},
             ],
         )
-    assert second == first
-    assert ids[2] == first and ids[0] == ids[3] and len({ids[0], ids[1], first}) == 3
-    assert count(engine) == 3
+    assert second == outbox.Enqueued(first, created=False)
+    assert ids[2] == first and ids[0] == ids[3] and len({ids[0], ids[1], first, ids[4]}) == 4
+    assert count(engine) == 4
 
 
 def test_enqueue_many_returns_ids_in_input_order(engine: sa.Engine) -> None:

@@ -86,7 +86,7 @@ def test_reaper_racing_a_settle_never_leaves_a_row_both_delivered_and_pending(
     seen: set[str] = set()
     for _ in range(10):
         with engine.begin() as conn:
-            conn.execute(sa.text("TRUNCATE outbox_attempt, outbox_message"))
+            conn.execute(sa.text("TRUNCATE outbox_attempt, outbox_message, outbox_dedupe"))
         ids = enqueue(engine, 30)
         # Each provider call takes about as long as the lease has left.
         install_channel(FakeEmail(name="email", answers=[random.uniform(0.1, 0.3) for _ in ids]))
@@ -144,6 +144,57 @@ def test_prune_deletes_old_terminal_rows_in_bounded_batches(engine: sa.Engine) -
         assert store.prune(conn, 7 * 86400, batch_size=5) == 0
         left = conn.execute(sa.text("SELECT id FROM outbox_message ORDER BY id")).scalars().all()
     assert left == ids[8:]  # recent terminal rows and pending rows stay
+
+
+def test_the_reaper_keeps_messages_attempts_and_dedupe_keys_each_for_its_own_retention(
+    engine: sa.Engine,
+) -> None:
+    """Messages go after RETENTION_DAYS, their attempt rows (the send log) after
+    ATTEMPT_RETENTION_DAYS, dedupe keys after DEDUPE_WINDOW_DAYS."""
+    ids = enqueue(engine, 3, dedupe_key="order-7")  # one message: the others are replays
+    assert len(set(ids)) == 1
+
+    class FakeEmail(ScriptedChannel):
+        schema = EmailChannel.schema
+
+    install_channel(FakeEmail(name="email"))
+    claims = claim(engine)
+    ctx = LambdaContext(30)
+    sender.run(
+        engine,
+        HandOff("email", tuple(claims)).to_event(),
+        settings(),
+        lambda: ctx.get_remaining_time_in_millis() / 1000,
+    )
+
+    def age(table: str, column: str, days: int) -> None:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(f"UPDATE {table} SET {column} = now() - make_interval(days => {days})")
+            )
+
+    def left() -> tuple[int, int, int]:
+        with engine.connect() as conn:
+            return tuple(  # type: ignore[return-value]
+                conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one()
+                for t in ("outbox_message", "outbox_attempt", "outbox_dedupe")
+            )
+
+    relay = settings(retention_days=7, attempt_retention_days=90, dedupe_window_days=30)
+    age("outbox_message", "settled_at", 8)
+    age("outbox_attempt", "finished_at", 8)
+    age("outbox_dedupe", "created_at", 8)
+    report = reaper.run(engine, relay, lambda: 30.0)
+    assert (report.pruned, report.pruned_attempts, report.released_dedupe_keys) == (1, 0, 0)
+    assert left() == (0, 1, 1)
+    assert enqueue(engine, 1, dedupe_key="order-7") == ids[:1]  # still a replay: no new message
+
+    age("outbox_dedupe", "created_at", 31)
+    age("outbox_attempt", "finished_at", 91)
+    report = reaper.run(engine, relay, lambda: 30.0)
+    assert (report.pruned, report.pruned_attempts, report.released_dedupe_keys) == (0, 1, 1)
+    assert left() == (0, 0, 0)
+    assert enqueue(engine, 1, dedupe_key="order-7") != ids[:1]  # the window ended: a new message
 
 
 def test_backlog_figures(engine: sa.Engine) -> None:

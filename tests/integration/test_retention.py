@@ -12,7 +12,7 @@ import outbox
 from outbox import reaper, store
 from outbox.config import RelaySettings
 from outbox.errors import ConfigError
-from support import ScriptedChannel, expire_leases, install_channel, settings
+from support import ScriptedChannel, expire_leases, install_channel, receive, settings
 
 
 def age_all_settled_rows(engine: sa.Engine, days: int) -> None:
@@ -72,9 +72,8 @@ def test_a_message_reaped_to_dead_survives_the_same_run(engine: sa.Engine) -> No
     install_channel(ScriptedChannel())
     with engine.begin() as conn:
         message_id = outbox.enqueue(conn, "scripted", {"n": 1}, max_attempts=1)
-        [claim] = store.claim(conn, 10, 60)
-        # a sender took the receipt, then died: the expired lease counts an attempt
-        store.receive_claimed(conn, "scripted", [(claim.id, claim.claim_token)], 1)
+        claims = store.claim(conn, 10, 60)
+    receive(engine, claims)  # a sender took it, then died: the attempt counts
     expire_leases(engine)
     report = reaper.run(engine, settings(retention_days=1), lambda: 30.0)
     assert (report.dead, report.pruned) == (1, 0)

@@ -100,7 +100,7 @@ SCHEMA_SQL = [
 ]
 
 RESET_SQL = (
-    "TRUNCATE outbox_attempt, outbox_message, rel_calls, rel_accepts, rel_events, rel_queue, "
+    "TRUNCATE outbox_attempt, outbox_message, outbox_dedupe, rel_calls, rel_accepts, rel_events, rel_queue, "
     "rel_transitions RESTART IDENTITY"
 )
 

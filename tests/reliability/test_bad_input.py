@@ -95,7 +95,7 @@ def test_valid_messages_round_trip_exactly(
 ) -> None:
     channels.register("anyjson", AnyJson)
     with engine.begin() as conn:
-        conn.execute(sa.text("TRUNCATE outbox_attempt, outbox_message"))
+        conn.execute(sa.text("TRUNCATE outbox_attempt, outbox_message, outbox_dedupe"))
         message_id = outbox.enqueue(
             conn,
             "anyjson",

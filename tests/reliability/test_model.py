@@ -3,7 +3,8 @@ against the real database while Hypothesis drives claim, hand-off (the
 sender's receipt: each claim taken once), settle (every outcome, with current
 and stale tokens; deferrals counted and capped), lease expiry, reap (an
 attempt counted only after a receipt), deliver-by expiry, the ordering-key
-hold and cancel policy, redrive, cancel and prune in random interleavings.
+hold and cancel policy, redrive, cancel and prune in random interleavings, with
+dedupe keys (replays, conflicts, the window's end) among them.
 """
 
 from __future__ import annotations
@@ -68,10 +69,18 @@ class OutboxModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         with self.engine.begin() as conn:
-            conn.execute(sa.text("TRUNCATE outbox_attempt, outbox_message RESTART IDENTITY"))
+            conn.execute(
+                sa.text("TRUNCATE outbox_attempt, outbox_message, outbox_dedupe RESTART IDENTITY")
+            )
         self.rows: dict[int, Row] = {}
         self.tokens: list[tuple[int, uuid.UUID]] = []  # every claim ever issued
         self.clock = itertools.count(1)
+        # attempt rows of pruned messages: the send log outlives its messages
+        self.pruned_attempt_rows = 0
+        # dedupe key -> (payload variant, message id); the model channel has no
+        # recipient of its own, so its scope is (channel, key). Keys outlive
+        # pruned messages until the window ends (release_keys).
+        self.keys: dict[str, tuple[int, int]] = {}
 
     # --- helpers ---------------------------------------------------------
 
@@ -151,6 +160,34 @@ class OutboxModel(RuleBasedStateMachine):
             self.rows[message_id] = Row(
                 message_id, priority, key, max_attempts, policy, overdue, due_stamp=stamp
             )
+
+    @rule(key=st.sampled_from(["x", "y"]), variant=st.sampled_from([0, 0, 1]))
+    def enqueue_keyed(self, key: str, variant: int) -> None:
+        """A replay returns the existing id and writes nothing; another payload
+        under a held key is refused and writes nothing; a free key is a new row."""
+        held = self.keys.get(key)
+        with self.engine.begin() as conn:
+            try:
+                result = outbox.enqueue(
+                    conn, "model", {"v": variant}, dedupe_key=key, return_created=True
+                )
+            except outbox.DedupeConflict as exc:
+                assert held is not None and held[0] != variant and exc.existing_id == held[1]
+                return
+        if held is not None:
+            assert held[0] == variant and result == (held[1], False)
+            return
+        assert result.created and result.id not in self.rows
+        self.keys[key] = (variant, result.id)
+        self.rows[result.id] = Row(result.id, 0, None, None, due_stamp=next(self.clock))
+
+    @rule()
+    def release_keys(self) -> None:
+        """The dedupe window ends (the reaper's prune_dedupe_keys)."""
+        with self.engine.begin() as conn:
+            released = store.prune_dedupe_keys(conn, 0, 1000)
+        assert released == len(self.keys)
+        self.keys.clear()
 
     @rule(batch=st.integers(1, 4))
     def claim(self, batch: int) -> None:
@@ -323,7 +360,7 @@ class OutboxModel(RuleBasedStateMachine):
         doomed = [i for i, r in self.rows.items() if r.status in TERMINAL]
         assert pruned == len(doomed)
         for i in doomed:
-            del self.rows[i]
+            self.pruned_attempt_rows += self.rows.pop(i).attempt_rows
 
     # --- the check after every step -------------------------------------
 
@@ -345,7 +382,7 @@ class OutboxModel(RuleBasedStateMachine):
                     "(SELECT 1 FROM outbox_message m WHERE m.id = a.message_id)"
                 )
             ).scalar_one()
-        assert orphans == 0
+        assert orphans == self.pruned_attempt_rows
         actual = {
             r.id: (
                 r.status,

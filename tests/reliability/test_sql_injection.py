@@ -81,12 +81,16 @@ def test_hostile_strings_are_stored_and_compared_literally(engine: sa.Engine) ->
         assert (r.dedupe_key, r.ordering_key) == (s, s)
         assert r.payload["text"] == s and r.payload[s] == s
 
-    # Dedupe compares literally: every hostile key finds exactly its own row,
-    # and near-misses (another quote, a different case) are new messages.
+    # Dedupe compares literally: every hostile key finds exactly its own row
+    # (a replay repeats its payload), and near-misses (another quote, a
+    # different case) are new messages.
     with engine.begin() as conn:
         again = outbox.enqueue_many(
             conn,
-            [{"channel": "scripted", "payload": {"n": 0}, "dedupe_key": s} for s in HOSTILE],
+            [
+                {"channel": "scripted", "payload": {"n": i, "text": s, s: s}, "dedupe_key": s}
+                for i, s in enumerate(HOSTILE)
+            ],
         )
         assert again == ids
         near = outbox.enqueue(

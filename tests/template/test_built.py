@@ -126,7 +126,7 @@ def _function_dirs() -> dict[str, Path]:
 
 
 FUNCTIONS = _function_dirs()
-CHANNELS = sorted(set(FUNCTIONS) - {"dispatcher", "reaper", "migrate"})
+CHANNELS = sorted(set(FUNCTIONS) - {"dispatcher", "reaper", "migrate", "feedback"})
 
 
 # --- fixtures ---------------------------------------------------------------------
@@ -466,6 +466,39 @@ def test_email_function_delivers_its_event_through_ses(
     sent = ses_backends[ACCOUNT][REGION].sent_messages[sent_before:]
     assert [m.id for m in sent] == [row.provider_message_id]
     assert sent[0].destinations["ToAddresses"] == EMAIL["to"]
+
+
+def test_feedback_function_records_the_sample_bounce(
+    engine: sa.Engine, database_url: str, moto_endpoint: str, tmp_path: Path, import_times: Any
+) -> None:
+    import outbox
+    from outbox import store
+    from support import EMAIL
+
+    event = load_event("feedback-bounce")
+    provider_id = json.loads(event["Records"][0]["Sns"]["Message"])["mail"]["messageId"]
+    with engine.begin() as conn:
+        message_id = outbox.enqueue(conn, "email", EMAIL)
+        (claim,) = store.claim(conn, 10, 120)
+        store.settle(
+            conn,
+            [store.Settlement(message_id, claim.claim_token, "delivered", None, provider_id)],
+            store.Backoff(1, 60, 3),
+        )
+    out = invoke(
+        "feedback",
+        event,
+        database_url=database_url,
+        endpoint=moto_endpoint,
+        tmp_path=tmp_path,
+        times=import_times,
+    )
+    assert result_of(out)["moved"] == {"bounced": 1}
+    with engine.connect() as conn:
+        status = conn.execute(
+            sa.text("SELECT status FROM outbox_message WHERE id = :id"), {"id": message_id}
+        ).scalar_one()
+    assert status == "bounced"
 
 
 @pytest.mark.parametrize("channel", CHANNELS)

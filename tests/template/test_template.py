@@ -21,7 +21,9 @@ from cfnlint.decode import cfn_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
-NON_CHANNEL_FUNCTIONS = {"dispatcher", "reaper", "migrate"}
+NON_CHANNEL_FUNCTIONS = {"dispatcher", "reaper", "migrate", "feedback"}
+# The one function triggered by SNS: SES events from the configuration set's topic.
+FEEDBACK_TRIGGER = ("FeedbackFunction", "SNS", "SesFeedbackTopic")
 SCHEDULER_INPUT = {
     "execution_id": "<aws.scheduler.execution-id>",
     "scheduled_time": "<aws.scheduler.scheduled-time>",
@@ -268,6 +270,9 @@ def schedule_violations(template: dict[str, Any]) -> list[str]:
     for name, props in functions(template).items():
         for event_name, event in props.get("Events", {}).items():
             where = f"{name}/{event_name}"
+            topic = event.get("Properties", {}).get("Topic", {})
+            if (name, event["Type"], topic.get("Ref")) == FEEDBACK_TRIGGER:
+                continue
             if event["Type"] != "ScheduleV2":
                 found.append(f"{where}: {event['Type']} (schedules use EventBridge Scheduler)")
                 continue
@@ -284,7 +289,11 @@ def schedule_violations(template: dict[str, Any]) -> list[str]:
                 payload = None
             if payload != SCHEDULER_INPUT:
                 found.append(f"{where}: Input is not the scheduler context the code reads")
-    scheduled = {folder_of(props) for props in functions(template).values() if props.get("Events")}
+    scheduled = {
+        folder_of(props)
+        for props in functions(template).values()
+        if any(e["Type"] == "ScheduleV2" for e in props.get("Events", {}).values())
+    }
     if scheduled != {"dispatcher", "reaper"}:
         found.append(f"scheduled functions are {sorted(scheduled)}")
     return found
@@ -312,7 +321,8 @@ def layout_violations(template: dict[str, Any], root: Path = ROOT) -> list[str]:
     for folder in sorted(set(by_folder) - folders):
         found.append(f"{by_folder[folder]} has no functions/{folder}/app.py")
     for folder in sorted(folders | set(by_folder)):
-        if not (root / "events" / f"{folder}.json").is_file():
+        samples = [root / "events" / f"{folder}.json", *(root / "events").glob(f"{folder}-*.json")]
+        if not any(p.is_file() for p in samples):
             found.append(f"events/{folder}.json is missing")
     for name, props in functions(template).items():
         if props.get("Handler", template["Globals"]["Function"].get("Handler")) != "app.handler":
@@ -501,9 +511,71 @@ def test_globals_set_every_setting_the_code_reads(template: dict[str, Any]) -> N
     read = set(re.findall(r"env(?:\.get\(|, )\"([A-Z][A-Z0-9_]+)\"", source))
     assert {"LEASE_SECONDS", "DB_SSLMODE"} <= read  # the scan itself works
     local_only = {"DATABASE_URL", "DB_CONNECT_TIMEOUT", "SETTLE_MARGIN_SECONDS"}
-    local_only.add("CHANNEL_FUNCTIONS")  # the dispatcher's own, not a global
+    # the dispatcher's own, not globals
+    local_only |= {"CHANNEL_FUNCTIONS", "CHANNEL_CONCURRENCY", "CHANNEL_MAX_IN_FLIGHT"}
     globals_env = set(template["Globals"]["Function"]["Environment"]["Variables"])
     assert read - local_only - globals_env == set()
+
+
+def capacity_violations(template: dict[str, Any]) -> list[str]:
+    """The dispatcher's CHANNEL_CONCURRENCY names, for every channel it routes,
+    the parameter that sets that channel function's reserved concurrency."""
+    found = []
+    dispatcher = next(p for p in functions(template).values() if folder_of(p) == "dispatcher")
+    variables = dispatcher["Environment"]["Variables"]
+    raw = variables["CHANNEL_CONCURRENCY"]["Fn::Sub"]
+    concurrency = json.loads(re.sub(r"\$\{([A-Za-z0-9]+)\}", r'"\1"', raw))
+    for channel, function in sorted(_channel_map(template).items()):
+        reserved = functions(template).get(function, {}).get("ReservedConcurrentExecutions")
+        if not isinstance(reserved, dict) or concurrency.get(channel) != reserved.get("Ref"):
+            found.append(
+                f"CHANNEL_CONCURRENCY[{channel!r}] is not {function}'s reserved concurrency"
+            )
+    for channel in sorted(set(concurrency) - set(_channel_map(template))):
+        found.append(f"CHANNEL_CONCURRENCY names {channel!r}, which the dispatcher does not route")
+    if variables.get("CHANNEL_MAX_IN_FLIGHT") != {"Ref": "ChannelMaxInFlight"}:
+        found.append("CHANNEL_MAX_IN_FLIGHT is not the ChannelMaxInFlight parameter")
+    return found
+
+
+def test_the_dispatchers_budgets_follow_each_channels_reserved_concurrency(
+    template: dict[str, Any],
+) -> None:
+    from outbox.config import RelaySettings
+
+    assert capacity_violations(template) == []
+    # The defaults give the budgets the README states.
+    params = {name: str(p.get("Default")) for name, p in template["Parameters"].items()}
+    dispatcher = next(p for p in functions(template).values() if folder_of(p) == "dispatcher")
+    raw = dispatcher["Environment"]["Variables"]["CHANNEL_CONCURRENCY"]["Fn::Sub"]
+    env = {
+        key: str(default(template, value))
+        for _, key, value in environment(template)
+        if isinstance(default(template, value), int | float | str)
+    }
+    env["CHANNEL_CONCURRENCY"] = re.sub(r"\$\{([A-Za-z0-9]+)\}", lambda m: params[m[1]], raw)
+    budgets = RelaySettings.from_env(env).in_flight_budgets()
+    assert budgets == {
+        "email": 600,
+        "sms": 300,
+        "push": 300,
+        "webhook": 600,
+        "eventbridge": 300,
+        "sqs": 300,
+    }
+
+    bad = copy.deepcopy(template)
+    bad_dispatcher = bad["Resources"]["DispatcherFunction"]["Properties"]
+    bad_dispatcher["Environment"]["Variables"]["CHANNEL_CONCURRENCY"]["Fn::Sub"] = raw.replace(
+        "${SmsConcurrency}", "${PushConcurrency}"
+    ).replace('"sqs"', '"fax"')
+    del bad_dispatcher["Environment"]["Variables"]["CHANNEL_MAX_IN_FLIGHT"]
+    assert capacity_violations(bad) == [
+        "CHANNEL_CONCURRENCY['sms'] is not SmsFunction's reserved concurrency",
+        "CHANNEL_CONCURRENCY['sqs'] is not SqsFunction's reserved concurrency",
+        "CHANNEL_CONCURRENCY names 'fax', which the dispatcher does not route",
+        "CHANNEL_MAX_IN_FLIGHT is not the ChannelMaxInFlight parameter",
+    ]
 
 
 def test_the_layer_is_built_for_the_runtime_without_boto(template: dict[str, Any]) -> None:
@@ -517,6 +589,31 @@ def test_the_layer_is_built_for_the_runtime_without_boto(template: dict[str, Any
         if line.strip() and not line.startswith("#")
     }
     assert names & {"boto3", "botocore", "aws-xray-sdk"} == set()
+
+
+def test_feedback_and_outcome_events_are_wired_with_least_privilege(
+    template: dict[str, Any],
+) -> None:
+    res = template["Resources"]
+    feedback = res["FeedbackFunction"]["Properties"]
+    assert feedback["Policies"] == [{"Ref": "DatabaseAccessPolicy"}]  # the database, nothing else
+    assert feedback["Events"]["SesFeedback"] == {
+        "Type": "SNS",
+        "Properties": {"Topic": {"Ref": "SesFeedbackTopic"}},
+    }
+    destination = res["SesFeedbackEventDestination"]["Properties"]["EventDestination"]
+    assert destination["SnsDestination"] == {"TopicARN": {"Ref": "SesFeedbackTopic"}}
+    assert set(destination["MatchingEventTypes"]) == {"bounce", "complaint", "delivery"}
+    (publisher,) = [st for name, st in statements(template) if name == "ReaperFunction"]
+    assert publisher["Action"] == "events:PutEvents"
+    assert _strings(publisher["Resource"]) == [
+        "arn:${AWS::Partition}:events:${AWS::Region}:${AWS::AccountId}:event-bus/"
+        "${OutcomeEventBusName}"
+    ]
+    email_env = res["EmailFunction"]["Properties"]["Environment"]["Variables"]
+    assert email_env["SES_CONFIGURATION_SET"]["Fn::If"][0] == "CreateSesConfigurationSet"
+    schema = res["SchemaMigration"]["Properties"]
+    assert schema["OutcomeEventsDelivered"] == {"Ref": "OutcomeEventsDelivered"}
 
 
 def test_migrations_run_on_deploy_when_asked(template: dict[str, Any]) -> None:
@@ -543,6 +640,12 @@ def test_event_files_are_what_the_triggers_send() -> None:
             assert event["ResourceType"] == "Custom::OutboxSchema"
         elif name == "migrate-invoke":
             assert event == {}
+        elif name.startswith("feedback-"):
+            from outbox import feedback
+
+            (notification,) = feedback.notifications(event)
+            parsed = feedback.from_notification(notification)
+            assert parsed is not None and parsed.provider_message_id.startswith("EXAMPLE"), name
         else:
             assert HandOff.from_event(event).channel == name
 

@@ -35,6 +35,12 @@ BASE = {"DATABASE_URL": "postgresql://postgres@127.0.0.1/test"}
         ),
         ({**BASE, "CHANNEL_FUNCTIONS": "{nope"}, "CHANNEL_FUNCTIONS"),
         ({**BASE, "CHANNEL_FUNCTIONS": '{"email": ""}'}, "CHANNEL_FUNCTIONS"),
+        ({**BASE, "CHANNEL_CONCURRENCY": "10"}, "CHANNEL_CONCURRENCY"),
+        ({**BASE, "CHANNEL_CONCURRENCY": '{"email": 0}'}, "CHANNEL_CONCURRENCY"),
+        ({**BASE, "CHANNEL_CONCURRENCY": '{"email": "10"}'}, "CHANNEL_CONCURRENCY"),
+        ({**BASE, "CHANNEL_CONCURRENCY": '{"email": true}'}, "CHANNEL_CONCURRENCY"),
+        ({**BASE, "CHANNEL_MAX_IN_FLIGHT": "{nope"}, "CHANNEL_MAX_IN_FLIGHT"),
+        ({**BASE, "CHANNEL_MAX_IN_FLIGHT": '{"sms": 2.5}'}, "CHANNEL_MAX_IN_FLIGHT"),
         ({**BASE, "BACKOFF_BASE_SECONDS": "10", "BACKOFF_CAP_SECONDS": "5"}, "BACKOFF_CAP_SECONDS"),
         ({**BASE, "DB_SSLMODE": "prefer"}, "DB_SSLMODE"),
         ({**BASE, "MAX_DEFERRALS": "-1"}, "MAX_DEFERRALS"),
@@ -42,6 +48,10 @@ BASE = {"DATABASE_URL": "postgresql://postgres@127.0.0.1/test"}
         ({**BASE, "DEFAULT_TTL_SECONDS": "1.5"}, "DEFAULT_TTL_SECONDS"),
         ({**BASE, "DEFAULT_TTL_SECONDS": "-60"}, "DEFAULT_TTL_SECONDS"),
         ({"DB_SECRET_ARN": "arn:x", "DB_SSLMODE": "disable"}, "DB_SSLMODE"),
+        ({**BASE, "ATTEMPT_RETENTION_DAYS": "-1"}, "ATTEMPT_RETENTION_DAYS"),
+        ({**BASE, "DEDUPE_WINDOW_DAYS": "a month"}, "DEDUPE_WINDOW_DAYS"),
+        ({**BASE, "OUTCOME_EVENT_BUS": "bus with spaces"}, "OUTCOME_EVENT_BUS"),
+        ({**BASE, "OUTCOME_EVENTS_DELIVERED": "yes"}, "OUTCOME_EVENTS_DELIVERED"),
     ],
 )
 def test_bad_configuration_fails_at_cold_start_naming_the_setting(
@@ -55,6 +65,28 @@ def test_bad_configuration_fails_at_cold_start_naming_the_setting(
 def test_defaults_keep_the_lease_longer_than_timeout_plus_event_age() -> None:
     s = RelaySettings.from_env(BASE)
     assert s.lease_seconds > s.sender_timeout_seconds + s.max_event_age_seconds
+
+
+def test_the_send_log_and_dedupe_keys_have_retentions_of_their_own() -> None:
+    s = RelaySettings.from_env(BASE)
+    assert (s.retention_days, s.attempt_retention_days, s.dedupe_window_days) == (7, 90, 30)
+    s = RelaySettings.from_env({**BASE, "ATTEMPT_RETENTION_DAYS": "3", "DEDUPE_WINDOW_DAYS": "0"})
+    assert (s.attempt_retention_days, s.dedupe_window_days) == (3, 0)
+
+
+def test_in_flight_budget_from_reserved_concurrency_chunk_timeout_and_event_age() -> None:
+    env = {**BASE, "CHANNEL_CONCURRENCY": '{"email": 10, "sms": 5}'}
+    # C * K * (1 + floor(min(event age, lease - timeout) / timeout)): 10 * 20 * (1 + 60 // 30)
+    assert RelaySettings.from_env(env).in_flight_budgets() == {"email": 600, "sms": 300}
+    faster = {**env, "SENDER_TIMEOUT_SECONDS": "20", "HANDOFF_CHUNK_SIZE": "10"}
+    assert RelaySettings.from_env(faster).in_flight_budgets() == {"email": 400, "sms": 200}
+    override = {**env, "CHANNEL_MAX_IN_FLIGHT": '{"sms": 40, "push": 7}'}
+    assert RelaySettings.from_env(override).in_flight_budgets() == {
+        "email": 600,
+        "sms": 40,
+        "push": 7,
+    }
+    assert RelaySettings.from_env(BASE).in_flight_budgets() == {}  # no budget: batch-bound
 
 
 def test_issue_9_settings_are_read_with_production_defaults() -> None:
@@ -157,3 +189,15 @@ def test_malformed_hand_off_events_are_refused_naming_the_field(event: object, f
     with pytest.raises(ValidationError) as caught:
         HandOff.from_event(event)
     assert caught.value.field == field
+
+
+def test_outcome_events_are_off_unless_a_bus_is_named() -> None:
+    from outbox.config import OutcomeEventSettings
+
+    assert OutcomeEventSettings.from_env(BASE) == OutcomeEventSettings(bus="")
+    arn = "arn:aws:events:us-east-1:123456789012:event-bus/outcomes"
+    named = OutcomeEventSettings.from_env(
+        {**BASE, "OUTCOME_EVENT_BUS": arn, "OUTCOME_EVENTS_DELIVERED": "TRUE"}
+    )
+    assert named.bus == arn and named.include_delivered
+    assert named.lease_seconds > 60  # outlives a reaper run: a live publisher keeps its events

@@ -6,7 +6,15 @@ The producer API is importable from the package root::
     outbox.enqueue(conn, "email", {...}, dedupe_key="order-42")
 """
 
-from .errors import ConfigError, OutboxError, ValidationError
-from .producer import enqueue, enqueue_many
+from .errors import ConfigError, DedupeConflict, OutboxError, ValidationError
+from .producer import Enqueued, enqueue, enqueue_many
 
-__all__ = ["ConfigError", "OutboxError", "ValidationError", "enqueue", "enqueue_many"]
+__all__ = [
+    "ConfigError",
+    "DedupeConflict",
+    "Enqueued",
+    "OutboxError",
+    "ValidationError",
+    "enqueue",
+    "enqueue_many",
+]

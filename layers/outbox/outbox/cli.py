@@ -1,9 +1,10 @@
 """The ``outbox`` command: operate the relay against ``DATABASE_URL``.
 
-    outbox migrate | enqueue | status | list | show | redrive | cancel | prune
+    outbox migrate | enqueue | status | list | show | history | redrive | cancel | prune
     outbox pause CHANNEL | resume CHANNEL
     outbox worker            the relay in one process (dispatcher, senders, reaper)
-    outbox invoke FN EVENT   run a function of template.yaml in process (no Docker)
+    outbox invoke FN EVENT   run a function of template.yaml in process (no Docker;
+                             --claim N for a live event)
 
 Every command takes ``--json``. A bad argument or an unknown id prints one
 line on stderr, exits non-zero and changes nothing.
@@ -29,7 +30,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 import sqlalchemy as sa
 
-from .errors import ConfigError, OutboxError, ValidationError
+from .errors import ConfigError, ValidationError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -245,7 +246,11 @@ def _read_payload(text: str) -> Any:
 @cli.command()
 @click.option("--channel", required=True, help="The channel, e.g. email.")
 @click.option("--payload", required=True, help="The payload as JSON, or @file (@- for stdin).")
-@click.option("--dedupe-key", default=None, help="A repeat with this key returns the same id.")
+@click.option(
+    "--dedupe-key",
+    default=None,
+    help="Names the event: a repeat for the same recipient and payload returns the same id.",
+)
 @click.option("--ordering-key", default=None, help="Delivered one at a time, in order, per key.")
 @click.option("--priority", type=int, default=0, show_default=True)
 @click.option("--delay", type=Duration(), default=None, help="Not before this long (45s, 10m, 1h).")
@@ -280,7 +285,7 @@ def enqueue(
     with database() as engine:
         try:
             with engine.begin() as conn:
-                message_id = outbox.enqueue(
+                message_id, created = outbox.enqueue(
                     conn,
                     channel,
                     body,
@@ -291,11 +296,13 @@ def enqueue(
                     max_attempts=max_attempts,
                     ttl=ttl,
                     on_predecessor_failure=on_predecessor_failure,
+                    return_created=True,
                 )
-        except ValidationError as exc:
+        except ValidationError as exc:  # DedupeConflict too: nothing was written
             fail(str(exc), 2)
     if as_json:
-        emit_json({"id": message_id, "channel": channel})
+        # created false: a replay of its dedupe key, the existing message's id
+        emit_json({"id": message_id, "channel": channel, "created": created})
     else:
         click.echo(message_id)
 
@@ -565,7 +572,10 @@ def _report(verb: str, ids: list[int], as_json: bool) -> None:
 @click.option("--status", "statuses", multiple=True, help="Only these terminal statuses.")
 @json_option
 def prune(older_than: float, statuses: tuple[str, ...], as_json: bool) -> None:
-    """Delete terminal messages (and their attempts) settled before the window."""
+    """Delete terminal messages settled before the window.
+
+    Their attempt history stays for `outbox history` (the reaper prunes it
+    after ATTEMPT_RETENTION_DAYS), and so do their dedupe keys (DEDUPE_WINDOW_DAYS)."""
     from . import store
 
     wanted = _split(statuses) or list(store.TERMINAL_STATUSES)
@@ -584,6 +594,64 @@ def prune(older_than: float, statuses: tuple[str, ...], as_json: bool) -> None:
         emit_json({"pruned": total})
     else:
         click.echo(f"pruned {total} message(s)")
+
+
+_HISTORY_COLUMNS = (
+    "finished_at",
+    "channel",
+    "message_id",
+    "attempt",
+    "outcome",
+    "error",
+    "provider_message_id",
+    "message_status",
+)
+
+
+@cli.command()
+@click.option(
+    "--recipient",
+    required=True,
+    help="Email address, phone number, endpoint ARN, webhook URL, queue URL or bus name.",
+)
+@click.option("--channel", "channels_", multiple=True, help="Only these channels (repeat or a,b).")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@json_option
+def history(recipient: str, channels_: tuple[str, ...], limit: int, as_json: bool) -> None:
+    """Did they get it? The attempts that went to a recipient, newest first.
+
+    The address is fingerprinted in the database with the installation's key,
+    as at enqueue, and matched against the attempt history (kept for
+    ATTEMPT_RETENTION_DAYS, after the messages themselves are pruned). The
+    address is never stored, logged or printed."""
+    from rich.table import Table
+
+    from . import channels as registry
+    from . import store
+
+    if not recipient.strip():
+        fail("--recipient must not be empty", 2)
+    wanted = _channels(channels_) or registry.names()
+    with database() as engine, engine.connect() as conn:
+        rows = store.recipient_history(conn, recipient, wanted, limit)
+    if as_json:
+        emit_json([_row_dict(r) for r in rows])
+        return
+    table = Table(title=f"attempts, newest first ({len(rows)})")
+    for column in _HISTORY_COLUMNS:
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        table.add_row(
+            r.finished_at.isoformat(timespec="seconds"),
+            r.channel,
+            str(r.message_id),
+            str(r.attempt),
+            r.outcome,
+            r.error or "",
+            r.provider_message_id or "",
+            r.message_status or "(pruned)",
+        )
+    console().print(table)
 
 
 # --- pause and resume a channel ------------------------------------------------
@@ -668,11 +736,12 @@ def worker(
     """
     import dataclasses
 
-    from .config import RelaySettings
+    from .config import OutcomeEventSettings, RelaySettings
     from .worker import Worker
 
     try:
         settings = RelaySettings.from_env(os.environ)
+        outcome_events = OutcomeEventSettings.from_env(os.environ)
     except ConfigError as exc:
         fail(str(exc), 2)
     if batch_size is not None:
@@ -692,7 +761,12 @@ def worker(
     try:
         with observability.suspended(), database(autocommit=True) as engine:
             report = Worker(
-                engine, settings, channels=wanted, stop=stop, reap_interval_seconds=reap_interval
+                engine,
+                settings,
+                channels=wanted,
+                stop=stop,
+                reap_interval_seconds=reap_interval,
+                outcome_events=outcome_events,
             ).run(once=once, until_empty=until_empty)
     finally:
         for s, handler in previous.items():
@@ -713,8 +787,28 @@ def worker(
 
 @cli.command("invoke")
 @click.argument("function")
-@click.argument("event_file")
-@click.option("--env-vars", "env_vars_file", default=None, help="SAM-format env file (JSON).")
+@click.argument("event_file", required=False)
+@click.option(
+    "--env-vars",
+    "env_vars_file",
+    default=None,
+    help='SAM-format env file (JSON): {"Parameters": {...}, "<Function>": {...}}.',
+)
+@click.option(
+    "--parameter-overrides",
+    "parameter_overrides",
+    multiple=True,
+    help="Template parameters, SAM syntax: 'Key=Value Key2=Value2' "
+    "(or ParameterKey=Key,ParameterValue=Value).",
+)
+@click.option(
+    "--claim",
+    "claim_limit",
+    type=click.IntRange(1, 1000),
+    default=None,
+    help="Claim up to N due messages of the function's channel and pass them as the "
+    "hand-off event (a live event; instead of EVENT_FILE).",
+)
 @click.option(
     "--template",
     "-t",
@@ -725,7 +819,13 @@ def worker(
 )
 @json_option
 def invoke_(
-    function: str, event_file: str, env_vars_file: str | None, template_file: str, as_json: bool
+    function: str,
+    event_file: str | None,
+    env_vars_file: str | None,
+    parameter_overrides: tuple[str, ...],
+    claim_limit: int | None,
+    template_file: str,
+    as_json: bool,
 ) -> None:
     """Run FUNCTION of template.yaml in process with EVENT_FILE (- for stdin)
     and print its JSON result: `sam local invoke` without Docker.
@@ -733,29 +833,52 @@ def invoke_(
     The result is JSON either way; --json prints it on one line."""
     from . import invoke
 
+    if (event_file is None) == (claim_limit is None):
+        fail("give either EVENT_FILE or --claim N", 2)
     template_path = Path(template_file)
     try:
         template = invoke.load_template(template_path)
+        overrides = invoke.parse_parameter_overrides(parameter_overrides)
         env_vars = _read_json_file(env_vars_file, "env vars file") if env_vars_file else {}
-        if not isinstance(env_vars, dict):
-            fail(f"env vars file {env_vars_file} must hold a JSON object", 2)
-        spec = invoke.function_spec(template, template_path.resolve().parent, function, env_vars)
-        event = _read_json_file(event_file, "event file")
-        if spec.skipped_variables:
-            click.echo(
-                "note: unresolved template variables left unset: "
-                + ", ".join(sorted(spec.skipped_variables)),
-                err=True,
+        if not isinstance(env_vars, dict) or not all(
+            isinstance(v, dict) for v in env_vars.values()
+        ):
+            fail(f"env vars file {env_vars_file} must map Parameters or a function to an object", 2)
+        spec = invoke.function_spec(
+            template, template_path.resolve().parent, function, env_vars, None, overrides
+        )
+        event: Any
+        if claim_limit is not None:
+            channel = invoke.channel_of(template, spec.logical_id, overrides)
+            if channel is None:
+                fail(
+                    f"--claim: {spec.logical_id} is not a channel function (no CHANNEL_FUNCTIONS "
+                    "map of the template names it)",
+                    2,
+                )
+            event = invoke.claim_event(
+                channel, claim_limit, lambda line: click.echo(line, err=True)
             )
-        outcome = invoke.invoke(spec, event)
+        else:
+            event = _read_json_file(str(event_file), "event file")
     except invoke.InvokeError as exc:
         fail(str(exc), 2)
-    except OutboxError as exc:  # a ConfigError at the handler's cold start
-        fail(f"{function} failed at init: {exc}")
+    for name, reason in sorted(spec.unresolved.items()):
+        click.echo(f"note: {name} left unset: {reason}", err=True)
+    for section in spec.ignored_env_sections:
+        click.echo(f"note: env vars file section {section!r} names no function: ignored", err=True)
+    click.echo(invoke.banner(spec), err=True)
+    try:
+        outcome = invoke.invoke(spec, event, progress=lambda line: click.echo(line, err=True))
+    except invoke.InvokeError as exc:
+        fail(str(exc))
     if outcome.error is not None:
         click.echo(outcome.traceback or "", err=True, nl=False)
         click.echo(json.dumps(outcome.error))
-        error_type, message = outcome.error["errorType"], outcome.error["errorMessage"]
+        error_type = outcome.error["errorType"]
+        message = " ".join((outcome.summary or outcome.error["errorMessage"]).split())
+        if outcome.phase == "init":
+            fail(f"{spec.logical_id} failed at init: {error_type}: {message}")
         fail(f"{spec.logical_id} raised {error_type}: {message}")
     click.echo(json.dumps(_jsonable(outcome.result), indent=None if as_json else 2))
     if outcome.timed_out:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,21 @@ def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> i
 
 def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
     return float(_number(env, name, default, lo, hi, float))
+
+
+def _channel_counts(env: Mapping[str, str], name: str, lo: int, hi: int) -> dict[str, int]:
+    """A JSON object mapping channel names to whole numbers in [lo, hi]."""
+    raw = env.get(name) or "{}"
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(name, f"must be a JSON object: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(name, "must be a JSON object mapping channel names to numbers")
+    for channel, number in value.items():
+        if isinstance(number, bool) or not isinstance(number, int) or not lo <= number <= hi:
+            raise ConfigError(name, f"{channel!r} must be a whole number from {lo} to {hi}")
+    return dict(value)
 
 
 def _days_or_never(env: Mapping[str, str], name: str) -> int | None:
@@ -150,6 +166,10 @@ class RelaySettings:
     # `outbox prune`): None keeps them until then; a number prunes them
     # after that many days (at least 1).
     unresolved_retention_days: int | None = None
+    # The send log (outbox_attempt) and the dedupe keys each have their own
+    # retention, independent of the messages'.
+    attempt_retention_days: int = 90
+    dedupe_window_days: int = 30
     # The longest a sender runs (its Lambda timeout) and the longest an async
     # event may wait in Lambda's queue: invariant 4 wants both inside the lease.
     sender_timeout_seconds: int = 30
@@ -162,6 +182,11 @@ class RelaySettings:
     dispatch_budget_seconds: float = 50.0
     poll_interval_seconds: float = 0.2
     channel_functions: dict[str, str] = field(default_factory=dict)
+    # Reserved concurrency of each channel's function (the template builds it
+    # from the <Channel>Concurrency parameters), and explicit in-flight budgets
+    # that override the derived one: see in_flight_budgets().
+    channel_concurrency: dict[str, int] = field(default_factory=dict)
+    channel_max_in_flight: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RelaySettings:
@@ -186,6 +211,8 @@ class RelaySettings:
             default_ttl_seconds=_int(env, "DEFAULT_TTL_SECONDS", 86_400, 0, 366 * 86_400),
             retention_days=_int(env, "RETENTION_DAYS", 7, 1, 3650),
             unresolved_retention_days=_days_or_never(env, "UNRESOLVED_RETENTION_DAYS"),
+            attempt_retention_days=_int(env, "ATTEMPT_RETENTION_DAYS", 90, 0, 3650),
+            dedupe_window_days=_int(env, "DEDUPE_WINDOW_DAYS", 30, 0, 3650),
             sender_timeout_seconds=_int(env, "SENDER_TIMEOUT_SECONDS", 30, 1, 900),
             max_event_age_seconds=_int(env, "MAX_EVENT_AGE_SECONDS", 60, 0, 21_600),
             handoff_chunk_size=_int(env, "HANDOFF_CHUNK_SIZE", 20, 1, 1_000),
@@ -194,9 +221,41 @@ class RelaySettings:
             dispatch_budget_seconds=_float(env, "DISPATCH_BUDGET_SECONDS", 50.0, 0.0, 900.0),
             poll_interval_seconds=_float(env, "POLL_INTERVAL_SECONDS", 0.2, 0.01, 60.0),
             channel_functions=functions,
+            channel_concurrency=_channel_counts(env, "CHANNEL_CONCURRENCY", 1, 10_000),
+            channel_max_in_flight=_channel_counts(env, "CHANNEL_MAX_IN_FLIGHT", 1, 1_000_000),
         )
         settings.check_lease()
         return settings
+
+    def in_flight_budgets(self) -> dict[str, int]:
+        """Per channel, the most rows the dispatcher keeps claimed at once.
+
+        A channel's function runs at most C invocations at once (its reserved
+        concurrency); each takes one event of up to K rows (HANDOFF_CHUNK_SIZE)
+        and is over within T (SENDER_TIMEOUT_SECONDS), however it spreads the
+        K rows over its SEND_CONCURRENCY threads: send concurrency makes an
+        invocation shorter, but the budget must hold for the slowest one. An
+        event must start within W = min(MAX_EVENT_AGE_SECONDS, LEASE_SECONDS - T)
+        of its hand-off: later, Lambda drops it for age, or its lease runs out
+        before the sender can finish. In the worst case (every invocation runs
+        its full T) C invocations start at once and C more every T, so within W
+        the channel starts C * (1 + floor(W / T)) events:
+
+            budget = C * K * (1 + floor(W / T))
+
+        (defaults: 10 * 20 * (1 + 60 // 30) = 600 email rows in flight). Rows
+        claimed beyond it would only wait in Lambda's queue until they are
+        dropped. CHANNEL_MAX_IN_FLIGHT replaces the formula for a channel; a
+        channel with neither setting has no budget (the batch size bounds it).
+        """
+        window = min(self.max_event_age_seconds, self.lease_seconds - self.sender_timeout_seconds)
+        waves = 1 + max(0, window) // self.sender_timeout_seconds
+        budgets = {
+            channel: concurrency * self.handoff_chunk_size * waves
+            for channel, concurrency in self.channel_concurrency.items()
+        }
+        budgets.update(self.channel_max_in_flight)
+        return budgets
 
     def check_lease(self) -> None:
         """Invariant 4: a sender and its queued event must fit inside the lease."""
@@ -209,3 +268,41 @@ class RelaySettings:
             )
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             raise ConfigError("BACKOFF_CAP_SECONDS", "must not be below BACKOFF_BASE_SECONDS")
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw not in ("true", "false"):
+        raise ConfigError(name, f"must be true or false, got {raw!r}")
+    return raw == "true"
+
+
+_EVENT_BUS = re.compile(
+    r"^(arn:aws[a-z-]*:events:[a-z0-9-]+:[0-9]{12}:event-bus/)?[A-Za-z0-9/_.-]+$"
+)
+
+
+@dataclass(frozen=True)
+class OutcomeEventSettings:
+    """Where outcome events go. An empty bus turns publishing off (the events
+    are then dropped after the retention window)."""
+
+    bus: str = ""
+    include_delivered: bool = False
+    # How long a publisher holds the events it took: longer than the reaper
+    # runs (60 s), so a live publisher never has them taken from it. A
+    # publisher that dies leaves them to be published again after this.
+    lease_seconds: int = 300
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OutcomeEventSettings:
+        env = os.environ if env is None else env
+        bus = (env.get("OUTCOME_EVENT_BUS") or "").strip()
+        if bus and not _EVENT_BUS.match(bus):
+            raise ConfigError("OUTCOME_EVENT_BUS", f"not an event bus name or ARN: {bus!r}")
+        return cls(
+            bus=bus,
+            include_delivered=_bool(env, "OUTCOME_EVENTS_DELIVERED", False),
+        )

@@ -4,6 +4,16 @@ One scheduled invocation keeps claiming until its time budget is spent,
 polling briefly when the backlog is empty, so a message enqueued while it
 runs goes out within about one poll interval. Several dispatchers may run at
 once: the claim's SKIP LOCKED compare-and-set keeps them apart.
+
+A channel with an in-flight budget (RelaySettings.in_flight_budgets) is never
+given more claimed rows than its function can start within the lease: a row
+claimed beyond that would only wait in Lambda's queue until it was dropped
+for age. Each pass first counts the claimed rows per budgeted channel and
+lists the channels with pending rows (one small statement, served by the
+indexes of claimed rows and of pending rows by channel), then claims for the
+channels with room for a whole batch, leaving out the others and those Lambda
+just throttled. Dispatchers running at once each see the same room, so with N
+of them a channel may go over its budget by up to N - 1 batches.
 """
 
 from __future__ import annotations
@@ -11,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -19,7 +29,7 @@ import sqlalchemy as sa
 
 from . import store
 from .config import RelaySettings
-from .handoff import HandOff, Invoker, chunk
+from .handoff import HandOff, HandOffThrottled, Invoker, chunk
 from .observability import count
 
 log = logging.getLogger(__name__)
@@ -27,6 +37,11 @@ log = logging.getLogger(__name__)
 # A failed hand-off gives its rows back at once; this delay keeps a broken
 # target from turning the loop into a hot spin of claim/release.
 HANDOFF_RETRY_DELAY_SECONDS = 5.0
+# Lambda throttled the invoke: the function is busy, not broken. Its rows come
+# back soon, and the channel is left out of the claims for as long.
+THROTTLE_RETRY_DELAY_SECONDS = 1.0
+HANDOFF_FAILED = "hand-off to the channel function failed"
+HANDOFF_THROTTLED = "hand-off throttled by Lambda (TooManyRequestsException)"
 _HANDOFF_THREADS = 8
 
 
@@ -37,10 +52,60 @@ class DispatchReport:
     released: int = 0
     unroutable: int = 0
     batches: int = 0
+    throttled: int = 0
+    # Whether the claim took all it asked for (more may be due at once).
+    full: bool = False
 
     def add(self, other: DispatchReport) -> None:
-        for name in ("claimed", "handed_off", "released", "unroutable", "batches"):
+        for name in ("claimed", "handed_off", "released", "unroutable", "batches", "throttled"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.full = other.full
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """What one pass claims: how many rows, and of which channels (None: all)."""
+
+    batch_size: int
+    channels: Sequence[str] | None
+
+
+def plan_claim(
+    conn: sa.Connection,
+    settings: RelaySettings,
+    channels: Sequence[str] | None,
+    cooling: Collection[str] = (),
+) -> ClaimPlan | None:
+    """The claim of one pass under the channels' in-flight budgets; None when
+    there is nothing this pass may claim.
+
+    A budgeted channel takes part only with room for a whole quantum of rows
+    (the batch size, or the smallest budget in scope when that is smaller),
+    and the claim asks for no more than the least room among the channels
+    taking part: so no channel ever goes over its budget, and a channel with
+    little room left sits the pass out rather than shrinking everyone's
+    batch. When a channel sits out (or rests after a throttle), the claim
+    names the channels that have pending rows and may take them, so that a
+    full channel's backlog neither holds up the others nor has to be walked
+    past (the per-channel index of migration 0008 serves both)."""
+    budgets = settings.in_flight_budgets()
+    budgeted = [c for c in budgets if channels is None or c in channels]
+    if not budgeted and not cooling:
+        return ClaimPlan(settings.batch_size, channels)
+    load = store.channel_load(conn, budgeted)
+    taking_part = [c for c in budgeted if c not in cooling]
+    room = {c: budgets[c] - load.claimed.get(c, 0) for c in taking_part}
+    quantum = min([settings.batch_size, *(budgets[c] for c in taking_part)])
+    left_out = set(cooling) | {c for c in taking_part if room[c] < quantum}
+    batch = min([settings.batch_size, *(room[c] for c in taking_part if c not in left_out)])
+    wanted = [
+        c
+        for c in load.pending_channels
+        if c not in left_out and (channels is None or c in channels)
+    ]
+    if not wanted:  # nothing pending, or only for channels sitting out
+        return None
+    return ClaimPlan(batch, channels if not left_out else wanted)
 
 
 def backoff_of(settings: RelaySettings) -> store.Backoff:
@@ -60,18 +125,30 @@ def dispatch_once(
     invoker: Invoker,
     settings: RelaySettings,
     channels: Sequence[str] | None = None,
+    cooling: dict[str, float] | None = None,
 ) -> DispatchReport:
-    """One claim and its hand-offs."""
+    """One claim and its hand-offs.
+
+    ``cooling`` maps channels Lambda throttled to the monotonic time until
+    which they are left out; a throttle in this pass adds to it."""
+    cooling = {} if cooling is None else cooling
+    now = time.monotonic()
+    for channel in [c for c, until in cooling.items() if until <= now]:
+        del cooling[channel]
     report = DispatchReport(batches=1)
     with engine.begin() as conn:
+        plan = plan_claim(conn, settings, channels, list(cooling))
+        if plan is None:
+            return report
         claims = store.claim(
             conn,
-            settings.batch_size,
+            plan.batch_size,
             settings.lease_seconds,
-            channels,
+            plan.channels,
             default_ttl_seconds=settings.default_ttl_seconds or None,
         )
     report.claimed = len(claims)
+    report.full = len(claims) >= plan.batch_size
     if not claims:
         return report
     count_by_channel("Claimed", claims)
@@ -105,20 +182,31 @@ def dispatch_once(
         )
 
     handoffs = chunk(routable, settings.handoff_chunk_size)
-    failed = _hand_off_all(invoker, handoffs)
-    report.handed_off = sum(len(h.claims) for h in handoffs) - sum(len(h.claims) for h in failed)
-    failed_ids = {c.id for h in failed for c in h.claims}
-    count_by_channel("HandedOff", [c for c in routable if c.id not in failed_ids])
-    if failed:
+    failed, throttled = _hand_off_all(invoker, handoffs)
+    report.handed_off = sum(len(h.claims) for h in handoffs) - sum(
+        len(h.claims) for h in (*failed, *throttled)
+    )
+    returned_ids = {c.id for h in (*failed, *throttled) for c in h.claims}
+    count_by_channel("HandedOff", [c for c in routable if c.id not in returned_ids])
+    for channel in {h.channel for h in throttled}:
+        cooling[channel] = time.monotonic() + THROTTLE_RETRY_DELAY_SECONDS
+    for returned, reason, delay, metric in (
+        (failed, HANDOFF_FAILED, HANDOFF_RETRY_DELAY_SECONDS, "HandOffFailed"),
+        (throttled, HANDOFF_THROTTLED, THROTTLE_RETRY_DELAY_SECONDS, "HandOffThrottled"),
+    ):
+        if not returned:
+            continue
         with engine.begin() as conn:
             released = store.release(
                 conn,
-                [(c.id, c.claim_token) for h in failed for c in h.claims],
-                reason="hand-off to the channel function failed",
-                delay_seconds=HANDOFF_RETRY_DELAY_SECONDS,
+                [(c.id, c.claim_token) for h in returned for c in h.claims],
+                reason=reason,
+                delay_seconds=delay,
             )
-        report.released = len(released)
-        count_by_channel("HandOffFailed", [c for h in failed for c in h.claims if c.id in released])
+        report.released += len(released)
+        if returned is throttled:
+            report.throttled = len(released)
+        count_by_channel(metric, [c for h in returned for c in h.claims if c.id in released])
     return report
 
 
@@ -135,13 +223,25 @@ def unroutable_reason(invoker: Invoker, channel: str) -> str:
     return f"no function is configured for channel {channel!r}"
 
 
-def _hand_off_all(invoker: Invoker, handoffs: list[HandOff]) -> list[HandOff]:
-    """Invoke every hand-off (concurrently when there are several); return the failed ones."""
+def _hand_off_all(invoker: Invoker, handoffs: list[HandOff]) -> tuple[list[HandOff], list[HandOff]]:
+    """Invoke every hand-off (concurrently when there are several); return the
+    failed ones, and the throttled ones with those of a throttled channel that
+    were then not tried."""
+    throttled_channels: set[str] = set()
 
-    def attempt(handoff: HandOff) -> HandOff | None:
+    def attempt(handoff: HandOff) -> tuple[HandOff, str] | None:
+        if handoff.channel in throttled_channels:
+            return handoff, "throttled"
         try:
             invoker.hand_off(handoff)
             return None
+        except HandOffThrottled:
+            throttled_channels.add(handoff.channel)
+            log.warning(
+                "hand-off throttled; releasing its claims for a short while",
+                extra={"channel": handoff.channel, "message_ids": [c.id for c in handoff.claims]},
+            )
+            return handoff, "throttled"
         except Exception as exc:
             log.error(
                 "hand-off failed; releasing its claims",
@@ -151,14 +251,18 @@ def _hand_off_all(invoker: Invoker, handoffs: list[HandOff]) -> list[HandOff]:
                     "error": type(exc).__name__,
                 },
             )
-            return handoff
+            return handoff, "failed"
 
     if len(handoffs) <= 1:
         results = [attempt(h) for h in handoffs]
     else:
         with ThreadPoolExecutor(max_workers=min(_HANDOFF_THREADS, len(handoffs))) as pool:
             results = list(pool.map(attempt, handoffs))
-    return [h for h in results if h is not None]
+    returned = [r for r in results if r is not None]
+    return (
+        [h for h, kind in returned if kind == "failed"],
+        [h for h, kind in returned if kind == "throttled"],
+    )
 
 
 def run(
@@ -177,10 +281,11 @@ def run(
     """
     total = DispatchReport()
     margin = settings.poll_interval_seconds
+    cooling: dict[str, float] = {}
     while True:  # at least one pass, even with no budget to spare
-        report = dispatch_once(engine, invoker, settings, channels)
+        report = dispatch_once(engine, invoker, settings, channels, cooling)
         total.add(report)
         if time_left() <= margin or (until_empty and report.claimed == 0):
             return total
-        if report.claimed < settings.batch_size:  # caught up: poll briefly
+        if not report.full:  # caught up, or the channels are full: poll briefly
             sleep(min(settings.poll_interval_seconds, max(0.0, time_left() - margin)))

@@ -23,3 +23,40 @@ class ConfigError(OutboxError):
     def __init__(self, setting: str, problem: str) -> None:
         super().__init__(f"configuration {setting}: {problem}")
         self.setting = setting
+
+
+class DedupeConflict(ValidationError):
+    """A dedupe key already names a message for the same recipient on the same
+    channel, with a different payload: a replay must repeat its payload. Nothing
+    was written.
+
+    ``field`` is ``dedupe_key`` (``messages[i].dedupe_key`` from enqueue_many);
+    ``existing_id`` is the message the key names, or None when the clash is
+    with an earlier message of the same list (``first_index``).
+    """
+
+    def __init__(
+        self,
+        channel: str,
+        dedupe_key: str,
+        *,
+        index: int = 0,
+        existing_id: int | None = None,
+        first_index: int | None = None,
+        field: str = "dedupe_key",
+    ) -> None:
+        holder = (
+            f"{channel} message {existing_id}"
+            if existing_id is not None
+            else f"messages[{first_index}] of this list"
+        )
+        super().__init__(
+            field,
+            f"{dedupe_key!r} already names {holder} for this recipient, with a different "
+            "payload; a repeat must carry the same payload (or use another key)",
+        )
+        self.channel = channel
+        self.dedupe_key = dedupe_key
+        self.index = index
+        self.existing_id = existing_id
+        self.first_index = first_index

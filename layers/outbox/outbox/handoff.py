@@ -94,11 +94,22 @@ def chunk(claims: Sequence[Claim], size: int) -> list[HandOff]:
     ]
 
 
+class HandOffThrottled(Exception):
+    """The channel's function refused the event for now (Lambda's
+    TooManyRequestsException, HTTP 429): the claims go back with a short
+    delay, and the channel is handed nothing more for that long."""
+
+    def __init__(self, channel: str) -> None:
+        super().__init__(f"hand-off to channel {channel!r} throttled")
+        self.channel = channel
+
+
 class Invoker(Protocol):
     def can_route(self, channel: str) -> bool: ...
 
     def hand_off(self, handoff: HandOff) -> None:
-        """Deliver the event or raise; a raise releases the claims at once."""
+        """Deliver the event or raise; a raise releases the claims at once
+        (HandOffThrottled: after a short delay)."""
 
 
 class LambdaInvoker:
@@ -136,11 +147,20 @@ class LambdaInvoker:
         return f"no function is configured for channel {channel!r} (CHANNEL_FUNCTIONS)"
 
     def hand_off(self, handoff: HandOff) -> None:
-        response = self.client.invoke(
-            FunctionName=self.functions[handoff.channel],
-            InvocationType="Event",
-            Payload=json.dumps(handoff.to_event(), separators=(",", ":")).encode(),
-        )
+        from botocore.exceptions import ClientError
+
+        try:
+            response = self.client.invoke(
+                FunctionName=self.functions[handoff.channel],
+                InvocationType="Event",
+                Payload=json.dumps(handoff.to_event(), separators=(",", ":")).encode(),
+            )
+        except ClientError as exc:
+            error = exc.response.get("Error", {}).get("Code")
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if error == "TooManyRequestsException" or status == 429:
+                raise HandOffThrottled(handoff.channel) from exc
+            raise
         if response.get("StatusCode") != 202:
             raise RuntimeError(f"async invoke answered {response.get('StatusCode')}")
 

@@ -27,6 +27,7 @@ import hmac
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -439,7 +440,9 @@ def _flaky_handler() -> Any:
     return handler
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -447,8 +450,17 @@ def main() -> int:
     from . import migrate
     from .handoff import CallableInvoker
 
+    parser = argparse.ArgumentParser(prog="python -m outbox.local", description=__doc__)
+    parser.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="after the demo, keep its database and moto server up (until Ctrl-C) "
+        "for `outbox worker`, `outbox invoke` and the operator commands",
+    )
+    args = parser.parse_args(argv)
     out = Console(highlight=False)
     started = time.monotonic()
+    own_database = os.environ.get("DATABASE_URL")
     channels.register("flaky", cast(channels.ChannelFactory, FlakyChannel))
     os.environ.update(FAKE_AWS)
     with contextlib.ExitStack() as stack:
@@ -554,8 +566,55 @@ def main() -> int:
             f"(expired claims taken back: {reclaimed}; backlog now: pending "
             f"{backlog['pending']}, claimed {backlog['claimed']})"
         )
-        return _report(engine, mix, lam, demo, out, Table, started)
+        status = _report(engine, mix, lam, demo, out, Table, started)
+        shown_url = None if database_url == own_database else _plain_url(database_url)
+        for line in _next_steps(shown_url, endpoint, args.keep_running):
+            out.print(line, soft_wrap=True, markup=False, highlight=False)
+        if args.keep_running:
+            stop = threading.Event()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, lambda *_: stop.set())
+            stop.wait()
+        return status
     return 1  # pragma: no cover
+
+
+def _plain_url(url: str) -> str:
+    """The URL as a user types it (the driver is the relay's business)."""
+    return url.replace("postgresql+pg8000://", "postgresql://", 1)
+
+
+def _next_steps(database_url: str | None, endpoint: str, keep_running: bool) -> list[str]:
+    """What to try next, printed at the end of the run. ``database_url`` is None
+    for the user's own DATABASE_URL (never printed: it may hold a password)."""
+    url = database_url or "$DATABASE_URL"
+    embedded = database_url is not None and "127.0.0.1:5432" not in database_url
+    lines = ["", "Next (README: After make run), in a shell in this folder:"]
+    lines.append("  . .venv/bin/activate")
+    if not keep_running:
+        if not embedded:
+            lines += [
+                f"  export DATABASE_URL={url}",
+                "  outbox status; outbox list --status dead,failed; outbox show <id>",
+            ]
+        lines.append(
+            "  python -m outbox.local --keep-running   # the same demo, then keeps its "
+            "database and moto server up for `outbox worker` and `outbox invoke`"
+        )
+        return lines
+    exports = " ".join(f"{k}={v}" for k, v in FAKE_AWS.items() if k != "AWS_SESSION_TOKEN")
+    return [
+        *lines,
+        f"  export DATABASE_URL={url} AWS_ENDPOINT_URL={endpoint} {exports}",
+        "  export WEBHOOK_ALLOW_INSECURE=true   # the demo's webhook receiver is plain http",
+        "  outbox status",
+        "  outbox enqueue --channel email --payload "
+        f'\'{{"from": "orders@{SENDER_DOMAIN}", "to": ["ada@example.net"], '
+        '"subject": "Hi", "text": "Hello"}\'',
+        "  outbox worker --until-empty",
+        "  outbox invoke EmailFunction --claim 10 --env-vars env.local.json",
+        "The database and the moto server stay up until Ctrl-C.",
+    ]
 
 
 def _enqueue(engine: sa.Engine, mix: list[DemoMessage], out: Any) -> list[DemoMessage]:
@@ -652,4 +711,4 @@ def _report(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -67,7 +67,7 @@ def decode(text: str | bytes) -> Any:
         value = json.loads(text)
     except RecursionError:
         raise ValidationError("payload", f"is nested deeper than {MAX_DEPTH} levels") from None
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         raise ValidationError("payload", f"is not valid JSON ({type(exc).__name__})") from None
     check_shape(value)
     return value

@@ -15,12 +15,13 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal, overload
 
 import sqlalchemy as sa
 
 from . import channels, payloads, store
-from .errors import ValidationError
+from .errors import DedupeConflict, ValidationError
+from .store import Enqueued
 
 MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_KEY_LENGTH = 255
@@ -191,6 +192,38 @@ def _check_connection(conn: Any) -> sa.Connection:
     return conn
 
 
+@overload
+def enqueue(
+    conn: sa.Connection,
+    channel: str,
+    payload: Any,
+    *,
+    dedupe_key: str | None = ...,
+    ordering_key: str | None = ...,
+    priority: int = ...,
+    delay: timedelta | float | None = ...,
+    max_attempts: int | None = ...,
+    expires_at: datetime | None = ...,
+    ttl: timedelta | float | None = ...,
+    on_predecessor_failure: str = ...,
+    return_created: Literal[False] = ...,
+) -> int: ...
+@overload
+def enqueue(
+    conn: sa.Connection,
+    channel: str,
+    payload: Any,
+    *,
+    dedupe_key: str | None = ...,
+    ordering_key: str | None = ...,
+    priority: int = ...,
+    delay: timedelta | float | None = ...,
+    max_attempts: int | None = ...,
+    expires_at: datetime | None = ...,
+    ttl: timedelta | float | None = ...,
+    on_predecessor_failure: str = ...,
+    return_created: Literal[True],
+) -> Enqueued: ...
 def enqueue(
     conn: sa.Connection,
     channel: str,
@@ -204,10 +237,15 @@ def enqueue(
     expires_at: datetime | None = None,
     ttl: timedelta | float | None = None,
     on_predecessor_failure: str = "hold",
-) -> int:
+    return_created: bool = False,
+) -> int | Enqueued:
     """Write one message in the caller's transaction; returns its id.
 
-    A repeated (channel, dedupe_key) returns the id of the existing message.
+    A dedupe_key names an event: a repeat for the same channel and recipient
+    with the same payload (a replay) returns the existing id and writes
+    nothing; with another payload it raises DedupeConflict. The same key for
+    another recipient is another message. ``return_created=True`` returns
+    ``Enqueued(id, created)`` instead, ``created`` False for a replay.
     Messages sharing an ordering_key are delivered one at a time, in commit
     order (producers of one key take turns: a transaction-scoped lock on the
     key is held from this call to the caller's commit). When an earlier message
@@ -230,14 +268,29 @@ def enqueue(
         on_predecessor_failure=on_predecessor_failure,
     )
     with _redacted_errors():
-        return store.insert_messages(_check_connection(conn), [message])[0]
+        (result,) = store.insert_messages(_check_connection(conn), [message])
+    return result if return_created else result.id
 
 
-def enqueue_many(conn: sa.Connection, messages: Iterable[Mapping[str, Any]]) -> list[int]:
+@overload
+def enqueue_many(
+    conn: sa.Connection,
+    messages: Iterable[Mapping[str, Any]],
+    *,
+    return_created: Literal[False] = ...,
+) -> list[int]: ...
+@overload
+def enqueue_many(
+    conn: sa.Connection, messages: Iterable[Mapping[str, Any]], *, return_created: Literal[True]
+) -> list[Enqueued]: ...
+def enqueue_many(
+    conn: sa.Connection, messages: Iterable[Mapping[str, Any]], *, return_created: bool = False
+) -> list[int] | list[Enqueued]:
     """Write many messages in one round trip; ids come back in the same order.
 
     Each message is a dict with ``enqueue``'s argument names. One bad message
-    raises ValidationError (its field prefixed with ``messages[i].``) and none is written.
+    raises ValidationError (its field prefixed with ``messages[i].``) and none
+    is written; so does a DedupeConflict, against the database or within the list.
     """
     conn = _check_connection(conn)
     if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Iterable):
@@ -256,5 +309,16 @@ def enqueue_many(conn: sa.Connection, messages: Iterable[Mapping[str, Any]]) -> 
             prepared.append(prepare(**message))
         except ValidationError as exc:
             raise ValidationError(f"messages[{index}].{exc.field}", exc.problem) from None
-    with _redacted_errors():
-        return store.insert_messages(conn, prepared)
+    try:
+        with _redacted_errors():
+            results = store.insert_messages(conn, prepared)
+    except DedupeConflict as exc:
+        raise DedupeConflict(
+            exc.channel,
+            exc.dedupe_key,
+            index=exc.index,
+            existing_id=exc.existing_id,
+            first_index=exc.first_index,
+            field=f"messages[{exc.index}].dedupe_key",
+        ) from None
+    return results if return_created else [r.id for r in results]

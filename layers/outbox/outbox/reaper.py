@@ -6,7 +6,10 @@ no receipt no sender ever started it, so none is counted and the row is due
 again at once: ``LeaseExpiredNotStarted``, alarmed), expires pending rows past
 their deliver-by time, cancels rows held behind a failed row of their ordering
 key whose producer asked for that, prunes terminal rows past the retention
-window, and publishes backlog metrics. Every step works in bounded batches.
+window, attempt rows past theirs (the send log outlives its messages) and
+dedupe keys past the dedupe window, publishes the outcome events waiting
+(``outcomes.py``; a bus that fails only delays them), and publishes backlog
+metrics. Every step works in bounded batches.
 
 Rows that ended without reaching their recipient (``failed``, ``dead``,
 ``expired``) are not routine history: they wait for an operator, and the
@@ -20,11 +23,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import sqlalchemy as sa
 
-from . import store
-from .config import RelaySettings
+from . import outcomes, store
+from .config import OutcomeEventSettings, RelaySettings
 from .dispatcher import backoff_of
 from .observability import count, gauge
 
@@ -43,12 +47,43 @@ class ReapReport:
     expired: int = 0  # past their deliver-by time (leases and pending rows)
     cancelled: int = 0  # held rows cancelled as their producer asked
     pruned: int = 0
+    pruned_attempts: int = 0
+    released_dedupe_keys: int = 0
+    events_published: int = 0
+    events_refused: int = 0
+    events_dropped: int = 0
+    events_waiting: int = 0
     backlog: store.Backlog | None = None
     channels: list[store.ChannelBacklog] = field(default_factory=list)
 
 
-def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], float]) -> ReapReport:
+def _prune(
+    engine: sa.Engine,
+    prune: Callable[[sa.Connection, float, int], int],
+    days: int,
+    time_left: Callable[[], float],
+) -> int:
+    """Bounded batches, each its own short transaction, until done or out of time."""
+    total = 0
+    while time_left() > _MIN_TIME_FOR_A_BATCH:
+        with engine.begin() as conn:
+            deleted = prune(conn, days * 86400, PRUNE_BATCH_SIZE)
+        total += deleted
+        if deleted < PRUNE_BATCH_SIZE:
+            break
+    return total
+
+
+def run(
+    engine: sa.Engine,
+    settings: RelaySettings,
+    time_left: Callable[[], float],
+    outcome_events: OutcomeEventSettings | None = None,
+    events_client: Callable[[], Any] | None = None,
+) -> ReapReport:
+    """``events_client`` makes the EventBridge client, on first need."""
     report = ReapReport()
+    outcome_events = outcome_events or OutcomeEventSettings()
     backoff = backoff_of(settings)
     while time_left() > _MIN_TIME_FOR_A_BATCH:
         with engine.begin() as conn:
@@ -98,15 +133,38 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
     count("Expired", report.expired)
     count("HeldCancelled", report.cancelled)
 
+    if outcome_events.bus and events_client is not None:
+        published = outcomes.publish(engine, events_client(), outcome_events, time_left)
+        report.events_published, report.events_refused = published.published, published.refused
+    count("OutcomeEventsPublished", report.events_published)
+    count("OutcomeEventsRefused", report.events_refused)
+
     routine = [s for s in store.TERMINAL_STATUSES if s not in UNRESOLVED_STATUSES]
     unresolved = [s for s in store.TERMINAL_STATUSES if s in UNRESOLVED_STATUSES]
-    report.pruned += _prune(engine, routine, settings.retention_days, time_left)
+    report.pruned += _prune_messages(engine, routine, settings.retention_days, time_left)
     if settings.unresolved_retention_days is not None:
-        report.pruned += _prune(engine, unresolved, settings.unresolved_retention_days, time_left)
+        report.pruned += _prune_messages(
+            engine, unresolved, settings.unresolved_retention_days, time_left
+        )
     count("Pruned", report.pruned)
+    report.pruned_attempts = _prune(
+        engine, store.prune_attempts, settings.attempt_retention_days, time_left
+    )
+    count("PrunedAttempts", report.pruned_attempts)
+    report.released_dedupe_keys = _prune(
+        engine, store.prune_dedupe_keys, settings.dedupe_window_days, time_left
+    )
+    count("ReleasedDedupeKeys", report.released_dedupe_keys)
+    if not outcome_events.bus:
+        # Publishing is off: nothing else removes the events the trigger writes.
+        with engine.begin() as conn:
+            report.events_dropped = store.drop_outcome_events(
+                conn, settings.retention_days * 86400, PRUNE_BATCH_SIZE
+            )
 
     with engine.begin() as conn:
         report.backlog = store.backlog(conn)
+        report.events_waiting, oldest_event_age = store.outcome_event_backlog(conn)
     b = report.backlog
     # Gauges go out even at zero, so alarms see data rather than "missing".
     gauge("PendingMessages", b.pending)
@@ -114,6 +172,8 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
     gauge("ExpiredClaims", b.expired_claims)
     gauge("HeldMessages", b.held)
     gauge("OldestPendingAgeSeconds", b.oldest_due_age_seconds, seconds=True)
+    gauge("UnpublishedOutcomeEvents", report.events_waiting)
+    gauge("OldestUnpublishedOutcomeEventAgeSeconds", oldest_event_age, seconds=True)
     with engine.begin() as conn:
         report.channels = store.channel_backlog(conn)
     gauge("PausedChannels", sum(c.paused for c in report.channels))
@@ -133,6 +193,12 @@ def run(engine: sa.Engine, settings: RelaySettings, time_left: Callable[[], floa
             "cancelled": report.cancelled,
             "held": b.held,
             "pruned": report.pruned,
+            "pruned_attempts": report.pruned_attempts,
+            "released_dedupe_keys": report.released_dedupe_keys,
+            "outcome_events_published": report.events_published,
+            "outcome_events_refused": report.events_refused,
+            "outcome_events_dropped": report.events_dropped,
+            "outcome_events_waiting": report.events_waiting,
             "pending": b.pending,
             "oldest_due_age_seconds": round(b.oldest_due_age_seconds, 3),
             "dead_total": b.dead,
@@ -145,14 +211,14 @@ def _sorted_ids(by_status: dict[str, list[int]]) -> dict[str, list[int]]:
     return {status: sorted(ids) for status, ids in sorted(by_status.items())}
 
 
-def _prune(
+def _prune_messages(
     engine: sa.Engine, statuses: list[str], days: int, time_left: Callable[[], float]
 ) -> int:
-    pruned_total = 0
-    while statuses and time_left() > _MIN_TIME_FOR_A_BATCH:
-        with engine.begin() as conn:
-            pruned = store.prune(conn, days * 86400, PRUNE_BATCH_SIZE, statuses)
-        pruned_total += pruned
-        if pruned < PRUNE_BATCH_SIZE:
-            break
-    return pruned_total
+    if not statuses:
+        return 0
+    return _prune(
+        engine,
+        lambda conn, seconds, batch: store.prune(conn, seconds, batch, statuses),
+        days,
+        time_left,
+    )

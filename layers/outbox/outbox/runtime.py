@@ -20,8 +20,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from . import dispatcher, reaper, sender
-from .config import DatabaseSettings, RelaySettings
-from .errors import ValidationError
+from .config import DatabaseSettings, OutcomeEventSettings, RelaySettings
+from .errors import ConfigError, ValidationError
 from .handoff import Invoker, LambdaInvoker
 from .observability import logger
 
@@ -37,8 +37,25 @@ class Runtime:
         self._autocommit = autocommit
         self.settings = RelaySettings.from_env(env)
         self.database = DatabaseSettings.from_env(env)
+        self.outcome_events = OutcomeEventSettings.from_env(env)
         self._engine: sa.Engine | None = None
         self._invoker: Invoker | None = None
+        self._events_client: Any = None
+
+    @classmethod
+    def for_dispatcher(cls, env: Mapping[str, str] | None = None) -> Runtime:
+        """The dispatcher's runtime. With no channel function map every row it
+        claims would fail as unroutable: it refuses to start instead, naming the
+        setting (the template always sets it; locally, `outbox worker` hands off
+        in process)."""
+        runtime = cls(env)
+        if not runtime.settings.channel_functions:
+            raise ConfigError(
+                "CHANNEL_FUNCTIONS",
+                "is empty, so the dispatcher has no function to hand any message to "
+                "(it maps each channel to its function; run `outbox worker` to send locally)",
+            )
+        return runtime
 
     @property
     def engine(self) -> sa.Engine:
@@ -78,10 +95,23 @@ class Runtime:
             "statuses": dict(report.statuses),
         }
 
+    def events_client(self) -> Any:
+        if self._events_client is None:
+            from .channels import aws
+
+            self._events_client = aws.client("events")
+        return self._events_client
+
     def reap(self, event: Any, context: Any) -> dict[str, Any]:
         scheduler_event(event)
         remaining = _remaining(context)
-        report = reaper.run(self.engine, self.settings, lambda: remaining() - _EXIT_MARGIN_SECONDS)
+        report = reaper.run(
+            self.engine,
+            self.settings,
+            lambda: remaining() - _EXIT_MARGIN_SECONDS,
+            self.outcome_events,
+            self.events_client,
+        )
         return {
             "reclaimed": report.reclaimed,
             "not_started": report.not_started,
@@ -89,9 +119,20 @@ class Runtime:
             "expired": report.expired,
             "cancelled": report.cancelled,
             "pruned": report.pruned,
+            "outcome_events": {
+                "published": report.events_published,
+                "refused": report.events_refused,
+                "dropped": report.events_dropped,
+                "waiting": report.events_waiting,
+            },
             "backlog": asdict(report.backlog) if report.backlog else None,
             "paused_channels": [c.channel for c in report.channels if c.paused],
         }
+
+    def feedback(self, event: Any) -> dict[str, Any]:
+        from . import feedback
+
+        return feedback.handle(self.engine, event).as_dict()
 
 
 def channel_handler(channel: str) -> Callable[[dict[str, Any], Any], dict[str, Any]]:

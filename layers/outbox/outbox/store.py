@@ -7,12 +7,17 @@
                           not counted: no sender ever started it)
     pending -> cancelled | expired (deliver-by time passed);
     dead | failed | expired -> pending (operator redrive)
+    delivered -> bounced | complained   (provider feedback)
 
 An ordering key runs one row at a time, in id order (= commit order: enqueue
 takes a transaction-scoped advisory lock per key). A row that ends failed, dead
 or expired holds its key's later rows (they stay pending, "held") until an
 operator redrives or cancels it; rows enqueued with
 ``on_predecessor_failure='cancel'`` are cancelled instead, by the reaper.
+
+Transitions to failed, dead, expired, bounced and complained (and delivered,
+when turned on) also write an ``outbox_outcome_event`` row: a trigger of the
+schema does it in the same statement, so no statement here has to remember.
 
 Rules every statement here keeps (DESIGN.md, invariants 1-7):
 * the claim is one compare-and-set UPDATE over ``FOR UPDATE SKIP LOCKED`` rows;
@@ -32,11 +37,22 @@ import re
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
-TERMINAL_STATUSES = ("delivered", "failed", "dead", "suppressed", "cancelled", "expired")
+from .errors import DedupeConflict, OutboxError
+
+TERMINAL_STATUSES = (
+    "delivered",
+    "failed",
+    "dead",
+    "suppressed",
+    "cancelled",
+    "expired",
+    "bounced",
+    "complained",
+)
 SEND_OUTCOMES = ("delivered", "retry", "failed", "suppressed", "deferred")
 # The statuses of an ordering key's row that hold the rows after it.
 HOLDING_STATUSES = ("failed", "dead", "expired")
@@ -191,17 +207,14 @@ def array_literal(values: Iterable[Any]) -> str:
 
 # --- enqueue ---------------------------------------------------------------
 
-_INSERT = _sql(
-    """
-    INSERT INTO outbox_message
-        (channel, payload, dedupe_key, ordering_key, priority, available_at, max_attempts,
-         expires_at, on_predecessor_failure)
-    SELECT channel, payload, dedupe_key, ordering_key, priority,
-           now() + make_interval(secs => delay_s), max_attempts,
-           -- a ttl counts from the time the message is first due
-           COALESCE(expires_at, now() + make_interval(secs => delay_s + ttl_s)),
-           on_predecessor_failure
-    FROM ROWS FROM (
+# Dedupe is scoped to (channel, dedupe_key, recipient): a key names an event,
+# and one event fans out to many recipients. The keys live in outbox_dedupe
+# for the dedupe window, apart from the messages (which may be pruned sooner).
+# The recipient fingerprints and payload digests are computed in the database
+# (functions of migration 0006, inlined by the planner), so a producer in any
+# language gets the same.
+_INPUT_ROWS = """
+    ROWS FROM (
         unnest(CAST(:channels AS text[])),
         -- the payloads travel as one JSON array: no per-element escaping
         jsonb_array_elements(CAST(:payloads AS jsonb)),
@@ -211,9 +224,99 @@ _INSERT = _sql(
         unnest(CAST(:ttls AS float8[])), unnest(CAST(:on_predecessor_failure AS text[]))
     ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
                            delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, ord)
-    ORDER BY ord
-    ON CONFLICT (channel, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-    RETURNING id, channel, dedupe_key
+    CROSS JOIN outbox_fingerprint_key AS k
+"""
+# a ttl counts from the time the message is first due
+_EXPIRES_AT = "COALESCE(i.expires_at, now() + make_interval(secs => i.delay_s + i.ttl_s))"
+_ADDRESSES = "ARRAY(SELECT a FROM outbox_addresses(i.channel, i.payload) AS a ORDER BY a)"
+_RECIPIENT_FINGERPRINTS = (
+    "ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a) "
+    "FROM outbox_addresses(i.channel, i.payload) AS a ORDER BY a)"
+)
+
+# A batch without dedupe keys (bulk sends): one plain INSERT.
+_INSERT_UNKEYED = _sql(
+    f"""
+    INSERT INTO outbox_message (channel, payload, ordering_key, priority, available_at,
+                                max_attempts, expires_at, on_predecessor_failure,
+                                recipient_fingerprints)
+    SELECT i.channel, i.payload, i.ordering_key, i.priority,
+           now() + make_interval(secs => i.delay_s), i.max_attempts, {_EXPIRES_AT},
+           i.on_predecessor_failure, {_RECIPIENT_FINGERPRINTS}
+    FROM {_INPUT_ROWS}
+    ORDER BY i.ord
+    RETURNING id
+    """
+)
+
+_INSERT = _sql(
+    f"""
+    WITH input AS (
+        SELECT i.*,
+               -- ids are drawn first so that a key's entry can name its message
+               nextval('outbox_message_id_seq') AS new_id,
+               {_RECIPIENT_FINGERPRINTS} AS recipient_fingerprints,
+               CASE WHEN i.dedupe_key IS NOT NULL THEN outbox_hmac(k.inner_pad, k.outer_pad,
+                   outbox_dedupe_identity(i.channel, i.payload, {_ADDRESSES})) END AS fingerprint,
+               CASE WHEN i.dedupe_key IS NOT NULL
+                    THEN outbox_payload_digest(i.payload) END AS digest
+        FROM {_INPUT_ROWS}
+        ORDER BY i.ord
+    ),
+    keyed AS (  -- the first of each (channel, key, recipient) in the list stands for it
+        SELECT DISTINCT ON (channel, dedupe_key, fingerprint)
+               ord, new_id, channel, dedupe_key, fingerprint, digest
+        FROM input WHERE dedupe_key IS NOT NULL
+        ORDER BY channel, dedupe_key, fingerprint, ord
+    ),
+    held AS (  -- keys already taken when this statement began
+        SELECT k.ord, d.message_id, d.payload_digest
+        FROM keyed AS k JOIN outbox_dedupe AS d
+          ON d.channel = k.channel AND d.dedupe_key = k.dedupe_key
+         AND d.recipient_fingerprint = k.fingerprint
+    ),
+    conflicts AS (  -- a payload other than the one its key was first given
+        SELECT i.ord FROM input AS i
+        JOIN keyed AS k ON k.channel = i.channel AND k.dedupe_key = i.dedupe_key
+                       AND k.fingerprint = i.fingerprint
+        LEFT JOIN held AS h ON h.ord = k.ord
+        WHERE i.digest <> COALESCE(h.payload_digest, k.digest)
+    ),
+    taken AS (  -- nothing at all is written when any message conflicts
+        INSERT INTO outbox_dedupe
+            (channel, dedupe_key, recipient_fingerprint, payload_digest, message_id)
+        SELECT k.channel, k.dedupe_key, k.fingerprint, k.digest, k.new_id FROM keyed AS k
+        WHERE NOT EXISTS (SELECT 1 FROM conflicts)
+          AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.ord = k.ord)
+        ORDER BY k.ord
+        ON CONFLICT DO NOTHING  -- taken meanwhile by a transaction that committed since
+        RETURNING message_id
+    ),
+    inserted AS (
+        INSERT INTO outbox_message (id, channel, payload, dedupe_key, ordering_key, priority,
+                                    available_at, max_attempts, expires_at,
+                                    on_predecessor_failure, recipient_fingerprints)
+        OVERRIDING SYSTEM VALUE
+        SELECT new_id, channel, payload, dedupe_key, ordering_key, priority,
+               now() + make_interval(secs => delay_s), max_attempts, {_EXPIRES_AT},
+               on_predecessor_failure, recipient_fingerprints
+        FROM input AS i
+        WHERE NOT EXISTS (SELECT 1 FROM conflicts)
+          AND (dedupe_key IS NULL OR new_id IN (SELECT message_id FROM taken))
+        ORDER BY ord
+    )
+    SELECT i.ord,
+           i.ord IN (SELECT ord FROM conflicts) AS conflict,
+           CASE WHEN i.dedupe_key IS NULL THEN i.new_id
+                WHEN k.new_id IN (SELECT message_id FROM taken) THEN k.new_id
+                ELSE h.message_id END AS id,  -- NULL: taken since the snapshot
+           i.dedupe_key IS NULL OR i.new_id IN (SELECT message_id FROM taken) AS created,
+           k.ord AS first_ord, h.message_id AS held_id
+    FROM input AS i
+    LEFT JOIN keyed AS k ON k.channel = i.channel AND k.dedupe_key = i.dedupe_key
+                        AND k.fingerprint = i.fingerprint
+    LEFT JOIN held AS h ON h.ord = k.ord
+    ORDER BY i.ord
     """
 )
 
@@ -229,20 +332,41 @@ _LOCK_ORDERING_KEYS = _sql(
     """
 )
 
-_EXISTING_BY_DEDUPE = sa.text(
+# Takes back what one _INSERT wrote, inside the caller's transaction (the
+# keys by their primary key: outbox_dedupe has no index on message_id).
+_UNDO_INSERT = _sql(
     """
-    SELECT m.id, m.channel, m.dedupe_key FROM outbox_message m
-    JOIN unnest(CAST(:channels AS text[]), CAST(:dedupe_keys AS text[])) AS k(channel, dedupe_key)
-      ON m.channel = k.channel AND m.dedupe_key = k.dedupe_key
+    WITH gone AS (
+        DELETE FROM outbox_message WHERE id = ANY(CAST(:ids AS bigint[]))
+        RETURNING id, channel, dedupe_key, payload
+    )
+    DELETE FROM outbox_dedupe AS d USING gone AS g
+    WHERE d.channel = g.channel AND d.dedupe_key = g.dedupe_key
+      AND d.recipient_fingerprint = outbox_recipient_fingerprint(g.channel, g.payload)
+      AND d.message_id = g.id
     """
 )
+# A key taken by a transaction that committed after our statement's snapshot
+# leaves its message without an id; the statement is then taken back and run
+# again, and the fresh snapshot sees the key. Only a key pruned in between
+# needs another round.
+_INSERT_ROUNDS = 3
 
 
-def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list[int]:
+class Enqueued(NamedTuple):
+    """The id of an enqueued message, and whether this call created it (False:
+    a replay of its (channel, dedupe_key, recipient) returned the existing one)."""
+
+    id: int
+    created: bool
+
+
+def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list[Enqueued]:
     """Insert validated messages in one statement; returns their ids in order.
 
-    A (channel, dedupe_key) that already exists, or repeats within the list,
-    yields the existing id instead of a second row.
+    A (channel, dedupe_key, recipient) that already exists, or repeats within
+    the list, with the same payload yields the existing id; with another
+    payload, DedupeConflict is raised and nothing is written.
     """
     if not messages:
         return []
@@ -262,35 +386,28 @@ def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list
         "ttls": [m.ttl_seconds for m in messages],
         "on_predecessor_failure": array_literal([m.on_predecessor_failure for m in messages]),
     }
-    # Identity values are drawn in the order the SELECT produces rows (ORDER BY
-    # ord), so the ids sorted ascending are the inserted messages in input order.
-    rows = sorted(conn.execute(_INSERT, params).all(), key=lambda r: r.id)
-    if len(rows) == len(messages):  # the common case: no dedupe key collided
-        return [row.id for row in rows]
-    # Some keys collided: pair up what was inserted and look the rest up by
-    # their dedupe key. The look-up is
-    # a separate statement so that it sees a row another transaction committed
-    # while our INSERT waited on its unique-index entry.
-    by_key = {(r.channel, r.dedupe_key): r.id for r in rows if r.dedupe_key is not None}
-    plain_ids = iter(r.id for r in rows if r.dedupe_key is None)
-    missing = [
-        (m.channel, m.dedupe_key)
-        for m in messages
-        if m.dedupe_key is not None and (m.channel, m.dedupe_key) not in by_key
-    ]
-    if missing:
-        found = conn.execute(
-            _EXISTING_BY_DEDUPE,
-            {
-                "channels": array_literal([c for c, _ in missing]),
-                "dedupe_keys": array_literal([k for _, k in missing]),
-            },
-        ).all()
-        by_key.update({(r.channel, r.dedupe_key): r.id for r in found})
-    return [
-        next(plain_ids) if m.dedupe_key is None else by_key[(m.channel, m.dedupe_key)]
-        for m in messages
-    ]
+    if all(m.dedupe_key is None for m in messages):
+        # Identity values are drawn in the order the SELECT produces rows (ORDER
+        # BY ord), so the ids sorted ascending are the messages in input order.
+        ids = sorted(conn.execute(_INSERT_UNKEYED, params).scalars().all())
+        return [Enqueued(i, True) for i in ids]
+    for _ in range(_INSERT_ROUNDS):
+        rows = conn.execute(_INSERT, params).all()
+        conflict = next((r for r in rows if r.conflict), None)
+        if conflict is not None:
+            index = conflict.ord - 1
+            message = messages[index]
+            raise DedupeConflict(
+                message.channel,
+                str(message.dedupe_key),
+                index=index,
+                existing_id=conflict.held_id,
+                first_index=None if conflict.held_id is not None else conflict.first_ord - 1,
+            )
+        if all(r.id is not None for r in rows):
+            return [Enqueued(r.id, r.created) for r in rows]
+        conn.execute(_UNDO_INSERT, {"ids": array_literal(r.id for r in rows if r.created)})
+    raise OutboxError("dedupe keys kept changing under a concurrent enqueue; try again")
 
 
 # --- claim -----------------------------------------------------------------
@@ -359,6 +476,45 @@ def claim(
     claims = [Claim(r.id, r.channel, r.claim_token, r.attempt) for r in rows]
     claims.sort(key=lambda c: c.id)
     return claims
+
+
+@dataclass(frozen=True)
+class ChannelLoad:
+    """Which channels have pending rows, and how many rows some have claimed."""
+
+    pending_channels: list[str]
+    claimed: dict[str, int]
+
+
+_CHANNEL_LOAD = _sql(
+    """
+    WITH RECURSIVE pending AS (
+        -- A skip scan of the per-channel index: one probe per channel name.
+        (SELECT channel FROM outbox_message WHERE status = 'pending' ORDER BY channel LIMIT 1)
+        UNION ALL
+        SELECT (SELECT m.channel FROM outbox_message AS m
+                WHERE m.status = 'pending' AND m.channel > p.channel
+                ORDER BY m.channel LIMIT 1)
+        FROM pending AS p WHERE p.channel IS NOT NULL
+    )
+    SELECT channel, NULL::bigint AS claimed FROM pending WHERE channel IS NOT NULL
+    UNION ALL
+    -- The claimed rows are few (bounded by the budgets): the lease index finds them.
+    SELECT channel, count(*) FROM outbox_message
+    WHERE status = 'claimed' AND channel = ANY(CAST(:channels AS text[]))
+    GROUP BY channel
+    """
+)
+
+
+def channel_load(conn: sa.Connection, channels: Sequence[str]) -> ChannelLoad:
+    """The channels that have pending rows (due or not), and the rows claimed
+    now for each of ``channels`` (absent: none), in one statement."""
+    rows = conn.execute(_CHANNEL_LOAD, {"channels": array_literal(channels)}).all()
+    return ChannelLoad(
+        pending_channels=[r.channel for r in rows if r.claimed is None],
+        claimed={r.channel: int(r.claimed) for r in rows if r.claimed is not None},
+    )
 
 
 _RELEASE = _sql(
@@ -544,17 +700,19 @@ _SETTLE = _sql(
         FROM decided AS d
         -- The fence: a sender whose lease was taken matches nothing here.
         WHERE m.id = d.id AND m.claim_token = d.token AND m.status = 'claimed'
-        RETURNING m.id, m.status, m.claimed_at, m.last_error, d.outcome, d.attempts_after,
-                  d.error, d.provider_id, d.duration_ms
+        RETURNING m.id, m.status, m.claimed_at, m.last_error, m.channel,
+                  m.recipient_fingerprints, d.outcome, d.attempts_after, d.error,
+                  d.provider_id, d.duration_ms
     ),
     logged AS (
         INSERT INTO outbox_attempt
-            (message_id, attempt, outcome, error, provider_message_id, claimed_at, duration_ms)
+            (message_id, attempt, outcome, error, provider_message_id, claimed_at, duration_ms,
+             channel, recipient_fingerprints)
         SELECT id,
                attempts_after + CASE WHEN outcome = 'deferred' THEN 1 ELSE 0 END,
                CASE WHEN status IN ('dead', 'expired') THEN status ELSE outcome END,
                CASE WHEN status = 'expired' THEN last_error ELSE error END,
-               provider_id, claimed_at, duration_ms
+               provider_id, claimed_at, duration_ms, channel, recipient_fingerprints
         FROM settled
     )
     SELECT id, status FROM settled
@@ -658,14 +816,16 @@ _REAP = _sql(
             settled_at = CASE WHEN d.next_status <> 'pending' THEN now() END
         FROM decided AS d
         WHERE m.id = d.id
-        RETURNING m.id, m.status, m.attempts, m.claimed_at, m.last_error, d.started
+        RETURNING m.id, m.status, m.attempts, m.claimed_at, m.last_error, d.started, m.channel,
+                  m.recipient_fingerprints
     ),
     logged AS (
-        INSERT INTO outbox_attempt (message_id, attempt, outcome, error, claimed_at)
+        INSERT INTO outbox_attempt
+            (message_id, attempt, outcome, error, claimed_at, channel, recipient_fingerprints)
         SELECT id, attempts + CASE WHEN started THEN 0 ELSE 1 END,
                CASE WHEN status IN ('dead', 'expired') THEN status
                     WHEN started THEN 'expired' ELSE 'not_started' END,
-               last_error, claimed_at
+               last_error, claimed_at, channel, recipient_fingerprints
         FROM released
     )
     SELECT id, status, started FROM released
@@ -714,11 +874,13 @@ _EXPIRE_OVERDUE = _sql(
                          || COALESCE('; last error: ' || m.last_error, '')
         WHERE m.id IN (SELECT id FROM own UNION ALL SELECT id FROM by_default)
           AND m.status = 'pending'
-        RETURNING m.id, m.attempts, m.last_error
+        RETURNING m.id, m.attempts, m.last_error, m.channel, m.recipient_fingerprints
     ),
     logged AS (
-        INSERT INTO outbox_attempt (message_id, attempt, outcome, error)
-        SELECT id, attempts + 1, 'expired', last_error FROM expired
+        INSERT INTO outbox_attempt
+            (message_id, attempt, outcome, error, channel, recipient_fingerprints)
+        SELECT id, attempts + 1, 'expired', last_error, channel, recipient_fingerprints
+        FROM expired
     )
     SELECT id FROM expired
     """
@@ -783,7 +945,10 @@ def prune(
     batch_size: int,
     statuses: Sequence[str] = TERMINAL_STATUSES,
 ) -> int:
-    """Delete up to ``batch_size`` terminal rows settled before the window (attempts cascade)."""
+    """Delete up to ``batch_size`` terminal rows settled before the window.
+
+    Their attempt history stays (``prune_attempts`` has its own retention), and
+    so do their dedupe keys (``prune_dedupe_keys``, the dedupe window)."""
     bad = set(statuses) - set(TERMINAL_STATUSES)
     if bad:
         raise ValueError(f"only terminal rows can be pruned, not {sorted(bad)}")
@@ -794,6 +959,59 @@ def prune(
             "older_than_seconds": float(older_than_seconds),
             "batch_size": batch_size,
         },
+    )
+    return result.rowcount
+
+
+_PRUNE_ATTEMPTS = sa.text(
+    """
+    WITH doomed AS (
+        SELECT a.id FROM outbox_attempt AS a
+        WHERE a.finished_at < now() - make_interval(secs => :older_than_seconds)
+          -- a message still kept (unresolved, awaiting an operator) keeps its history
+          AND NOT EXISTS (SELECT 1 FROM outbox_message AS m WHERE m.id = a.message_id)
+        ORDER BY a.finished_at
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM outbox_attempt AS a USING doomed WHERE a.id = doomed.id
+    """
+)
+
+
+def prune_attempts(conn: sa.Connection, older_than_seconds: float, batch_size: int) -> int:
+    """Delete up to ``batch_size`` attempt rows that finished before the window
+    and whose message is gone (the send log's own retention: it outlives the
+    messages, and a message still kept keeps its history)."""
+    result = conn.execute(
+        _PRUNE_ATTEMPTS,
+        {"older_than_seconds": float(older_than_seconds), "batch_size": batch_size},
+    )
+    return result.rowcount
+
+
+_PRUNE_DEDUPE_KEYS = sa.text(
+    """
+    WITH doomed AS (
+        SELECT channel, dedupe_key, recipient_fingerprint FROM outbox_dedupe
+        WHERE created_at < now() - make_interval(secs => :older_than_seconds)
+        ORDER BY created_at
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM outbox_dedupe AS d USING doomed
+    WHERE (d.channel, d.dedupe_key, d.recipient_fingerprint)
+        = (doomed.channel, doomed.dedupe_key, doomed.recipient_fingerprint)
+    """
+)
+
+
+def prune_dedupe_keys(conn: sa.Connection, older_than_seconds: float, batch_size: int) -> int:
+    """Release up to ``batch_size`` dedupe keys first used before the window:
+    the same key for the same recipient then makes a new message."""
+    result = conn.execute(
+        _PRUNE_DEDUPE_KEYS,
+        {"older_than_seconds": float(older_than_seconds), "batch_size": batch_size},
     )
     return result.rowcount
 
@@ -971,6 +1189,8 @@ STATUSES = (
     "suppressed",
     "cancelled",
     "expired",
+    "bounced",
+    "complained",
 )
 REDRIVABLE_STATUSES = ("dead", "failed", "expired")
 
@@ -1134,6 +1354,356 @@ def redrive_matching(
         },
     ).all()
     return {r.id for r in rows}
+
+
+# --- provider feedback (SES bounce, complaint and delivery events) ------------
+
+FEEDBACK_OUTCOMES = ("bounced", "complained", "transient_bounce", "delivery_confirmed")
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """One provider event about a sent message, as the feedback function parsed it.
+
+    ``feedback_id`` names the event (the provider's feedback id, or a digest of
+    the event): the same event recorded twice writes nothing the second time.
+    ``reason`` is free of addresses (the parser scrubs them).
+    """
+
+    provider_message_id: str
+    outcome: str
+    feedback_id: str
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class FeedbackResult:
+    provider_message_id: str
+    outcome: str
+    message_id: int | None  # None: no email message has this provider id
+    recorded: bool  # False for a matched event recorded before (a repeat)
+    new_status: str | None  # set when the event moved the message
+
+
+_RECORD_FEEDBACK = _sql(
+    """
+    WITH input AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:events AS jsonb))
+            AS i(ord int, provider_id text, outcome text, error text, feedback_id text)
+    ),
+    matched AS (
+        SELECT i.*, m.id AS message_id, m.attempts, m.channel, m.recipient_fingerprints
+        FROM input AS i
+        JOIN outbox_message AS m
+          ON m.provider_message_id = i.provider_id AND m.channel = 'email'
+    ),
+    logged AS (
+        INSERT INTO outbox_attempt
+            (message_id, attempt, outcome, error, provider_message_id, feedback_id, channel,
+             recipient_fingerprints)
+        SELECT message_id, attempts, outcome, error, provider_id, feedback_id, channel,
+               recipient_fingerprints
+        FROM matched
+        ORDER BY ord
+        -- the same event twice (an SNS redelivery, two subscriptions) is one row
+        ON CONFLICT (message_id, feedback_id) WHERE feedback_id IS NOT NULL DO NOTHING
+        RETURNING id, message_id, outcome, error, feedback_id
+    ),
+    first_final AS (
+        -- a bounce and a complaint in one batch: the first one decides
+        SELECT DISTINCT ON (message_id) id AS attempt_id, message_id, outcome, error
+        FROM logged WHERE outcome IN ('bounced', 'complained')
+        ORDER BY message_id, id
+    ),
+    moved AS (
+        -- only a delivered message moves: a repeat, or feedback on a message
+        -- that already bounced, leaves its status alone
+        UPDATE outbox_message AS m SET status = f.outcome, last_error = f.error
+        FROM first_final AS f
+        WHERE m.id = f.message_id AND m.status = 'delivered'
+        RETURNING f.attempt_id, m.status
+    )
+    SELECT i.ord, mt.message_id, (l.id IS NOT NULL) AS recorded, mv.status AS new_status
+    FROM input AS i
+    LEFT JOIN matched AS mt ON mt.ord = i.ord
+    LEFT JOIN logged AS l ON l.message_id = mt.message_id AND l.feedback_id = i.feedback_id
+    LEFT JOIN moved AS mv ON mv.attempt_id = l.id
+    ORDER BY i.ord
+    """
+)
+
+
+def record_feedback(conn: sa.Connection, events: Sequence[Feedback]) -> list[FeedbackResult]:
+    """Record a batch of provider events in one statement: an attempt row each
+    (with the provider's reason), and ``delivered -> bounced | complained`` for
+    permanent bounces and complaints. Idempotent per (message, feedback id).
+
+    ``events`` must not repeat a (provider id, feedback id) pair.
+    """
+    if not events:
+        return []
+    unknown = {e.outcome for e in events} - set(FEEDBACK_OUTCOMES)
+    if unknown:
+        raise ValueError(f"unknown feedback outcome(s): {sorted(unknown)}")
+    rows = conn.execute(
+        _RECORD_FEEDBACK,
+        {
+            "events": json.dumps(
+                [
+                    {
+                        "ord": n,
+                        "provider_id": e.provider_message_id,
+                        "outcome": e.outcome,
+                        "error": e.reason,
+                        "feedback_id": e.feedback_id,
+                    }
+                    for n, e in enumerate(events)
+                ],
+                separators=(",", ":"),
+            )
+        },
+    ).all()
+    return [
+        FeedbackResult(
+            provider_message_id=events[r.ord].provider_message_id,
+            outcome=events[r.ord].outcome,
+            message_id=r.message_id,
+            recorded=bool(r.recorded),
+            new_status=r.new_status,
+        )
+        for r in rows
+    ]
+
+
+# --- outcome events (the transitions applications react to) -------------------
+# A trigger (migration 0007) writes one outbox_outcome_event row per transition
+# in the transition's own statement. The publisher takes due rows under a lease
+# (SKIP LOCKED, so publishers never share a row), puts them on EventBridge, and
+# deletes what was published. A publisher that dies between PutEvents and the
+# delete leaves its rows leased: they are published again, with the same event
+# id, once the lease ends (at least once).
+
+OUTCOME_EVENT_STATUSES = ("failed", "dead", "expired", "bounced", "complained", "delivered")
+_DELIVERED_EVENT_TRIGGER = "outbox_message_delivered_event"
+
+
+@dataclass(frozen=True)
+class OutcomeEvent:
+    id: int
+    message_id: int
+    channel: str
+    status: str
+    attempts: int
+    last_error: str | None
+    provider_message_id: str | None
+    dedupe_key: str | None
+    ordering_key: str | None
+    occurred_at: Any  # datetime, from the database clock
+
+
+_TAKE_OUTCOME_EVENTS = _sql(
+    """
+    WITH due AS (
+        SELECT id FROM outbox_outcome_event
+        WHERE publish_after <= now()
+        ORDER BY publish_after, id
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE outbox_outcome_event AS e
+    SET publish_after = now() + make_interval(secs => :lease_seconds),
+        publish_attempts = e.publish_attempts + 1
+    FROM due
+    WHERE e.id = due.id
+    RETURNING e.id, e.message_id, e.channel, e.status, e.attempts, e.last_error,
+              e.provider_message_id, e.dedupe_key, e.ordering_key, e.occurred_at
+    """
+)
+
+
+def take_outcome_events(
+    conn: sa.Connection, batch_size: int, lease_seconds: float
+) -> list[OutcomeEvent]:
+    """Lease up to ``batch_size`` due events to this publisher, oldest first.
+
+    No cursor: every row not yet deleted is found, whatever order the
+    transactions that wrote them committed in."""
+    rows = conn.execute(
+        _TAKE_OUTCOME_EVENTS, {"batch_size": batch_size, "lease_seconds": float(lease_seconds)}
+    ).all()
+    events = [
+        OutcomeEvent(
+            id=r.id,
+            message_id=r.message_id,
+            channel=r.channel,
+            status=r.status,
+            attempts=r.attempts,
+            last_error=r.last_error,
+            provider_message_id=r.provider_message_id,
+            dedupe_key=r.dedupe_key,
+            ordering_key=r.ordering_key,
+            occurred_at=r.occurred_at,
+        )
+        for r in rows
+    ]
+    events.sort(key=lambda e: e.id)
+    return events
+
+
+_FINISH_OUTCOME_EVENTS = _sql(
+    """
+    WITH published AS (
+        DELETE FROM outbox_outcome_event WHERE id = ANY(CAST(:published AS bigint[]))
+        RETURNING id
+    ),
+    refused AS (
+        -- kept, and tried again when the lease taken with them ends
+        UPDATE outbox_outcome_event AS e SET publish_error = f.error
+        FROM jsonb_to_recordset(CAST(:failures AS jsonb)) AS f(id bigint, error text)
+        WHERE e.id = f.id
+        RETURNING e.id
+    )
+    SELECT (SELECT count(*) FROM published) AS published, (SELECT count(*) FROM refused) AS refused
+    """
+)
+
+
+def finish_outcome_events(
+    conn: sa.Connection, published: Sequence[int], failures: dict[int, str]
+) -> int:
+    """Delete the published events and note why the others were refused (they
+    stay leased until their lease ends, which is their back-off). Returns how
+    many were deleted."""
+    if not published and not failures:
+        return 0
+    row = conn.execute(
+        _FINISH_OUTCOME_EVENTS,
+        {
+            "published": array_literal(published),
+            "failures": json.dumps([{"id": i, "error": e} for i, e in failures.items()]),
+        },
+    ).one()
+    return int(row.published)
+
+
+_DROP_OUTCOME_EVENTS = sa.text(
+    """
+    WITH doomed AS (
+        SELECT id FROM outbox_outcome_event
+        WHERE occurred_at < now() - make_interval(secs => :older_than_seconds)
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM outbox_outcome_event AS e USING doomed WHERE e.id = doomed.id
+    """
+)
+
+
+def drop_outcome_events(conn: sa.Connection, older_than_seconds: float, batch_size: int) -> int:
+    """Delete up to ``batch_size`` unpublished events older than the window
+    (when no bus is configured, nothing else ever removes them)."""
+    result = conn.execute(
+        _DROP_OUTCOME_EVENTS,
+        {"older_than_seconds": float(older_than_seconds), "batch_size": batch_size},
+    )
+    return result.rowcount
+
+
+_OUTCOME_EVENT_BACKLOG = sa.text(
+    """
+    SELECT count(*) AS waiting,
+           COALESCE(EXTRACT(EPOCH FROM now() - min(occurred_at)), 0)::float8 AS oldest_age
+    FROM outbox_outcome_event
+    """
+)
+
+
+def outcome_event_backlog(conn: sa.Connection) -> tuple[int, float]:
+    """(events not yet published, age in seconds of the oldest)."""
+    row = conn.execute(_OUTCOME_EVENT_BACKLOG).one()
+    return int(row.waiting), float(row.oldest_age)
+
+
+_DELIVERED_EVENTS_ENABLED = sa.text(
+    """
+    SELECT tgenabled <> 'D' FROM pg_trigger
+    WHERE tgrelid = 'outbox_message'::regclass AND tgname = :name
+    """
+)
+
+
+def set_delivered_outcome_events(conn: sa.Connection, enabled: bool) -> bool:
+    """Turn the ``delivered`` outcome event on or off (the trigger that writes
+    it); off, a delivery costs nothing extra. Needs the table's owner (the
+    migrate function). Returns whether anything changed."""
+    current = conn.execute(_DELIVERED_EVENTS_ENABLED, {"name": _DELIVERED_EVENT_TRIGGER}).scalar()
+    if current is None or bool(current) == enabled:
+        return False
+    action = "ENABLE" if enabled else "DISABLE"  # a closed choice, never input
+    conn.execute(sa.text(f"ALTER TABLE outbox_message {action} TRIGGER {_DELIVERED_EVENT_TRIGGER}"))
+    return True
+
+
+# --- the send log: attempts by recipient -------------------------------------
+
+_ADDRESS_FINGERPRINTS = sa.text(
+    """
+    SELECT c AS channel,
+           encode(outbox_fingerprint(outbox_normalize_address(c, :address)), 'hex') AS fp
+    FROM unnest(CAST(:channels AS text[])) AS c
+    """
+)
+# The matches are gathered first from the GIN index (materialised, so the
+# planner cannot trade it for a walk down the finished_at index, which would
+# read the whole history of a recipient with fewer than `limit` attempts),
+# then sorted. Made for people, whose histories are short; a busy queue's or
+# bus's history is read in full before its newest rows are picked.
+_RECIPIENT_HISTORY = sa.text(
+    """
+    WITH hits AS MATERIALIZED (
+        SELECT a.* FROM outbox_attempt AS a
+        WHERE a.recipient_fingerprints && CAST(:fps AS bytea[])
+    )
+    SELECT a.finished_at, a.channel, a.message_id, a.attempt, a.outcome, a.error,
+           a.provider_message_id, a.claimed_at, a.duration_ms,
+           m.status AS message_status, m.dedupe_key
+    FROM hits AS a
+    LEFT JOIN outbox_message AS m ON m.id = a.message_id
+    -- each fingerprint counts for the channel whose normalisation made it
+    WHERE EXISTS (SELECT 1 FROM unnest(CAST(:channels AS text[]), CAST(:fps AS bytea[]))
+                             AS w(channel, fp)
+                  WHERE w.channel = a.channel AND w.fp = ANY(a.recipient_fingerprints))
+    ORDER BY a.finished_at DESC, a.id DESC
+    LIMIT :limit
+    """
+)
+
+
+def recipient_history(
+    conn: sa.Connection, address: str, channels: Sequence[str], limit: int = 50
+) -> list[sa.Row[Any]]:
+    """The attempts that went to ``address`` on the given channels, newest
+    first. The address is fingerprinted in the database with the installation's
+    key, as at enqueue; it is never stored. ``message_status`` and
+    ``dedupe_key`` are None once the message was pruned."""
+    _check_channels(channels)
+    if not channels:
+        raise ValueError("at least one channel is needed")
+    if not 1 <= limit <= 10_000:
+        raise ValueError("limit must be between 1 and 10000")
+    wanted = conn.execute(
+        _ADDRESS_FINGERPRINTS, {"address": address, "channels": array_literal(channels)}
+    ).all()
+    return list(
+        conn.execute(
+            _RECIPIENT_HISTORY,
+            {
+                "channels": array_literal(w.channel for w in wanted),
+                "fps": array_literal("\\x" + w.fp for w in wanted),
+                "limit": limit,
+            },
+        ).all()
+    )
 
 
 # --- pausing a channel ---------------------------------------------------------

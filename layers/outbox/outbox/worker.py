@@ -23,7 +23,8 @@ import sqlalchemy as sa
 
 from . import channels as channel_registry
 from . import dispatcher, reaper, sender, store
-from .config import RelaySettings
+from .channels import aws
+from .config import OutcomeEventSettings, RelaySettings
 from .handoff import CallableInvoker, HandOff
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,13 @@ class Worker:
         stop: threading.Event | None = None,
         reap_interval_seconds: float = 30.0,
         on_batch: Callable[[WorkerReport], None] | None = None,
+        outcome_events: OutcomeEventSettings | None = None,
     ) -> None:
         self.engine = engine
         self.settings = settings
+        # Off unless a bus is named: then the reaper step publishes them too.
+        self.outcome_events = outcome_events or OutcomeEventSettings()
+        self._events_client: Any = None
         self.channels = list(channels) if channels else None
         self.stop = stop or threading.Event()
         self.reap_interval_seconds = reap_interval_seconds
@@ -92,9 +97,20 @@ class Worker:
 
     def reap(self) -> reaper.ReapReport:
         deadline = time.monotonic() + 30.0
-        result = reaper.run(self.engine, self.settings, lambda: deadline - time.monotonic())
+        result = reaper.run(
+            self.engine,
+            self.settings,
+            lambda: deadline - time.monotonic(),
+            self.outcome_events,
+            self._events,
+        )
         self.report.reaped += result.reclaimed + result.not_started + result.dead + result.expired
         return result
+
+    def _events(self) -> Any:
+        if self._events_client is None:
+            self._events_client = aws.client("events")
+        return self._events_client
 
     def run_once(self) -> dispatcher.DispatchReport:
         """One claim of up to a batch, sent and settled before it returns."""

@@ -1,0 +1,138 @@
+"""`outbox enqueue --json` on a replayed or conflicting dedupe key, and
+`outbox history --recipient`: the send log that answers "did they get it?"."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner, Result
+
+import outbox
+from outbox import store
+from outbox.cli import cli
+from outbox.dispatcher import backoff_of
+from support import EMAIL, settings
+
+BACKOFF = backoff_of(settings())
+
+
+@pytest.fixture
+def run(engine: sa.Engine, database_url: str) -> Any:
+    runner = CliRunner()
+
+    def invoke(*args: str) -> Result:
+        return runner.invoke(cli, list(args), env={"DATABASE_URL": database_url})
+
+    return invoke
+
+
+def error_line(result: Result) -> str:
+    assert result.exit_code == 2, result.output
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    return line
+
+
+def settle_due(engine: sa.Engine, outcome: str, provider_id: str | None = None) -> list[int]:
+    with engine.begin() as conn:
+        claims = store.claim(conn, 1000, 60)
+        store.settle(
+            conn,
+            [
+                store.Settlement(
+                    c.id,
+                    c.claim_token,
+                    outcome,
+                    error=None if outcome == "delivered" else "MessageRejected",
+                    provider_message_id=provider_id,
+                )
+                for c in claims
+            ],
+            BACKOFF,
+        )
+    return sorted(c.id for c in claims)
+
+
+def test_enqueue_json_says_whether_it_created_the_message(run: Any, engine: sa.Engine) -> None:
+    payload = json.dumps(EMAIL)
+    args = ("enqueue", "--channel", "email", "--payload", payload, "--dedupe-key", "order-1")
+    first = json.loads(run(*args, "--json").stdout)
+    again = json.loads(run(*args, "--json").stdout)
+    assert first["created"] is True
+    assert again == {**first, "created": False}
+
+    changed = json.dumps({**EMAIL, "subject": "Changed"})
+    line = error_line(
+        run("enqueue", "--channel", "email", "--payload", changed, "--dedupe-key", "order-1")
+    )
+    assert "dedupe_key" in line and "'order-1'" in line and f"message {first['id']}" in line
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox_message")).scalar_one() == 1
+
+    other = json.dumps({**EMAIL, "to": ["second@example.net"]})
+    fanned = json.loads(
+        run(
+            "enqueue", "--channel", "email", "--payload", other, "--dedupe-key", "order-1", "--json"
+        ).stdout
+    )
+    assert fanned["created"] is True and fanned["id"] != first["id"]
+
+
+def test_history_lists_a_recipients_attempts_newest_first_after_the_messages_are_pruned(
+    run: Any, engine: sa.Engine
+) -> None:
+    with engine.begin() as conn:
+        to_both = outbox.enqueue(
+            conn, "email", {**EMAIL, "to": ["Ada@Example.net"], "cc": ["bob@example.net"]}
+        )
+    (first,) = settle_due(engine, "failed")  # MessageRejected
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outbox_attempt SET finished_at = now() - interval '1 hour'"))
+        to_ada = outbox.enqueue(conn, "email", {**EMAIL, "to": ["ada@example.net"]})
+        to_bob = outbox.enqueue(conn, "email", {**EMAIL, "to": ["bob@example.net"]})
+        sms = outbox.enqueue(conn, "sms", {"to": "+15555550100", "message": "shipped"})
+    settle_due(engine, "delivered", provider_id="ses-1")
+    assert first == to_both
+
+    result = run("history", "--recipient", "ada@EXAMPLE.net", "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [(r["message_id"], r["outcome"]) for r in rows] == [
+        (to_ada, "delivered"),
+        (to_both, "failed"),
+    ]
+    assert rows[0]["provider_message_id"] == "ses-1" and rows[1]["error"] == "MessageRejected"
+    assert rows[0]["message_status"] == "delivered" and rows[0]["channel"] == "email"
+    assert "ada@" not in result.stdout.lower()  # the address is never printed back
+
+    bob = json.loads(run("history", "--recipient", "bob@example.net", "--json").stdout)
+    assert [r["message_id"] for r in bob] == [to_bob, to_both]
+    phone = json.loads(run("history", "--recipient", "+15555550100", "--json").stdout)
+    assert [r["message_id"] for r in phone] == [sms]
+    assert (
+        json.loads(
+            run("history", "--recipient", "+15555550100", "--channel", "email", "--json").stdout
+        )
+        == []
+    )
+    assert json.loads(run("history", "--recipient", "nobody@example.net", "--json").stdout) == []
+
+    # the messages go after their retention; the send log stays
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outbox_message SET settled_at = now() - interval '8 days'"))
+        assert store.prune(conn, 7 * 86400, 100) == 4
+    after = json.loads(run("history", "--recipient", "ada@example.net", "--json").stdout)
+    assert [(r["message_id"], r["message_status"]) for r in after] == [
+        (to_ada, None),
+        (to_both, None),
+    ]
+    table = run("history", "--recipient", "ada@example.net", "--channel", "email")
+    assert table.exit_code == 0 and "(pruned)" in table.stdout and "delivered" in table.stdout
+
+
+def test_history_refuses_bad_arguments(run: Any) -> None:
+    assert "--recipient" in error_line(run("history", "--recipient", " "))
+    assert "pigeon" in error_line(run("history", "--recipient", "a@b.c", "--channel", "pigeon"))
+    assert "--recipient" in error_line(run("history"))
