@@ -12,9 +12,30 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import coldstart, common, enqueue, growth, latency, throughput
+from . import (
+    coldstart,
+    common,
+    drain,
+    enqueue,
+    growth,
+    latency,
+    peer,
+    providers,
+    throughput,
+    wal,
+)
 
-SECTIONS = ("throughput", "receipt", "growth", "latency", "enqueue", "coldstart")
+SECTIONS = (
+    "throughput",
+    "receipt",
+    "wal",
+    "providers",
+    "drain",
+    "growth",
+    "latency",
+    "enqueue",
+    "coldstart",
+)
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
 
 
@@ -57,6 +78,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="runs of each throughput cell, baseline and relay alternating; the best counts",
     )
     p.add_argument("--only", type=_sections, default=list(SECTIONS), help=f"sections: {SECTIONS}")
+    p.add_argument("--wal-rows", type=int, default=10_000, help="rows per WAL cell")
+    p.add_argument(
+        "--provider-latencies",
+        type=_ints,
+        default=[20, 100],
+        help="milliseconds per provider call, e.g. 20,100",
+    )
+    p.add_argument("--provider-rows", type=int, default=2_000, help="rows per provider cell")
+    p.add_argument(
+        "--drain-rows", type=int, default=100_000, help="backlog drained through the simulator"
+    )
     p.add_argument("--growth-pending", type=int, default=10_000)
     p.add_argument("--growth-settled", type=int, default=1_000_000)
     p.add_argument("--growth-busy", type=int, default=200_000, help="rows of a busy day's churn")
@@ -85,6 +117,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.latency_rate = min(args.latency_rate, 50.0)
         args.enqueue_rows = min(args.enqueue_rows, 300)
         args.coldstart_repeats = 1
+        args.wal_rows = min(args.wal_rows, 300)
+        args.provider_rows = min(args.provider_rows, 200)
+        args.drain_rows = min(args.drain_rows, 300)
         args.repeat = 1
     return args
 
@@ -111,6 +146,15 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         dbs.prepare_template()
         if "throughput" in args.only:
             cells += _throughput(dbs, args)
+        if "wal" in args.only:
+            log("wal: WAL bytes and transactions per message, on a private embedded Postgres ...")
+            cells += wal.run(args.wal_rows)
+        if "providers" in args.only:
+            cells += _providers(dbs, args)
+        if "drain" in args.only:
+            with dbs.fresh("drain") as url:
+                log(f"drain: {args.drain_rows} rows through the Lambda simulator ...")
+                cells.append({"name": "drain", **drain.run(url, args.drain_rows, 50)})
         if "receipt" in args.only:
             cells += _receipt(dbs, args)
         if "growth" in args.only:
@@ -138,45 +182,71 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return cells
 
 
+KINDS = ("baseline", "protocol", "relay", "worker", "pgqueuer")
+
+
+def _drain_once(dbs: common.Databases, kind: str, batch: int, workers: int, rows: int) -> Any:
+    with dbs.fresh(f"{kind}_{batch}_{workers}") as url:
+        if kind == "pgqueuer":
+            peer.seed(url, rows)
+            result = peer.run_cell(url, batch, workers)
+            left = peer.remaining_jobs(url)
+            if left or result["rows"] != rows:
+                raise RuntimeError(f"pgqueuer did not drain every job: {left} left")
+            return result
+        common.seed_pending(url, rows)
+        result = throughput.run_cell(url, kind, batch, workers)
+        left = common.count_status(url)
+        if left.get("delivered", 0) != rows:
+            raise RuntimeError(f"{kind} cell did not deliver every row: {left}")
+        return result
+
+
 def _throughput(dbs: common.Databases, args: argparse.Namespace) -> list[dict[str, Any]]:
+    kinds = [k for k in KINDS if k != "pgqueuer" or peer.available()]
+    if "pgqueuer" not in kinds:
+        log("throughput: pgqueuer not installed (pip install -e '.[bench]'): its column is empty")
     cells = []
     for workers in args.workers:
         for batch in args.batches:
             measured: dict[str, dict[str, Any]] = {}
             for run_no in range(args.repeat):
-                for kind in ("baseline", "relay"):
-                    with dbs.fresh(f"{kind}_{batch}_{workers}") as url:
-                        common.seed_pending(url, args.rows)
-                        log(f"throughput: {kind} batch={batch} workers={workers} run {run_no + 1}")
-                        result = throughput.run_cell(url, kind, batch, workers)
-                        left = common.count_status(url)
-                        if left.get("delivered", 0) != args.rows:
-                            raise RuntimeError(f"{kind} cell did not deliver every row: {left}")
+                for kind in kinds:
+                    log(f"throughput: {kind} batch={batch} workers={workers} run {run_no + 1}")
+                    result = _drain_once(dbs, kind, batch, workers, args.rows)
                     # Best of the runs: interference from other work only ever slows a run.
                     best = measured.get(kind)
                     if best is None or result["rows_per_s"] > best["rows_per_s"]:
                         measured[kind] = result
             relay, base = measured["relay"], measured["baseline"]
+            rate = {k: m["rows_per_s"] for k, m in measured.items()}
             log(
-                f"  relay {relay['rows_per_s']:.0f}/s, baseline {base['rows_per_s']:.0f}/s, "
-                f"ratio {relay['rows_per_s'] / base['rows_per_s']:.2f}"
+                "  "
+                + ", ".join(f"{k} {v:.0f}/s" for k, v in rate.items())
+                + f"; relay/baseline {rate['relay'] / rate['baseline']:.2f}"
             )
-            cells.append(
-                {
-                    "name": "throughput",
-                    "batch": batch,
-                    "workers": workers,
-                    "rows_per_s": round(relay["rows_per_s"], 1),
-                    "baseline_rows_per_s": round(base["rows_per_s"], 1),
-                    "ratio": round(relay["rows_per_s"] / base["rows_per_s"], 3),
-                    "rows": args.rows,
-                    "runs": args.repeat,
-                    "statements_per_batch": round(relay["statements_per_batch"], 2),
-                    "round_trips_per_batch": round(relay["round_trips_per_batch"], 2),
-                    "baseline_statements_per_batch": round(base["statements_per_batch"], 2),
-                    "baseline_round_trips_per_batch": round(base["round_trips_per_batch"], 2),
-                }
-            )
+            cell: dict[str, Any] = {
+                "name": "throughput",
+                "batch": batch,
+                "workers": workers,
+                "rows_per_s": round(rate["relay"], 1),
+                "baseline_rows_per_s": round(rate["baseline"], 1),
+                "ratio": round(rate["relay"] / rate["baseline"], 3),
+                "protocol_rows_per_s": round(rate["protocol"], 1),
+                "relay_vs_protocol": round(rate["relay"] / rate["protocol"], 3),
+                "worker_rows_per_s": round(rate["worker"], 1),
+                "rows": args.rows,
+                "runs": args.repeat,
+                "statements_per_batch": round(relay["statements_per_batch"], 2),
+                "round_trips_per_batch": round(relay["round_trips_per_batch"], 2),
+                "worker_statements_per_batch": round(measured["worker"]["statements_per_batch"], 2),
+                "baseline_statements_per_batch": round(base["statements_per_batch"], 2),
+                "baseline_round_trips_per_batch": round(base["round_trips_per_batch"], 2),
+            }
+            if "pgqueuer" in rate:
+                cell["pgqueuer_rows_per_s"] = round(rate["pgqueuer"], 1)
+                cell["worker_vs_pgqueuer"] = round(rate["worker"] / rate["pgqueuer"], 3)
+            cells.append(cell)
     # Scaling: rows/s with the most workers over rows/s with one, relay and baseline.
     by_key = {(c["batch"], c["workers"]): c for c in cells}
     lo, hi = min(args.workers), max(args.workers)
@@ -195,6 +265,15 @@ def _throughput(dbs: common.Databases, args: argparse.Namespace) -> list[dict[st
                     "ratio": round(relay_scale / base_scale, 3),
                 }
             )
+    return cells
+
+
+def _providers(dbs: common.Databases, args: argparse.Namespace) -> list[dict[str, Any]]:
+    cells = []
+    for latency_ms in args.provider_latencies:
+        with dbs.fresh(f"provider_{latency_ms}") as url:
+            log(f"providers: a {latency_ms} ms provider through one sender instance ...")
+            cells.append({"name": "provider", **providers.run(url, args.provider_rows, latency_ms)})
     return cells
 
 
@@ -309,9 +388,35 @@ def table(cells: list[dict[str, Any]]) -> str:
             lines.append(
                 f"{'throughput':<12} batch={c['batch']:<5} workers={c['workers']:<2} "
                 f"relay={c['rows_per_s']:>9.0f}/s baseline={c['baseline_rows_per_s']:>9.0f}/s "
-                f"ratio={c['ratio']:.2f}  stmts/batch={c['statements_per_batch']:.1f} "
+                f"ratio={c['ratio']:.2f} protocol={c['protocol_rows_per_s']:>9.0f}/s "
+                f"relay/protocol={c['relay_vs_protocol']:.2f} "
+                f"worker={c['worker_rows_per_s']:>9.0f}/s "
+                f"pgqueuer={c.get('pgqueuer_rows_per_s', 0):>9.0f}/s "
+                f"worker/pgqueuer={c.get('worker_vs_pgqueuer', 0):.2f}  "
+                f"stmts/batch={c['statements_per_batch']:.1f} "
                 f"round trips/batch={c['round_trips_per_batch']:.1f} "
                 f"(baseline {c['baseline_round_trips_per_batch']:.1f})"
+            )
+        elif name == "wal":
+            lines.append(
+                f"{'wal':<12} {c['kind']:<9} {c['wal_bytes_per_message']:>8.0f} WAL bytes/msg "
+                f"(x{c.get('wal_vs_baseline', 0):.2f} of baseline), "
+                f"{c['statements_per_message']:.3f} statements/msg"
+            )
+        elif name == "provider":
+            lines.append(
+                f"{'provider':<12} {c['latency_ms']:>4} ms/call: {c['rows_per_s']:.0f} msg/s per "
+                f"sender instance, bound {c['bound_rows_per_s']:.0f} "
+                f"(send_concurrency {c['send_concurrency']} / latency): "
+                f"{c['of_bound']:.2f} of the bound"
+            )
+        elif name == "drain":
+            lines.append(
+                f"{'drain':<12} {c['rows']} rows, reserved concurrency "
+                f"{c['reserved_concurrency']}, {c['latency_ms']} ms provider: {c['seconds']:.1f} s "
+                f"(ideal {c['ideal_seconds']:.1f} s, {c['of_bound']:.2f} of the bound), "
+                f"{c['dropped_for_age']} events dropped for age, "
+                f"{c['other_attempt_rows']} attempts not delivered"
             )
         elif name == "receipt":
             lines.append(

@@ -7,6 +7,10 @@ stops when the last one finds nothing left to claim.
 
 * baseline: pg8000 directly, autocommit: one SKIP LOCKED claim CTE, then one
   fenced ``= ANY(array)`` UPDATE that settles the batch as delivered.
+* protocol: exactly the relay's own statements (the claim, the sender's
+  fenced read of its rows, the settle that writes the attempt rows), their SQL
+  text taken from ``outbox.store`` itself, run through ``pg8000.native`` with no
+  framework around them: ``relay / protocol`` is the relay's own overhead.
 * relay: the real dispatcher path (``dispatcher.dispatch_once`` ->
   ``store.claim``), the hand-off event (``HandOff.to_event``, JSON-encoded as
   the Lambda invoke would, then ``HandOff.from_event`` inside the sender), and
@@ -15,6 +19,8 @@ stops when the last one finds nothing left to claim.
   attempt rows.
 * relay-read: the relay as it was before the receipt, for its cost: the same,
   but the sender takes its rows with the former fenced plain SELECT.
+* worker: ``outbox worker``'s loop (``Worker.run_once``): claim, in-process
+  hand-off, send and settle in one process.
 """
 
 from __future__ import annotations
@@ -99,6 +105,73 @@ def _baseline_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
     return step, conn.close
 
 
+def _protocol_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[], None]]:
+    """The relay's three statements, verbatim from store.py, with nothing around them:
+    the claim, the sender's receipt (payloads come back as text and are decoded here,
+    as the sender does) and the settle that writes the attempt rows."""
+    import pg8000.native
+
+    from outbox import store
+
+    conn = pg8000.native.Connection(**common.native_params(url))
+    common.no_delay(conn)
+    claim_sql, read_sql, settle_sql = (
+        store._CLAIM_ALL.text,
+        store._RECEIVE_CLAIMED.text,
+        store._SETTLE.text,
+    )
+    backoff = {
+        "backoff_base": 30.0,
+        "backoff_cap": 1800.0,
+        "default_max": 8,
+        "max_deferrals": 20,
+    }
+    statements = [0]
+
+    def column(name: str) -> int:
+        return [c["name"] for c in conn.columns].index(name)
+
+    def step() -> int:
+        claimed = conn.run(
+            claim_sql, batch_size=batch, lease_seconds=float(LEASE_SECONDS), default_ttl=86400.0
+        )
+        statements[0] += 1
+        if not claimed:
+            return 0
+        i_id, i_token = column("id"), column("claim_token")
+        rows = conn.run(
+            read_sql,
+            ids=store.array_literal(r[i_id] for r in claimed),
+            tokens=store.array_literal(r[i_token] for r in claimed),
+            channel=common.CHANNEL,
+            default_max=8,
+        )
+        i_id, i_token, i_payload = column("id"), column("claim_token"), column("payload")
+        for r in rows:
+            json.loads(r[i_payload])
+        settlements = json.dumps(
+            [
+                {
+                    "id": r[i_id],
+                    "token": str(r[i_token]),
+                    "outcome": "delivered",
+                    "error": None,
+                    "provider_id": f"noop-{r[i_id]}",
+                    "delay_s": None,
+                    "duration_ms": 0,
+                }
+                for r in rows
+            ],
+            separators=(",", ":"),
+        )
+        conn.run(settle_sql, settlements=settlements, **backoff)
+        statements[0] += 2
+        return len(claimed)
+
+    step.statements = statements  # type: ignore[attr-defined]
+    return step, conn.close
+
+
 def relay_parts(url: str, batch: int) -> tuple[Any, Any, Any, list[int]]:
     """The relay wired in process: (engine, invoker, settings, statement counter)."""
     import sqlalchemy as sa
@@ -143,6 +216,33 @@ def _relay_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[]
         if report.claimed and report.handed_off != report.claimed:
             raise RuntimeError(f"hand-off lost claims: {report}")
         return report.claimed
+
+    step.statements = statements  # type: ignore[attr-defined]
+    return step, engine.dispose
+
+
+def _worker_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[], None]]:
+    """``outbox worker``: claim, in-process hand-off, send, settle in one process."""
+    import sqlalchemy as sa
+
+    from outbox.config import RelaySettings
+    from outbox.worker import Worker
+
+    common.register_channel()
+    engine = common.engine_for(url)
+    statements = [0]
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def _count(*args: Any) -> None:
+        statements[0] += 1
+
+    settings = RelaySettings(
+        batch_size=batch, handoff_chunk_size=batch, lease_seconds=LEASE_SECONDS
+    )
+    worker = Worker(engine, settings, channels=[common.CHANNEL])
+
+    def step() -> int:
+        return worker.run_once().claimed
 
     step.statements = statements  # type: ignore[attr-defined]
     return step, engine.dispose
@@ -204,8 +304,10 @@ def _relay_read_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callab
 
 STEPPERS = {
     "baseline": _baseline_stepper,
+    "protocol": _protocol_stepper,
     "relay": _relay_stepper,
     "relay-read": _relay_read_stepper,
+    "worker": _worker_stepper,
 }
 
 
@@ -300,6 +402,7 @@ def run_cell(
         "seconds": elapsed,
         "rows_per_s": rows / elapsed if elapsed > 0 else 0.0,
         "batches": batches,
+        "statements": statements,
         "statements_per_batch": statements / batches if batches else 0.0,
         "round_trips_per_batch": trips / batches if batches else 0.0,
     }

@@ -30,6 +30,8 @@ def test_quick_run_writes_well_formed_cells(
         "1",
         "--latency-seconds",
         "1",
+        "--provider-latencies",
+        "20",
         "--output",
         str(output),
     ]
@@ -49,6 +51,23 @@ def test_quick_run_writes_well_formed_cells(
         assert throughput[key] > 0
     # The relay's statements per batch: claim, receipt, settle.
     assert throughput["statements_per_batch"] == 3
+    # The protocol-equivalent baseline runs the same statements, so the same count.
+    assert throughput["protocol_rows_per_s"] > 0 and throughput["relay_vs_protocol"] > 0
+    assert throughput["worker_rows_per_s"] > 0
+    if bench_main.peer.available():
+        assert throughput["pgqueuer_rows_per_s"] > 0
+
+    wal = {c["kind"]: c for c in by_name["wal"]}
+    assert {"baseline", "protocol", "relay", "worker"} <= set(wal)
+    for cell in wal.values():
+        assert cell["rows"] > 0 and cell["wal_bytes_per_message"] > 0
+    # The raw baseline claims and settles: two statements per batch of 100.
+    assert wal["baseline"]["statements_per_message"] == pytest.approx(0.02, abs=0.005)
+    (drained,) = by_name["drain"]
+    assert drained["delivered"] == drained["rows"] and drained["dropped_for_age"] == 0
+    assert drained["violations"] == []
+    (provider,) = by_name["provider"]
+    assert provider["delivered"] == provider["rows"] and 0 < provider["of_bound"] <= 1.05
 
     # The receipt replaced the fenced read without a statement more per batch.
     (receipt,) = by_name["receipt"]

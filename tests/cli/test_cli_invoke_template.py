@@ -119,9 +119,11 @@ def template() -> dict[str, Any]:
 
 def event_file(logical_id: str) -> str:
     """The function's sample event: events/<its folder>.json (the migrate
-    function's plain invoke: its custom-resource event answers to S3)."""
+    function's plain invoke: its custom-resource event answers to S3; the
+    feedback function's: an SES bounce through SNS)."""
     folder = Path(template()["Resources"][logical_id]["Properties"]["CodeUri"]).name
-    return f"events/{'migrate-invoke' if folder == 'migrate' else folder}.json"
+    special = {"migrate": "migrate-invoke", "feedback": "feedback-bounce"}
+    return f"events/{special.get(folder, folder)}.json"
 
 
 def quiet(result: Result) -> None:
@@ -177,6 +179,8 @@ def test_every_function_of_the_template_runs_with_the_shipped_env_file(
         assert results[name] == {"received": 1, "owned": 0, "lease_lost": [1], "statuses": {}}
     for name in ("EventBridgeFunction", "SqsFunction"):
         assert results[name]["owned"] == 0 and results[name]["statuses"] == {}
+    # The sample bounce names an SES message id no email of this database has.
+    assert results["FeedbackFunction"]["unmatched"] == 1
 
 
 def test_a_live_claim_is_delivered_with_the_templates_sender_timeout(
@@ -354,7 +358,10 @@ def test_parameter_defaults_and_intrinsics_resolve_as_sam_local_resolves_them() 
     assert env["MAX_ATTEMPTS"] == defaults["MaxAttempts"]
     assert env["LEASE_SECONDS"] == defaults["LeaseSeconds"]
     assert env["POLL_INTERVAL_SECONDS"] == "0.2" and env["DB_PORT"] == "5432"
-    assert env["SES_CONFIGURATION_SET"] == "" and env["SES_SUPPRESSION_CHECK"] == "false"
+    # With SesConfigurationSet empty the stack creates one; `sam local` resolves a
+    # Ref to a resource as its logical id, and so does `outbox invoke`.
+    assert env["SES_CONFIGURATION_SET"] == "SesConfigurationSetResource"
+    assert env["SES_SUPPRESSION_CHECK"] == "false"
     assert env["DB_SSLMODE"] == "verify-full"  # no loopback DATABASE_URL in this shell
     assert "DB_IAM_USER" not in env  # !If [UseIamAuth, ..., !Ref AWS::NoValue]
     assert email.layer_dirs == [REPO / "layers" / "outbox"]

@@ -350,7 +350,28 @@ def test_the_worker_fails_a_channel_it_cannot_send_at_once(engine: sa.Engine) ->
             "ghost",
             "failed",
             1,
-            "no function is configured for channel 'ghost' "
-            "(it is not in this process's channel registry)",
+            # the worker sends what it claims itself: the sender's own reason
+            "channel 'ghost' is not in this sender's channel registry",
         ),
     ]
+
+
+def test_a_forked_process_sends_with_threads_of_its_own(engine: sa.Engine) -> None:
+    """A process forked after sending (a pre-fork server, the bench's workers)
+    inherits the pools but not their threads: it must not queue sends for ever."""
+    import multiprocessing as mp
+
+    from outbox import sender
+
+    sender._pool(3).submit(lambda: None).result()  # the parent now holds a pool
+
+    def child(out: object) -> None:
+        future = sender._pool(3).submit(lambda: 42)
+        out.put(future.result(timeout=5))  # type: ignore[attr-defined]
+
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    proc = ctx.Process(target=child, args=(out,))
+    proc.start()
+    proc.join(timeout=10)
+    assert proc.exitcode == 0 and out.get(timeout=1) == 42

@@ -10,6 +10,7 @@ connection behind RDS Proxy.
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import ssl
@@ -105,6 +106,7 @@ def create_engine(
         _mint_credentials_per_connection(engine, settings)
     sa.event.listen(engine, "connect", _no_delay)
     sa.event.listen(engine, "handle_error", _invalidate_after_any_error)
+    _convert_each_statement_once()
     _ping_when_idle(engine)
     _commit_in_one_round_trip(engine)
     return engine
@@ -200,6 +202,34 @@ def _commit_in_one_round_trip(engine: sa.Engine) -> None:
             execute_simple("commit")
 
     engine.dialect.do_commit = do_commit  # type: ignore[method-assign]
+
+
+def _convert_each_statement_once() -> None:
+    """pg8000 rewrites a statement's ``%s`` placeholders to ``$n`` by scanning its
+    text character by character on every execute: about a tenth of a batch's time
+    in the relay, for the same few statement texts each time. For the positional
+    styles the rewritten text depends on the text alone (the values pass through
+    unchanged), so remember it. Other styles go through as before."""
+    import pg8000.dbapi
+    import pg8000.legacy  # pg8000.connect's connections, which SQLAlchemy uses
+
+    convert = pg8000.dbapi.convert_paramstyle
+    if getattr(convert, "_outbox_cached", False):
+        return
+
+    @functools.lru_cache(maxsize=512)
+    def rewritten(style: str, query: str) -> str:
+        return str(convert(style, query, ())[0])
+
+    def convert_paramstyle(style: str, query: str, args: Any) -> tuple[str, Any]:
+        if style in ("format", "numeric", "qmark"):
+            return rewritten(style, query), args
+        return convert(style, query, args)
+
+    convert_paramstyle._outbox_cached = True  # type: ignore[attr-defined]
+    convert_paramstyle.__wrapped_original__ = convert  # type: ignore[attr-defined]
+    pg8000.dbapi.convert_paramstyle = convert_paramstyle
+    pg8000.legacy.convert_paramstyle = convert_paramstyle
 
 
 def _no_delay(dbapi_connection: Any, connection_record: Any) -> None:

@@ -13,11 +13,12 @@ attempt counted) rather than left to expire (invariant 4).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
-from concurrent.futures import ALL_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ALL_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,13 +96,7 @@ def run(
         raise ValidationError(
             "event.channel", f"this function sends {channel_name!r}, not {handoff.channel!r}"
         )
-    if channel is None:
-        channel, missing = channels.load(handoff.channel)
-    else:
-        missing = channels.missing_piece(channel)
     report = SendReport(received=len(handoff.claims))
-    backoff = backoff_of(settings)
-
     with engine.begin() as conn:
         rows = store.receive_claimed(
             conn,
@@ -121,12 +116,35 @@ def run(
         log.warning("claims not held or already taken; skipped", extra={"message_ids": not_owned})
     if not rows:
         return report
+    return send_received(
+        engine, handoff.channel, rows, settings, remaining_seconds, channel=channel, report=report
+    )
 
+
+def send_received(
+    engine: sa.Engine,
+    channel_name: str,
+    rows: list[store.ClaimedMessage],
+    settings: RelaySettings,
+    remaining_seconds: Callable[[], float],
+    *,
+    channel: Channel | None = None,
+    report: SendReport | None = None,
+) -> SendReport:
+    """Send rows whose receipt this process holds, and settle them in one statement."""
+    if report is None:
+        report = SendReport(received=len(rows), owned=len(rows))
+    if channel is None:
+        channel, missing = channels.load(channel_name)
+    else:
+        missing = channels.missing_piece(channel)
+    backoff = backoff_of(settings)
+    owned = {r.id for r in rows}
     if missing is not None or channel is None:
         # Nothing here can send this channel: fail the rows at once with the
         # reason, rather than let them come back until dead.
-        reason = missing or f"channel {handoff.channel!r} is unavailable"
-        log.error("channel cannot send; rows failed", extra={"channel": handoff.channel})
+        reason = missing or f"channel {channel_name!r} is unavailable"
+        log.error("channel cannot send; rows failed", extra={"channel": channel_name})
         results = {r.id: (Outcome.failed(reason), 0) for r in rows}
     else:
         margin = settings.settle_margin_seconds
@@ -171,7 +189,7 @@ def run(
         log.info(
             "settled",
             extra={
-                "channel": handoff.channel,
+                "channel": channel_name,
                 "message_ids": ids_by_status,
                 "errors": errors,
                 "max_duration_ms": max((s.duration_ms or 0) for s in settlements),
@@ -191,37 +209,72 @@ def _send_all(
     deadlines: dict[int, Deadline],
     concurrency: int,
 ) -> dict[int, tuple[Outcome, int]]:
-    """Send every row concurrently; a call still running at its deadline is
-    given up (its outcome is unknown, so it counts as a retry)."""
+    """Send every row, up to ``concurrency`` at once; a call still running at its
+    deadline is given up (its outcome is unknown, so it counts as a retry), and a
+    row no thread reached by then is deferred, not started.
+
+    Each send thread takes rows one after another from a shared queue: one task
+    per thread rather than one future per row, which cost a lock, a condition
+    and a queue hand-over per message."""
     # Even one row goes through the pool: only a waiting caller can give up
     # on a provider call that hangs past its deadline.
     pool = _pool(concurrency)
-    futures: dict[int, Future[tuple[Outcome, int]]] = {
-        r.id: pool.submit(_send_one, channel, r, deadlines[r.id]) for r in rows
-    }
-    latest = max(d.remaining() for d in deadlines.values())
-    wait(futures.values(), timeout=latest, return_when=ALL_COMPLETED)
+    queue = deque(rows)
     results: dict[int, tuple[Outcome, int]] = {}
-    stuck = False
-    for row_id, future in futures.items():
-        if future.done():
-            results[row_id] = future.result()
-        elif future.cancel():
-            results[row_id] = (Outcome.deferred(NOT_STARTED), 0)
-        else:
-            results[row_id] = (Outcome.retry(DEADLINE_EXCEEDED), 0)
-            stuck = True
+    running: set[int] = set()
+    lock = threading.Lock()
+    closed = False
+
+    def drain() -> None:
+        while True:
+            with lock:
+                if closed or not queue:
+                    return
+                row = queue.popleft()
+                running.add(row.id)
+            result = _send_one(channel, row, deadlines[row.id])
+            with lock:
+                running.discard(row.id)
+                # A row given up at its deadline keeps that outcome.
+                results.setdefault(row.id, result)
+
+    tasks = [pool.submit(drain) for _ in range(min(concurrency, len(rows)))]
+    latest = max(d.remaining() for d in deadlines.values())
+    wait(tasks, timeout=latest, return_when=ALL_COMPLETED)
+    with lock:
+        closed = True  # a thread still sending takes no further row
+        stuck = bool(running)
+        for row in rows:
+            if row.id not in results:
+                given_up = row.id in running
+                results[row.id] = (
+                    (Outcome.retry(DEADLINE_EXCEEDED), 0)
+                    if given_up
+                    else (Outcome.deferred(NOT_STARTED), 0)
+                )
+        outcome = dict(results)
     if stuck:
         # Do not wait for calls stuck past their deadline (they hold no claim
         # now), and do not let them occupy the threads of the next batch.
         _retire_pool(concurrency, pool)
-    return results
+    return outcome
 
 
 # The send threads outlive a batch: a warm Lambda (or a worker) reuses them
 # instead of starting new ones for every hand-off.
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
+
+
+def _forget_pools_in_child() -> None:
+    """A forked process inherits the pools but none of their threads: its sends
+    would queue for ever. It starts pools of its own."""
+    global _pools_lock
+    _pools.clear()
+    _pools_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools_in_child)
 
 
 def _pool(size: int) -> ThreadPoolExecutor:

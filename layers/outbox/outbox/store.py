@@ -442,14 +442,28 @@ _CLAIM = f"""
     UPDATE outbox_message AS m
     SET status = 'claimed', claim_token = gen_random_uuid(), claimed_at = now(),
         lease_expires_at = now() + make_interval(secs => :lease_seconds),
-        received_at = NULL, expires_at = {_DEADLINE_SQL}
+        received_at = {{received_at}}, expires_at = {_DEADLINE_SQL}
     FROM due
     WHERE m.id = due.id AND m.status = 'pending'
-    RETURNING m.id, m.channel, m.claim_token, m.attempts + 1 AS attempt
+    RETURNING {{returning}}
 """
-_CLAIM_ALL = _sql(_CLAIM.format(channel_filter=""))
+_CHANNEL_FILTER = "AND m.channel = ANY(CAST(:channels AS text[]))"
+_CLAIMED = "m.id, m.channel, m.claim_token, m.attempts + 1 AS attempt"
+_CLAIM_ALL = _sql(_CLAIM.format(channel_filter="", received_at="NULL", returning=_CLAIMED))
 _CLAIM_CHANNELS = _sql(
-    _CLAIM.format(channel_filter="AND m.channel = ANY(CAST(:channels AS text[]))")
+    _CLAIM.format(channel_filter=_CHANNEL_FILTER, received_at="NULL", returning=_CLAIMED)
+)
+# The claim of a process that sends its rows itself (``outbox worker``): the
+# same compare-and-set, with the receipt taken in the same statement and the
+# payloads returned, so no hand-off and no second statement before the sends.
+_RECEIVED = """m.id, m.channel, CAST(m.payload AS text) AS payload, m.attempts + 1 AS attempt,
+    COALESCE(m.max_attempts, :default_max) AS max_attempts, m.claim_token,
+    m.dedupe_key, m.ordering_key, CAST(:lease_seconds AS float8) AS lease_left"""
+_CLAIM_AND_RECEIVE_ALL = _sql(
+    _CLAIM.format(channel_filter="", received_at="now()", returning=_RECEIVED)
+)
+_CLAIM_AND_RECEIVE_CHANNELS = _sql(
+    _CLAIM.format(channel_filter=_CHANNEL_FILTER, received_at="now()", returning=_RECEIVED)
 )
 
 
@@ -476,6 +490,29 @@ def claim(
     claims = [Claim(r.id, r.channel, r.claim_token, r.attempt) for r in rows]
     claims.sort(key=lambda c: c.id)
     return claims
+
+
+def claim_and_receive(
+    conn: sa.Connection,
+    batch_size: int,
+    lease_seconds: float,
+    default_max_attempts: int,
+    channels: Sequence[str] | None = None,
+    default_ttl_seconds: float | None = None,
+) -> list[ClaimedMessage]:
+    """``claim`` and ``receive_claimed`` in one statement, for a process that sends
+    what it claims: the rows come back received, with their payloads (as text),
+    ordered by id. Every write after it is fenced on the claim token as usual."""
+    params: dict[str, Any] = {
+        "batch_size": batch_size,
+        "lease_seconds": float(lease_seconds),
+        "default_ttl": None if default_ttl_seconds is None else float(default_ttl_seconds),
+        "default_max": default_max_attempts,
+    }
+    statement = _CLAIM_AND_RECEIVE_ALL
+    if channels is not None:
+        statement, params["channels"] = _CLAIM_AND_RECEIVE_CHANNELS, array_literal(channels)
+    return _claimed_messages(conn.execute(statement, params).all())
 
 
 @dataclass(frozen=True)
@@ -596,6 +633,10 @@ def receive_claimed(
             "default_max": default_max_attempts,
         },
     ).all()
+    return _claimed_messages(rows)
+
+
+def _claimed_messages(rows: Sequence[sa.Row[Any]]) -> list[ClaimedMessage]:
     return [
         ClaimedMessage(
             id=r.id,

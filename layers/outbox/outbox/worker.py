@@ -1,12 +1,14 @@
 """The relay in one long-running process: dispatcher, senders and reaper.
 
 For local development and for running on a container service instead of
-Lambda. The hand-off is in process (a CallableInvoker calling the sender
-runtime), and every claim, fence and settle is the same SQL as in Lambda, so
-several workers (and Lambda dispatchers) may run against one database at once.
+Lambda. It claims with the receipt taken in the same statement (it sends what
+it claims, so no hand-off event can be duplicated), then sends and settles
+through the same sender runtime as the channel functions; every fence and
+settle is the same SQL as in Lambda, so several workers (and Lambda
+dispatchers) may run against one database at once.
 
 Stopping (``stop`` set, e.g. by SIGTERM): the batch in hand finishes: its
-provider calls already started are settled, hand-offs not yet started are
+provider calls already started are settled, rows not yet started are
 released at once (no attempt counted). No claim is left to expire.
 """
 
@@ -16,16 +18,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 
-from . import channels as channel_registry
 from . import dispatcher, reaper, sender, store
 from .channels import aws
 from .config import OutcomeEventSettings, RelaySettings
-from .handoff import CallableInvoker, HandOff
+from .observability import count
 
 log = logging.getLogger(__name__)
 
@@ -66,34 +68,25 @@ class Worker:
         self.on_batch = on_batch
         self.report = WorkerReport()
         self._lock = threading.Lock()
-        names = self.channels or channel_registry.names()
-        self.invoker = CallableInvoker({name: self._sender_for(name) for name in names})
 
-    def _sender_for(self, channel: str) -> Callable[[dict[str, Any]], Any]:
-        def send(event: dict[str, Any]) -> None:
-            if self.stop.is_set():
-                # Not started: give the rows back now rather than leave them claimed.
-                handoff = HandOff.from_event(event)
-                with self.engine.begin() as conn:
-                    released = store.release(
-                        conn, [(c.id, c.claim_token) for c in handoff.claims], reason=STOPPING
-                    )
-                with self._lock:
-                    self.report.released += len(released)
-                return
-            # A sender here has the whole lease (less the margin) for its batch.
-            result = sender.run(
-                self.engine,
-                event,
-                self.settings,
-                lambda: float(self.settings.sender_timeout_seconds),
-                channel_name=channel,
-            )
+    def _send(self, channel: str, rows: list[store.ClaimedMessage]) -> sender.SendReport:
+        if self.stop.is_set():
+            # Not started: give the rows back now rather than leave them claimed.
+            with self.engine.begin() as conn:
+                released = store.release(
+                    conn, [(r.id, r.claim_token) for r in rows], reason=STOPPING
+                )
             with self._lock:
-                for status, n in result.statuses.items():
-                    self.report.statuses[status] = self.report.statuses.get(status, 0) + n
-
-        return send
+                self.report.released += len(released)
+            return sender.SendReport(received=len(rows))
+        # A sender here has the whole lease (less the margin) for its batch.
+        return sender.send_received(
+            self.engine,
+            channel,
+            rows,
+            self.settings,
+            lambda: float(self.settings.sender_timeout_seconds),
+        )
 
     def reap(self) -> reaper.ReapReport:
         deadline = time.monotonic() + 30.0
@@ -113,10 +106,39 @@ class Worker:
         return self._events_client
 
     def run_once(self) -> dispatcher.DispatchReport:
-        """One claim of up to a batch, sent and settled before it returns."""
-        result = dispatcher.dispatch_once(self.engine, self.invoker, self.settings, self.channels)
+        """One claim of up to a batch, sent and settled before it returns.
+
+        This process sends what it claims, so there is no hand-off to protect:
+        the claim takes the receipt and returns the payloads in one statement,
+        and one settle per channel follows (two statements a batch)."""
+        settings = self.settings
+        with self.engine.begin() as conn:
+            rows = store.claim_and_receive(
+                conn,
+                settings.batch_size,
+                settings.lease_seconds,
+                settings.max_attempts,
+                self.channels,
+                default_ttl_seconds=settings.default_ttl_seconds or None,
+            )
+        result = dispatcher.DispatchReport(batches=1, claimed=len(rows))
+        if rows:
+            count("Claimed", len(rows))
+            by_channel: dict[str, list[store.ClaimedMessage]] = {}
+            for row in rows:
+                by_channel.setdefault(row.channel, []).append(row)
+            groups = sorted(by_channel.items())
+            if len(groups) == 1:
+                reports = [self._send(*groups[0])]
+            else:  # channels do not wait for each other's providers
+                with ThreadPoolExecutor(max_workers=min(8, len(groups))) as pool:
+                    reports = list(pool.map(lambda group: self._send(*group), groups))
+            result.handed_off = sum(r.owned for r in reports)
+            with self._lock:
+                for report in reports:
+                    for status, n in report.statuses.items():
+                        self.report.statuses[status] = self.report.statuses.get(status, 0) + n
         self.report.claimed += result.claimed
-        self.report.released += result.released
         self.report.batches += 1
         if self.on_batch is not None:
             self.on_batch(self.report)

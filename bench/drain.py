@@ -1,0 +1,75 @@
+"""Drain a backlog under Lambda's limits, through the Lambda async simulator.
+
+The real dispatcher, senders and reaper run against the Postgres of the cell,
+with the hand-off going through ``tests/reliability/lambda_sim.py``: one queue
+for the channel function, served by as many execution environments as its
+reserved concurrency, and events dropped when they wait past the maximum
+event age. The provider takes ``latency_ms`` per call and never fails. The
+ideal bound is ``reserved concurrency x send concurrency / latency`` messages
+per second: every execution environment always busy with full waves of calls.
+The simulator's durations are scaled down (lease 4 s, event age 2 s; see its
+docstring), which does not change the bound.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+_TESTS = Path(__file__).resolve().parents[1] / "tests"
+
+
+def run(url: str, rows: int, latency_ms: int, concurrency: int = 10) -> dict[str, Any]:
+    if str(_TESTS) not in sys.path:
+        sys.path.insert(0, str(_TESTS))
+    from reliability import lambda_sim
+    from reliability.lambda_sim import Faults
+
+    from . import common
+
+    engine = common.engine_for(url, pool_size=concurrency + 4)
+    try:
+        settings = lambda_sim.sim_settings()
+        report = lambda_sim.run(
+            engine,
+            settings,
+            Faults(),
+            messages=rows,
+            concurrency=concurrency,
+            latency_seconds=latency_ms / 1000,
+            timeout_seconds=max(120.0, rows / 50),
+        )
+        elapsed = report.seconds  # from the simulator's start to the last row final
+        with engine.connect() as conn:
+            other_attempts = dict(
+                conn.execute(
+                    sa.text(
+                        "SELECT outcome || ': ' || COALESCE(error, ''), count(*) "
+                        "FROM outbox_attempt WHERE outcome <> 'delivered' GROUP BY 1"
+                    )
+                ).all()
+            )
+    finally:
+        engine.dispose()
+    delivered = report.statuses.get("delivered", 0)
+    bound = concurrency * settings.send_concurrency / (latency_ms / 1000)
+    rate = delivered / elapsed if elapsed else 0.0
+    return {
+        "rows": rows,
+        "delivered": delivered,
+        "reserved_concurrency": concurrency,
+        "send_concurrency": settings.send_concurrency,
+        "chunk_size": settings.handoff_chunk_size,
+        "latency_ms": latency_ms,
+        "seconds": round(elapsed, 2),
+        "ideal_seconds": round(rows / bound, 2),
+        "rows_per_s": round(rate, 1),
+        "of_bound": round(rate / bound, 3),
+        "dropped_for_age": len(report.record.dropped_for_age),
+        "other_attempt_rows": sum(other_attempts.values()),
+        "other_attempts": other_attempts,
+        "violations": list(report.violations),
+    }
