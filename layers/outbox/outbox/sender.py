@@ -171,7 +171,7 @@ def send_received(
     lost = sorted(owned - set(statuses))
     if lost:
         report.lease_lost.extend(lost)
-        count("LeaseLost", len(lost), channel=handoff.channel)
+        count("LeaseLost", len(lost), channel=channel_name)
         log.warning("lease lost before settle; outcome abandoned", extra={"message_ids": lost})
     # One line per batch, not per message: ids by status, errors by id.
     ids_by_status: dict[str, list[int]] = {}
@@ -196,10 +196,10 @@ def send_received(
             },
         )
     for key, n in report.statuses.items():
-        count(_METRIC[key], n, channel=handoff.channel)
+        count(_METRIC[key], n, channel=channel_name)
     for s in settlements:  # the provider calls made (a row not started took none)
         if s.error != NOT_STARTED and s.id in statuses:
-            timing("SendMilliseconds", s.duration_ms or 0, channel=handoff.channel)
+            timing("SendMilliseconds", s.duration_ms or 0, channel=channel_name)
     return report
 
 
