@@ -107,6 +107,8 @@ $(RT312_STAMP):
 
 sam-check: $(STAMP) $(SAM_STAMP) $(RT312_STAMP)
 	SAM_CLI_TELEMETRY=0 $(SAM) validate --lint --region us-east-1
+	@# The optional sample database stack (README: deploy to a test account).
+	SAM_CLI_TELEMETRY=0 $(SAM) validate --lint --region us-east-1 -t examples/database.yaml
 	@py312="$$($(FIND_PY312))"; \
 	if [ -z "$$py312" ]; then echo "sam build needs Python 3.12 on PATH (pyenv install 3.12)"; exit 1; fi; \
 	echo "sam build with $$py312"; \

@@ -120,8 +120,8 @@ def engine(migrated_engine: sa.Engine) -> sa.Engine:
     with migrated_engine.begin() as conn:
         conn.execute(
             sa.text(
-                "TRUNCATE outbox_attempt, outbox_message, outbox_outcome_event, outbox_dedupe "
-                "RESTART IDENTITY"
+                "TRUNCATE outbox_attempt, outbox_message, outbox_outcome_event, outbox_dedupe, "
+                "outbox_channel_pause RESTART IDENTITY"
             )
         )
     return migrated_engine

@@ -1,6 +1,7 @@
 """The ``outbox`` command: operate the relay against its database.
 
     outbox migrate | enqueue | status | list | show | history | redrive | cancel | prune
+    outbox pause CHANNEL | resume CHANNEL
     outbox worker            the relay in one process (dispatcher, senders, reaper)
     outbox invoke FN EVENT   run a function of template.yaml in process (no Docker;
                              --claim N for a live event)
@@ -432,7 +433,8 @@ def status(as_json: bool) -> None:
     with database() as engine, engine.connect() as conn:
         groups = store.channel_status_counts(conn)
         backlog = store.backlog(conn)
-    render_status(groups, backlog, store.STATUSES, as_json)
+        paused = store.paused_channels(conn)
+    render_status(groups, backlog, store.STATUSES, as_json, paused)
 
 
 @cli.command("list")
@@ -704,6 +706,63 @@ def history(recipient: str, channels_: tuple[str, ...], limit: int, as_json: boo
     render_history(rows, as_json)
 
 
+# --- pause and resume a channel ------------------------------------------------
+
+
+def _pausable_channel(conn: sa.Connection, channel: str) -> str:
+    """A channel the relay knows, or one with rows in the outbox; else exit 2."""
+    from outbox import channels as registry
+    from outbox import store
+
+    try:
+        store._check_channels([channel])
+    except ValueError as exc:
+        fail(str(exc), 2)
+    if channel not in registry.names() and not store.channels_with_rows(conn, [channel]):
+        fail(
+            f"unknown channel {channel!r}: not registered and no messages; "
+            f"known: {', '.join(registry.names())}",
+            2,
+        )
+    return channel
+
+
+@cli.command()
+@click.argument("channel")
+@click.option("--reason", default=None, help="Why, shown by `outbox status`.")
+@json_option
+def pause(channel: str, reason: str | None, as_json: bool) -> None:
+    """Stop claiming CHANNEL's messages: they stay pending, no attempt counted.
+
+    Claims taken before the pause finish normally. Undo with `outbox resume`."""
+    from outbox import store
+
+    with database() as engine, engine.begin() as conn:
+        newly = store.pause_channel(conn, _pausable_channel(conn, channel), reason)
+    if as_json:
+        emit_json({"channel": channel, "paused": True, "changed": newly})
+    else:
+        click.echo(f"channel {channel} {'paused' if newly else 'was already paused'}")
+
+
+@cli.command()
+@click.argument("channel")
+@json_option
+def resume(channel: str, as_json: bool) -> None:
+    """Claim CHANNEL's messages again."""
+    from outbox import store
+
+    with database() as engine, engine.begin() as conn:
+        try:
+            was_paused = store.resume_channel(conn, channel)
+        except ValueError as exc:
+            fail(str(exc), 2)
+    if as_json:
+        emit_json({"channel": channel, "paused": False, "changed": was_paused})
+    else:
+        click.echo(f"channel {channel} {'resumed' if was_paused else 'was not paused'}")
+
+
 # --- worker --------------------------------------------------------------------
 
 
@@ -748,9 +807,11 @@ def worker(
             click.echo(f"{signal.Signals(signum).name}: finishing the batch in hand", err=True)
         stop.set()
 
+    from outbox import observability
+
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with database(autocommit=True) as engine:
+        with observability.suspended(), database(autocommit=True) as engine:
             report = Worker(
                 engine,
                 settings,

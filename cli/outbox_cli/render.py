@@ -95,7 +95,11 @@ def render_enqueued(message_id: int, channel: str, created: bool, as_json: bool)
 
 
 def render_status(
-    groups: Sequence[Any], backlog: Any, statuses: Sequence[str], as_json: bool
+    groups: Sequence[Any],
+    backlog: Any,
+    statuses: Sequence[str],
+    as_json: bool,
+    paused: Sequence[Any] = (),
 ) -> None:
     if as_json:
         emit_json(
@@ -117,10 +121,18 @@ def render_status(
                 "expired_claims": backlog.expired_claims,
                 "dead": backlog.dead,
                 "held": backlog.held,
+                "paused_channels": [
+                    {"channel": p.channel, "reason": p.reason, "paused_at": p.paused_at}
+                    for p in paused
+                ],
             }
         )
         return
     render_status_table(groups, statuses)
+    for p in paused:
+        why = f": {p.reason}" if p.reason else ""
+        since = p.paused_at.isoformat(timespec="seconds")
+        click.echo(f"channel {p.channel} is PAUSED since {since}{why} (outbox resume {p.channel})")
     click.echo(
         f"pending {backlog.pending} (due {backlog.due}, oldest due "
         f"{backlog.oldest_due_age_seconds:.1f}s), claimed {backlog.claimed} "

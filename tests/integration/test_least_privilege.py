@@ -112,3 +112,15 @@ def test_the_relay_user_enqueues_with_dedupe_keys_and_prunes_them(relay_user: sa
     with relay_user.begin() as conn:
         assert store.prune_dedupe_keys(conn, 0, 10) == 1
         assert store.prune_attempts(conn, 0, 10) == 0
+
+
+def test_the_relay_user_reads_and_writes_channel_pauses(relay_user: sa.Engine) -> None:
+    """Every claim reads outbox_channel_pause; `outbox pause` may run as the relay."""
+    install_channel(ScriptedChannel())
+    with relay_user.begin() as conn:
+        outbox.enqueue(conn, "scripted", {"n": 1})
+        assert store.pause_channel(conn, "scripted", "incident") is True
+        assert store.claim(conn, 10, 60) == []
+        assert [p.channel for p in store.paused_channels(conn)] == ["scripted"]
+        assert store.resume_channel(conn, "scripted") is True
+        assert len(store.claim(conn, 10, 60)) == 1

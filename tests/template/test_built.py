@@ -274,6 +274,31 @@ def test_the_layer_holds_the_runtime_package_and_its_pins_only() -> None:
     assert installed == pinned
 
 
+# ELF e_machine of each Lambda architecture.
+_ELF_MACHINE = {"arm64": 183, "x86_64": 62}
+
+
+def test_the_layer_is_built_for_its_architecture_and_runs_on_the_other() -> None:
+    """The layer is built once, for BuildArchitecture. Its compiled files must
+    all be for that architecture (so Lambda loads them there); they are optional
+    speedups with a pure-Python fallback, which is what every other test in this
+    module runs on (an x86_64 Python 3.12), so the same layer serves both
+    values of the Architecture parameter."""
+    from cfnlint.decode import cfn_yaml
+
+    template = cfn_yaml.load(str(ROOT / "template.yaml"))
+    built_for = str(template["Resources"]["OutboxLayer"]["Metadata"]["BuildArchitecture"])
+    compiled = sorted(LAYER.rglob("*.so"))
+    machines = {}
+    for path in compiled:
+        header = path.read_bytes()[:20]
+        assert header[:4] == b"\x7fELF", path
+        machines[str(path.relative_to(LAYER))] = int.from_bytes(header[18:20], "little")
+    assert set(machines.values()) <= {_ELF_MACHINE[built_for]}, machines
+    packages = {name.split("/")[0] for name in machines}
+    assert packages <= {"sqlalchemy", "markupsafe"}, f"new compiled packages: {packages}"
+
+
 def test_migrate_plain_invoke_returns_the_head_revision(
     engine: sa.Engine, database_url: str, moto_endpoint: str, tmp_path: Path, import_times: Any
 ) -> None:

@@ -72,7 +72,8 @@ def folder_of(props: dict[str, Any]) -> str:
 def default(template: dict[str, Any], value: Any) -> Any:
     """The default of a parameter a value refers to (or the literal)."""
     if isinstance(value, dict) and set(value) == {"Ref"}:
-        return template["Parameters"][value["Ref"]].get("Default")
+        # a pseudo parameter (AWS::StackName, ...) has no default: None
+        return template["Parameters"].get(value["Ref"], {}).get("Default")
     return value
 
 
@@ -374,10 +375,10 @@ def alarm_violations(template: dict[str, Any]) -> list[str]:
         emf = [a for a in alarms if a.get("MetricName") == metric]
         if not any(
             a.get("Namespace") == "OutboxRelay"
-            and {"Name": "service", "Value": "outbox"} in a.get("Dimensions", [])
+            and {"Name": "service", "Value": {"Ref": "AWS::StackName"}} in a.get("Dimensions", [])
             for a in emf
         ):
-            found.append(f"no {metric} alarm on OutboxRelay/service=outbox")
+            found.append(f"no {metric} alarm on OutboxRelay/service=<stack name>")
     return found
 
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -150,7 +151,7 @@ def dispatch_once(
     report.full = len(claims) >= plan.batch_size
     if not claims:
         return report
-    count("Claimed", len(claims))
+    count_by_channel("Claimed", claims)
 
     routable = [c for c in claims if invoker.can_route(c.channel)]
     unroutable = [c for c in claims if not invoker.can_route(c.channel)]
@@ -171,7 +172,7 @@ def dispatch_once(
                 backoff_of(settings),
             )
         report.unroutable = len(settled)
-        count("Failed", len(settled))
+        count_by_channel("Failed", [c for c in unroutable if c.id in settled])
         log.error(
             "claimed rows of unroutable channels failed",
             extra={
@@ -185,7 +186,8 @@ def dispatch_once(
     report.handed_off = sum(len(h.claims) for h in handoffs) - sum(
         len(h.claims) for h in (*failed, *throttled)
     )
-    count("HandedOff", report.handed_off)
+    returned_ids = {c.id for h in (*failed, *throttled) for c in h.claims}
+    count_by_channel("HandedOff", [c for c in routable if c.id not in returned_ids])
     for channel in {h.channel for h in throttled}:
         cooling[channel] = time.monotonic() + THROTTLE_RETRY_DELAY_SECONDS
     for returned, reason, delay, metric in (
@@ -204,8 +206,13 @@ def dispatch_once(
         report.released += len(released)
         if returned is throttled:
             report.throttled = len(released)
-        count(metric, len(released))
+        count_by_channel(metric, [c for h in returned for c in h.claims if c.id in released])
     return report
+
+
+def count_by_channel(name: str, claims: Iterable[store.Claim]) -> None:
+    for channel, n in Counter(c.channel for c in claims).items():
+        count(name, n, channel=channel)
 
 
 def unroutable_reason(invoker: Invoker, channel: str) -> str:

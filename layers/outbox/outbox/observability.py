@@ -5,17 +5,33 @@ Powertools Logger the handlers create is the ``outbox`` logger, so those
 records come out as structured JSON with the handler's correlation keys.
 Logged fields are ids, channels, counts and outcomes: never payloads,
 addresses, tokens or secrets (docs/design.md, invariant 8).
+
+Metrics are CloudWatch EMF in the namespace ``POWERTOOLS_METRICS_NAMESPACE``
+with the dimension ``service`` = ``POWERTOOLS_SERVICE_NAME``; the template sets
+the service to the stack's name, so two stacks never share a metric or an
+alarm. A figure about one channel also carries the dimension ``channel``.
+Every name goes through a function here whose first parameter is ``name``
+(:func:`count`, :func:`gauge`, :func:`timing`), as a literal or a module-level
+constant, so a template test can check that the dashboard and the alarms watch
+only names the code emits.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics
-from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
+from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 
-NAMESPACE = "OutboxRelay"
-SERVICE = "outbox"
+NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "OutboxRelay"
+SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME") or "outbox"
 
 # Libraries whose DEBUG and INFO records carry what invariant 8 keeps out of
 # logs: botocore logs request and response bodies (a secret's value, a phone
@@ -49,14 +65,86 @@ quiet_libraries()
 logger = Logger(service=SERVICE)
 metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
 
+# One metric set per channel (dimensions service + channel): an EMF record has
+# one set of dimension values, and one dispatcher or reaper run reports on
+# several channels. Published with the relay-wide set by log_metrics.
+_channel_sets: dict[str, EphemeralMetrics] = {}
+_channel_sets_lock = threading.Lock()
 
-def count(name: str, value: float = 1) -> None:
+_suspended = False
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Discard:
+    def add_metric(self, **_: Any) -> None:
+        pass
+
+
+def _target(channel: str | None) -> Any:
+    # Powertools prints a metric set to stdout whenever one metric reaches 100
+    # values, disabled or not: when nothing will publish, record nothing.
+    if _suspended or is_metrics_disabled():
+        return _Discard()
+    if channel is None:
+        return metrics
+    with _channel_sets_lock:
+        channel_set = _channel_sets.get(channel)
+        if channel_set is None:
+            channel_set = EphemeralMetrics(namespace=NAMESPACE, service=SERVICE)
+            channel_set.set_default_dimensions(channel=channel)
+            _channel_sets[channel] = channel_set
+        return channel_set
+
+
+def count(name: str, value: float = 1, *, channel: str | None = None) -> None:
+    """An event count; zero is not published."""
     if value:
-        metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
+        _target(channel).add_metric(name=name, unit=MetricUnit.Count, value=value)
 
 
-def gauge(name: str, value: float, *, seconds: bool = False) -> None:
+def gauge(name: str, value: float, *, seconds: bool = False, channel: str | None = None) -> None:
     """A level rather than an event count: published even when it is zero."""
-    metrics.add_metric(
+    _target(channel).add_metric(
         name=name, unit=MetricUnit.Seconds if seconds else MetricUnit.Count, value=value
     )
+
+
+def timing(name: str, milliseconds: float, *, channel: str | None = None) -> None:
+    """One duration sample; CloudWatch derives percentiles from the samples."""
+    _target(channel).add_metric(name=name, unit=MetricUnit.Milliseconds, value=milliseconds)
+
+
+def flush_metrics() -> None:
+    """Publish what was recorded (one EMF record per metric set that has data)."""
+    with _channel_sets_lock:
+        metric_sets: list[Any] = [metrics, *_channel_sets.values()]
+    for metric_set in metric_sets:
+        if metric_set.metric_set:  # an empty set is skipped, not warned about
+            metric_set.flush_metrics()
+
+
+def log_metrics(handler: F) -> F:
+    """Publish the invocation's metrics when the handler returns or raises
+    (``metrics.log_metrics``, covering the per-channel sets too)."""
+
+    @functools.wraps(handler)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return handler(*args, **kwargs)
+        finally:
+            flush_metrics()
+
+    return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Record no metrics meanwhile: for a long-running process with no Lambda
+    log pipeline to carry EMF (``outbox worker``), whose stdout is its own."""
+    global _suspended
+    previous, _suspended = _suspended, True
+    try:
+        yield
+    finally:
+        _suspended = previous

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -54,6 +54,7 @@ class ReapReport:
     events_dropped: int = 0
     events_waiting: int = 0
     backlog: store.Backlog | None = None
+    channels: list[store.ChannelBacklog] = field(default_factory=list)
 
 
 def _prune(
@@ -173,6 +174,15 @@ def run(
     gauge("OldestPendingAgeSeconds", b.oldest_due_age_seconds, seconds=True)
     gauge("UnpublishedOutcomeEvents", report.events_waiting)
     gauge("OldestUnpublishedOutcomeEventAgeSeconds", oldest_event_age, seconds=True)
+    with engine.begin() as conn:
+        report.channels = store.channel_backlog(conn)
+    gauge("PausedChannels", sum(c.paused for c in report.channels))
+    for c in report.channels:
+        gauge("PendingMessages", c.pending, channel=c.channel)
+        gauge("OldestPendingAgeSeconds", c.oldest_due_age_seconds, seconds=True, channel=c.channel)
+        gauge("ExpiredClaims", c.expired_claims, channel=c.channel)
+        gauge("DeadMessages", c.dead, channel=c.channel)
+        gauge("Paused", int(c.paused), channel=c.channel)
     log.info(
         "reaper run",
         extra={

@@ -126,6 +126,7 @@ class Runtime:
                 "waiting": report.events_waiting,
             },
             "backlog": asdict(report.backlog) if report.backlog else None,
+            "paused_channels": [c.channel for c in report.channels if c.paused],
         }
 
     def feedback(self, event: Any) -> dict[str, Any]:
@@ -137,12 +138,12 @@ class Runtime:
 def channel_handler(channel: str) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
     """The whole Lambda handler of a channel function: settings checked now (at
     cold start), then each invocation sends the hand-off it was given."""
-    from .observability import metrics
+    from .observability import log_metrics
 
     runtime = Runtime()
 
     @logger.inject_lambda_context
-    @metrics.log_metrics
+    @log_metrics
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         return runtime.send(channel, event, context)
 

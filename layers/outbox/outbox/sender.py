@@ -30,7 +30,7 @@ from .config import RelaySettings
 from .dispatcher import backoff_of
 from .errors import ValidationError
 from .handoff import HandOff
-from .observability import count
+from .observability import count, timing
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def run(
         # by another sender handed the same event (a duplicate): not ours to
         # send. Touch nothing.
         report.lease_lost.extend(not_owned)
-        count("LeaseLost", len(not_owned))
+        count("LeaseLost", len(not_owned), channel=handoff.channel)
         log.warning("claims not held or already taken; skipped", extra={"message_ids": not_owned})
     if not rows:
         return report
@@ -171,7 +171,7 @@ def send_received(
     lost = sorted(owned - set(statuses))
     if lost:
         report.lease_lost.extend(lost)
-        count("LeaseLost", len(lost))
+        count("LeaseLost", len(lost), channel=channel_name)
         log.warning("lease lost before settle; outcome abandoned", extra={"message_ids": lost})
     # One line per batch, not per message: ids by status, errors by id.
     ids_by_status: dict[str, list[int]] = {}
@@ -196,7 +196,10 @@ def send_received(
             },
         )
     for key, n in report.statuses.items():
-        count(_METRIC[key], n)
+        count(_METRIC[key], n, channel=channel_name)
+    for s in settlements:  # the provider calls made (a row not started took none)
+        if s.error != NOT_STARTED and s.id in statuses:
+            timing("SendMilliseconds", s.duration_ms or 0, channel=channel_name)
     return report
 
 

@@ -426,6 +426,8 @@ _CLAIM = f"""
         WHERE m.status = 'pending' AND m.available_at <= now() {{channel_filter}}
           -- never hand out a row past its deliver-by time (the reaper expires it)
           AND ({_DEADLINE_SQL} > now()) IS NOT FALSE
+          -- A paused channel is not claimed: its rows stay pending, no attempt counted.
+          AND NOT EXISTS (SELECT 1 FROM outbox_channel_pause AS cp WHERE cp.channel = m.channel)
           -- One row of an ordering key at a time, in id order: none of its key
           -- is claimed, and no earlier one is unfinished or holds the key
           -- (failed, dead or expired: its successors wait for an operator).
@@ -1107,6 +1109,62 @@ def held_count(conn: sa.Connection) -> int:
     return int(conn.execute(_HELD_COUNT).scalar_one())
 
 
+_CHANNEL_BACKLOG = sa.text(
+    """
+    WITH live AS (
+        SELECT channel,
+          count(*) FILTER (WHERE status = 'pending') AS pending,
+          count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS due,
+          COALESCE(EXTRACT(EPOCH FROM now() - min(available_at)
+                   FILTER (WHERE status = 'pending' AND available_at <= now())), 0)::float8
+              AS oldest_due_age,
+          count(*) FILTER (WHERE status = 'claimed') AS claimed,
+          count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at < now())
+              AS expired_claims,
+          count(*) FILTER (WHERE status = 'dead') AS dead
+        FROM outbox_message WHERE status IN ('pending', 'claimed', 'dead')
+        GROUP BY channel
+    )
+    SELECT COALESCE(l.channel, p.channel) AS channel, COALESCE(l.pending, 0) AS pending,
+           COALESCE(l.due, 0) AS due, COALESCE(l.oldest_due_age, 0) AS oldest_due_age,
+           COALESCE(l.claimed, 0) AS claimed, COALESCE(l.expired_claims, 0) AS expired_claims,
+           COALESCE(l.dead, 0) AS dead, p.channel IS NOT NULL AS paused
+    FROM live AS l FULL JOIN outbox_channel_pause AS p ON p.channel = l.channel
+    ORDER BY 1
+    """
+)
+
+
+@dataclass(frozen=True)
+class ChannelBacklog:
+    channel: str
+    pending: int
+    due: int
+    oldest_due_age_seconds: float
+    claimed: int
+    expired_claims: int
+    dead: int
+    paused: bool
+
+
+def channel_backlog(conn: sa.Connection) -> list[ChannelBacklog]:
+    """Backlog figures per channel (one grouped statement): every channel with
+    pending, claimed or dead rows, and every paused channel even without rows."""
+    return [
+        ChannelBacklog(
+            channel=r.channel,
+            pending=r.pending,
+            due=r.due,
+            oldest_due_age_seconds=float(r.oldest_due_age),
+            claimed=r.claimed,
+            expired_claims=r.expired_claims,
+            dead=r.dead,
+            paused=r.paused,
+        )
+        for r in conn.execute(_CHANNEL_BACKLOG).all()
+    ]
+
+
 # --- operator transitions ---------------------------------------------------
 
 # Pending rows, and the rows that hold their ordering key: cancelling a
@@ -1783,3 +1841,48 @@ def recipient_history(
             },
         ).all()
     )
+
+
+# --- pausing a channel ---------------------------------------------------------
+# A row in outbox_channel_pause keeps the claim away from the channel's rows;
+# claims taken before the pause finish normally.
+
+_PAUSE = sa.text(
+    """
+    INSERT INTO outbox_channel_pause (channel, reason) VALUES (:channel, :reason)
+    ON CONFLICT (channel) DO UPDATE
+        SET reason = COALESCE(EXCLUDED.reason, outbox_channel_pause.reason)
+    RETURNING paused_at, (xmax = 0) AS newly_paused
+    """
+)
+_RESUME = sa.text("DELETE FROM outbox_channel_pause WHERE channel = :channel RETURNING channel")
+_PAUSED = sa.text("SELECT channel, reason, paused_at FROM outbox_channel_pause ORDER BY channel")
+_CHANNEL_HAS_ROWS = sa.text("SELECT EXISTS (SELECT 1 FROM outbox_message WHERE channel = :channel)")
+
+
+@dataclass(frozen=True)
+class PausedChannel:
+    channel: str
+    reason: str | None
+    paused_at: Any
+
+
+def pause_channel(conn: sa.Connection, channel: str, reason: str | None = None) -> bool:
+    """Stop claiming ``channel``'s rows. True if it was not paused before (a repeat
+    keeps the first pause time, and its reason unless a new one is given)."""
+    _check_channels([channel])
+    return bool(conn.execute(_PAUSE, {"channel": channel, "reason": reason}).one().newly_paused)
+
+
+def resume_channel(conn: sa.Connection, channel: str) -> bool:
+    """Claim ``channel`` again. True if it was paused."""
+    _check_channels([channel])
+    return conn.execute(_RESUME, {"channel": channel}).one_or_none() is not None
+
+
+def paused_channels(conn: sa.Connection) -> list[PausedChannel]:
+    return [PausedChannel(r.channel, r.reason, r.paused_at) for r in conn.execute(_PAUSED).all()]
+
+
+def channel_has_rows(conn: sa.Connection, channel: str) -> bool:
+    return bool(conn.execute(_CHANNEL_HAS_ROWS, {"channel": channel}).scalar_one())
