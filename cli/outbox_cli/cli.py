@@ -40,6 +40,7 @@ from outbox.errors import ConfigError, ValidationError
 
 from .render import jsonable as _jsonable
 from .render import (
+    emit_json,
     render_change,
     render_enqueued,
     render_error,

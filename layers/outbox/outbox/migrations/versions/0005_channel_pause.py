@@ -5,7 +5,7 @@ on it; and INSERT, UPDATE, DELETE, so that an operator running `outbox pause`
 with the relay's user can pause and resume (as it can cancel and redrive).
 
 Revision ID: 0005
-Revises: 0008
+Revises: 0004
 """
 
 import importlib
@@ -13,7 +13,7 @@ import importlib
 from alembic import op
 
 revision = "0005"
-down_revision = "0008"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
