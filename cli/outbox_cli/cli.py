@@ -38,7 +38,6 @@ import sqlalchemy as sa
 import outbox
 from outbox.errors import ConfigError, ValidationError
 
-from .render import jsonable as _jsonable
 from .render import (
     emit_json,
     render_change,
@@ -51,6 +50,7 @@ from .render import (
     render_status,
     render_worker_report,
 )
+from .render import jsonable as _jsonable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
