@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 
 import outbox
 from outbox import store
-from outbox.cli import cli
+from outbox_cli.cli import cli
 from support import EMAIL
 
 
