@@ -149,7 +149,7 @@ def test_a_bounce_shows_in_the_recipients_history(run: Any, engine: sa.Engine) -
             conn, [store.Feedback("ses-bounce-1", "bounced", "fb-1", "Permanent: General")]
         )
     assert result.new_status == "bounced"
-    rows = json.loads(run("history", "--recipient", "Ada@example.net", "--json").stdout)
+    rows = json.loads(run("history", "--recipient", "Ada@example.net", "--json").stdout)["attempts"]
     assert [(r["message_id"], r["outcome"], r["message_status"]) for r in rows] == [
         (message_id, "bounced", "bounced"),
         (message_id, "delivered", "bounced"),

@@ -28,6 +28,8 @@ PRODUCER_GRANTS = [
 RELAY_GRANTS = [
     "GRANT USAGE ON SCHEMA public TO {role}",
     "GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_message, outbox_attempt TO {role}",
+    # the claim skips paused channels
+    "GRANT SELECT ON outbox_channel_pause TO {role}",
 ]
 
 
