@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing as mp
 import time
 from datetime import timedelta
 from typing import Any
@@ -149,30 +148,9 @@ def _worker(url: str, batch: int, ready: Any, go: Any, out: Any) -> None:
 
 def run_cell(url: str, batch: int, workers: int, timeout: float = 600.0) -> dict[str, Any]:
     """Drain the seeded jobs with ``workers`` processes; rows per second over the whole run."""
-    from .throughput import _get
+    from .throughput import run_processes
 
-    ctx = mp.get_context("fork")
-    ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-    procs = [
-        ctx.Process(target=_worker, args=(url, batch, ready, go, out), daemon=True)
-        for _ in range(workers)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        for _ in procs:
-            if not _get(ready, procs, 120):
-                break
-        go.set()
-        results = [_get(out, procs, timeout) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    errors = [r["error"] for r in results if "error" in r]
-    if errors:
-        raise RuntimeError(f"pgqueuer worker failed: {errors[0]}")
+    results = run_processes(_worker, (url, batch), workers, timeout)
     rows = sum(r["rows"] for r in results)
     elapsed = max(r["finished"] for r in results) - min(r["started"] for r in results)
     return {

@@ -363,16 +363,15 @@ def _get(queue: Any, procs: list[Any], timeout: float) -> Any:
                     raise RuntimeError("a benchmark worker died or hung") from None
 
 
-def run_cell(
-    url: str, kind: str, batch: int, workers: int, timeout: float = 600.0
-) -> dict[str, Any]:
-    """Drain the database with ``workers`` processes; rows per second over the whole run."""
-    # fork: the parent holds no connections or threads here, and a forked
-    # worker needs no importable __main__ (pytest, python -c, scripts all work).
+def run_processes(target: Any, args: tuple[Any, ...], workers: int, timeout: float) -> list[Any]:
+    """Start ``workers`` processes of ``target(*args, ready, go, out)``, release them
+    together once all are ready, and return what each put on ``out``."""
+    # fork: the parent holds no connections here, and a forked worker needs no
+    # importable __main__ (pytest, python -c, scripts all work).
     ctx = mp.get_context("fork")
     ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     procs = [
-        ctx.Process(target=_worker, args=(kind, url, batch, ready, go, out), daemon=True)
+        ctx.Process(target=target, args=(*args, ready, go, out), daemon=True)
         for _ in range(workers)
     ]
     for p in procs:
@@ -390,7 +389,15 @@ def run_cell(
                 p.kill()
     errors = [r["error"] for r in results if "error" in r]
     if errors:
-        raise RuntimeError(f"{kind} worker failed: {errors[0]}")
+        raise RuntimeError(f"benchmark worker failed: {errors[0]}")
+    return results
+
+
+def run_cell(
+    url: str, kind: str, batch: int, workers: int, timeout: float = 600.0
+) -> dict[str, Any]:
+    """Drain the database with ``workers`` processes; rows per second over the whole run."""
+    results = run_processes(_worker, (kind, url, batch), workers, timeout)
     rows = sum(r["rows"] for r in results)
     batches = sum(r["batches"] for r in results)
     # Claims that came back empty end each worker's loop: count them apart.

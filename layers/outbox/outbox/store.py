@@ -1229,18 +1229,7 @@ def payload_json(payload: Any) -> str:
 # Filters are checked against closed sets before they reach a statement, and
 # every value travels as a bound parameter.
 
-STATUSES = (
-    "pending",
-    "claimed",
-    "delivered",
-    "failed",
-    "dead",
-    "suppressed",
-    "cancelled",
-    "expired",
-    "bounced",
-    "complained",
-)
+STATUSES = ("pending", "claimed", *TERMINAL_STATUSES)
 REDRIVABLE_STATUSES = ("dead", "failed", "expired")
 
 
