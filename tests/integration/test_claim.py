@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 
@@ -106,3 +107,30 @@ def test_channel_filter(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         assert store.claim(conn, 10, 30, channels=["sms"]) == []
         assert len(store.claim(conn, 10, 30, channels=["email"])) == 3
+
+
+def test_the_claim_reads_the_due_index_in_claim_order_with_one_channel(engine: sa.Engine) -> None:
+    """A backlog of one channel (a channel column with one value) once made the
+    planner take the pause check for a filter that keeps almost nothing: it
+    costed the claim as a walk of every pending row (JIT-compiled above
+    100,000, 20 ms a claim) or sorted them all instead of reading the due index."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_message (channel, payload, available_at) "
+                "SELECT 'email', '{}', now() - interval '1 second' FROM generate_series(1, 20000)"
+            )
+        )
+        conn.execute(sa.text("ANALYZE outbox_message"))
+        for statement, params in (
+            (store._CLAIM_ALL, {}),
+            (store._CLAIM_AND_RECEIVE_ALL, {"default_max": 5}),
+        ):
+            plan = conn.execute(
+                sa.text("EXPLAIN (FORMAT JSON) " + statement.text),
+                {"batch_size": 100, "lease_seconds": 120.0, "default_ttl": 86400.0, **params},
+            ).scalar_one()
+            text = json.dumps(plan)
+            assert '"Index Name": "outbox_message_due"' in text, text
+            assert '"Node Type": "Sort"' not in text, text
+            assert plan[0]["Plan"]["Total Cost"] < 100_000, "above jit_above_cost"

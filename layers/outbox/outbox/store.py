@@ -427,7 +427,13 @@ _CLAIM = f"""
           -- never hand out a row past its deliver-by time (the reaper expires it)
           AND ({_DEADLINE_SQL} > now()) IS NOT FALSE
           -- A paused channel is not claimed: its rows stay pending, no attempt counted.
-          AND NOT EXISTS (SELECT 1 FROM outbox_channel_pause AS cp WHERE cp.channel = m.channel)
+          -- NOT IN (a hashed subplan, read once) rather than NOT EXISTS: the planner
+          -- estimates an anti-join with a channel column of few distinct values
+          -- (one channel: none) as matching nearly every row, then prefers a
+          -- sequential scan and a sort of every pending row to the due index,
+          -- JIT-compiled: 50 ms on 20,000 pending rows, 0.8 s on a grown table.
+          -- The pause table's channel is its primary key, so never NULL.
+          AND m.channel NOT IN (SELECT cp.channel FROM outbox_channel_pause AS cp)
           -- One row of an ordering key at a time, in id order: none of its key
           -- is claimed, and no earlier one is unfinished or holds the key
           -- (failed, dead or expired: its successors wait for an operator).
