@@ -225,6 +225,7 @@ def _worker_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[
     """``outbox worker``: claim, in-process hand-off, send, settle in one process."""
     import sqlalchemy as sa
 
+    from outbox import observability
     from outbox.config import RelaySettings
     from outbox.worker import Worker
 
@@ -240,12 +241,20 @@ def _worker_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[
         batch_size=batch, handoff_chunk_size=batch, lease_seconds=LEASE_SECONDS
     )
     worker = Worker(engine, settings, channels=[common.CHANNEL])
+    # As the `outbox worker` command runs it: no metrics (it has no Lambda log
+    # pipeline to carry EMF), for the rest of this worker process.
+    suspended = observability.suspended()
+    suspended.__enter__()
 
     def step() -> int:
         return worker.run_once().claimed
 
+    def close() -> None:
+        engine.dispose()
+        suspended.__exit__(None, None, None)
+
     step.statements = statements  # type: ignore[attr-defined]
-    return step, engine.dispose
+    return step, close
 
 
 # The sender's read before the receipt (a plain fenced SELECT), kept here only

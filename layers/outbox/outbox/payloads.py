@@ -36,28 +36,53 @@ def _child(path: str, key: Any) -> str:
     return f"{path}[…]"  # a key that is long or odd stays out of the message
 
 
+# A container's place in the document: (parent's trail, key), None at the top.
+# Kept as links and spelt out only for an error: naming every node on the
+# way was most of the walk's cost.
+_Trail = tuple[Any, Any] | None
+# What json.loads makes, tested by type first: the ABC's isinstance is slow.
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_CONTAINERS = (Mapping, list, tuple)
+
+
+def _path(field: str, trail: _Trail) -> str:
+    keys = []
+    while trail is not None:
+        trail, key = trail
+        keys.append(key)
+    path = field
+    for key in reversed(keys):
+        path = _child(path, key)
+    return path
+
+
 def check_shape(value: Any, field: str = "payload") -> None:
     """Raise ValidationError naming the first container that breaks a limit."""
-    stack: list[tuple[Any, str, int]] = [(value, field, 1)]
-    seen = 0
+    stack: list[tuple[Any, int, _Trail]] = [(value, 1, None)]
+    seen = 1
     while stack:
-        node, path, depth = stack.pop()
-        seen += 1
-        if seen > MAX_VALUES:
-            raise ValidationError(field, f"holds more than {MAX_VALUES} values")
-        if isinstance(node, Mapping):
+        node, depth, trail = stack.pop()
+        if isinstance(node, dict | Mapping):  # dict first: cheaper than the ABC
             items: Any = node.items()
             size, limit, what = len(node), MAX_OBJECT_KEYS, "keys"
         elif isinstance(node, list | tuple):
             items = enumerate(node)
             size, limit, what = len(node), MAX_ARRAY_LENGTH, "elements"
         else:
-            continue
+            continue  # a scalar at the top
         if depth > MAX_DEPTH:
-            raise ValidationError(path, f"is nested deeper than {MAX_DEPTH} levels")
+            raise ValidationError(_path(field, trail), f"is nested deeper than {MAX_DEPTH} levels")
         if size > limit:
-            raise ValidationError(path, f"has {size} {what}; the limit is {limit}")
-        stack.extend((child, _child(path, key), depth + 1) for key, child in items)
+            raise ValidationError(_path(field, trail), f"has {size} {what}; the limit is {limit}")
+        seen += size
+        if seen > MAX_VALUES:
+            raise ValidationError(field, f"holds more than {MAX_VALUES} values")
+        # Only containers go on the stack; a scalar child has nothing to check.
+        stack.extend(
+            (child, depth + 1, (trail, key))
+            for key, child in items
+            if type(child) not in _SCALARS and isinstance(child, _CONTAINERS)
+        )
 
 
 def decode(text: str | bytes) -> Any:

@@ -61,8 +61,10 @@ ON_PREDECESSOR_FAILURE = ("hold", "cancel")
 MAX_DEFERRAL_SECONDS = 24 * 3600.0
 
 
-@dataclass(frozen=True)
-class Claim:
+# The per-row records of the relay's hot path (claim, receipt, settle) are
+# NamedTuples, not frozen dataclasses: as immutable, and built in a fifth of
+# the time (a frozen dataclass sets each field through object.__setattr__).
+class Claim(NamedTuple):
     """A claimed row as the dispatcher hands it to a channel function."""
 
     id: int
@@ -71,9 +73,10 @@ class Claim:
     attempt: int
 
 
-@dataclass(frozen=True)
-class ClaimedMessage:
-    """A row the sender took its receipt for: it alone sends it, once."""
+class ClaimedMessage(NamedTuple):
+    """A row the sender took its receipt for: it alone sends it, once.
+
+    The fields in the order of the receipt's columns (``_RECEIVED``)."""
 
     id: int
     channel: str
@@ -88,8 +91,7 @@ class ClaimedMessage:
     lease_left_seconds: float
 
 
-@dataclass(frozen=True)
-class Settlement:
+class Settlement(NamedTuple):
     """The result of one send, to be written under the fence.
 
     ``delay_seconds``: for ``deferred``, when to try again (no attempt counted,
@@ -494,10 +496,8 @@ def claim(
     statement = _CLAIM_ALL
     if channels is not None:
         statement, params["channels"] = _CLAIM_CHANNELS, array_literal(channels)
-    rows = conn.execute(statement, params).all()
-    claims = [Claim(r.id, r.channel, r.claim_token, r.attempt) for r in rows]
-    claims.sort(key=lambda c: c.id)
-    return claims
+    # _CLAIMED's columns are Claim's fields, in order.
+    return sorted(map(Claim._make, conn.execute(statement, params)))
 
 
 def claim_and_receive(
@@ -645,20 +645,9 @@ def receive_claimed(
 
 
 def _claimed_messages(rows: Sequence[sa.Row[Any]]) -> list[ClaimedMessage]:
-    return [
-        ClaimedMessage(
-            id=r.id,
-            channel=r.channel,
-            payload=r.payload,
-            attempt=r.attempt,
-            max_attempts=r.max_attempts,
-            claim_token=r.claim_token,
-            dedupe_key=r.dedupe_key,
-            ordering_key=r.ordering_key,
-            lease_left_seconds=float(r.lease_left),
-        )
-        for r in sorted(rows, key=lambda r: r.id)
-    ]
+    # The receipts' columns are ClaimedMessage's fields, in order (lease_left
+    # is float8 in both statements): each row is taken as it is.
+    return sorted(map(ClaimedMessage._make, rows))
 
 
 def bounded_delay(outcome: str, delay: Any, backoff: Backoff) -> float | None:
