@@ -149,17 +149,10 @@ def _protocol_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
         i_id, i_token, i_payload = column("id"), column("claim_token"), column("payload")
         for r in rows:
             json.loads(r[i_payload])
+        # store.settle's document: [id, token, outcome, error, provider_id, delay_s, duration_ms]
         settlements = json.dumps(
             [
-                {
-                    "id": r[i_id],
-                    "token": str(r[i_token]),
-                    "outcome": "delivered",
-                    "error": None,
-                    "provider_id": f"noop-{r[i_id]}",
-                    "delay_s": None,
-                    "duration_ms": 0,
-                }
+                [r[i_id], str(r[i_token]), "delivered", None, f"noop-{r[i_id]}", None, 0]
                 for r in rows
             ],
             separators=(",", ":"),

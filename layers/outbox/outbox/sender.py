@@ -149,7 +149,15 @@ def send_received(
     else:
         margin = settings.settle_margin_seconds
         lambda_left = remaining_seconds()
-        deadlines = {r.id: Deadline(min(r.lease_left_seconds, lambda_left) - margin) for r in rows}
+        # One Deadline per distinct lease end: the rows of one claim share one.
+        shared: dict[float, Deadline] = {}
+        deadlines = {}
+        for r in rows:
+            seconds = min(r.lease_left_seconds, lambda_left) - margin
+            deadline = shared.get(seconds)
+            if deadline is None:
+                deadline = shared[seconds] = Deadline(seconds)
+            deadlines[r.id] = deadline
         results = _send_all(channel, rows, deadlines, settings.send_concurrency)
 
     settlements = [
@@ -239,7 +247,7 @@ def _send_all(
                 results.setdefault(row.id, result)
 
     tasks = [pool.submit(drain) for _ in range(min(concurrency, len(rows)))]
-    latest = max(d.remaining() for d in deadlines.values())
+    latest = max(d.remaining() for d in set(deadlines.values()))
     wait(tasks, timeout=latest, return_when=ALL_COMPLETED)
     with lock:
         closed = True  # a thread still sending takes no further row

@@ -85,7 +85,9 @@ class ClaimedMessage(NamedTuple):
     payload: str
     attempt: int
     max_attempts: int
-    claim_token: uuid.UUID
+    # As text: it only goes back into the fenced statements, which cast it;
+    # a UUID object per row cost more than the rest of the row's decoding.
+    claim_token: str
     dedupe_key: str | None
     ordering_key: str | None
     lease_left_seconds: float
@@ -100,7 +102,7 @@ class Settlement(NamedTuple):
     """
 
     id: int
-    claim_token: uuid.UUID
+    claim_token: uuid.UUID | str
     outcome: str
     error: str | None = None
     provider_message_id: str | None = None
@@ -467,7 +469,7 @@ _CLAIM_CHANNELS = _sql(
 # same compare-and-set, with the receipt taken in the same statement and the
 # payloads returned, so no hand-off and no second statement before the sends.
 _RECEIVED = """m.id, m.channel, CAST(m.payload AS text) AS payload, m.attempts + 1 AS attempt,
-    COALESCE(m.max_attempts, :default_max) AS max_attempts, m.claim_token,
+    COALESCE(m.max_attempts, :default_max) AS max_attempts, CAST(m.claim_token AS text),
     m.dedupe_key, m.ordering_key, CAST(:lease_seconds AS float8) AS lease_left"""
 _CLAIM_AND_RECEIVE_ALL = _sql(
     _CLAIM.format(channel_filter="", received_at="now()", returning=_RECEIVED)
@@ -576,7 +578,7 @@ _RELEASE = _sql(
 
 def release(
     conn: sa.Connection,
-    claims: Iterable[tuple[int, uuid.UUID]],
+    claims: Iterable[tuple[int, uuid.UUID | str]],
     reason: str,
     delay_seconds: float = 0,
 ) -> set[int]:
@@ -613,8 +615,8 @@ _RECEIVE_CLAIMED = _sql(
       AND m.status = 'claimed' AND m.channel = :channel AND m.lease_expires_at > now()
       AND m.received_at IS NULL
     RETURNING m.id, m.channel, CAST(m.payload AS text) AS payload, m.attempts + 1 AS attempt,
-              COALESCE(m.max_attempts, :default_max) AS max_attempts, m.claim_token,
-              m.dedupe_key, m.ordering_key,
+              COALESCE(m.max_attempts, :default_max) AS max_attempts,
+              CAST(m.claim_token AS text), m.dedupe_key, m.ordering_key,
               EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8 AS lease_left
     """
 )
@@ -680,10 +682,13 @@ _EXPIRED_PREFIX = "deliver-by time passed"
 _SETTLE = _sql(
     f"""
     WITH input AS (
-        -- one JSON document for the whole batch: no per-element escaping
-        SELECT * FROM jsonb_to_recordset(CAST(:settlements AS jsonb))
-            AS i(id bigint, token uuid, outcome text, error text, provider_id text,
-                 delay_s float8, duration_ms int)
+        -- one JSON document for the whole batch: no per-element escaping; each
+        -- row an array [id, token, outcome, error, provider_id, delay_s, duration_ms]
+        -- (half the text of objects, a third of the time to encode)
+        SELECT CAST(e->>0 AS bigint) AS id, CAST(e->>1 AS uuid) AS token, e->>2 AS outcome,
+               e->>3 AS error, e->>4 AS provider_id, CAST(e->>5 AS float8) AS delay_s,
+               CAST(e->>6 AS int) AS duration_ms
+        FROM jsonb_array_elements(CAST(:settlements AS jsonb)) AS e
     ),
     classified AS (
         -- A deferral past the row's deferral limit counts an attempt, like a retry.
@@ -777,15 +782,15 @@ def settle(
         {
             "settlements": json.dumps(
                 [
-                    {
-                        "id": s.id,
-                        "token": str(s.claim_token),
-                        "outcome": s.outcome,
-                        "error": s.error,
-                        "provider_id": s.provider_message_id,
-                        "delay_s": bounded_delay(s.outcome, s.delay_seconds, backoff),
-                        "duration_ms": s.duration_ms,
-                    }
+                    [
+                        s.id,
+                        str(s.claim_token),
+                        s.outcome,
+                        s.error,
+                        s.provider_message_id,
+                        bounded_delay(s.outcome, s.delay_seconds, backoff),
+                        s.duration_ms,
+                    ]
                     for s in settlements
                 ],
                 separators=(",", ":"),

@@ -68,6 +68,7 @@ class Worker:
         self.on_batch = on_batch
         self.report = WorkerReport()
         self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
 
     def _send(self, channel: str, rows: list[store.ClaimedMessage]) -> sender.SendReport:
         if self.stop.is_set():
@@ -87,6 +88,13 @@ class Worker:
             self.settings,
             lambda: float(self.settings.sender_timeout_seconds),
         )
+
+    def _channel_pool(self) -> ThreadPoolExecutor:
+        """The threads that send a batch's channels side by side, kept for the
+        worker's life rather than started for every batch."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="channel")
+        return self._pool
 
     def reap(self) -> reaper.ReapReport:
         deadline = time.monotonic() + 30.0
@@ -131,8 +139,7 @@ class Worker:
             if len(groups) == 1:
                 reports = [self._send(*groups[0])]
             else:  # channels do not wait for each other's providers
-                with ThreadPoolExecutor(max_workers=min(8, len(groups))) as pool:
-                    reports = list(pool.map(lambda group: self._send(*group), groups))
+                reports = list(self._channel_pool().map(lambda group: self._send(*group), groups))
             result.handed_off = sum(r.owned for r in reports)
             with self._lock:
                 for report in reports:
@@ -147,13 +154,18 @@ class Worker:
     def run(self, *, once: bool = False, until_empty: bool = False) -> WorkerReport:
         """The loop. ``once``: one batch; ``until_empty``: stop when nothing is due."""
         next_reap = time.monotonic()
-        while not self.stop.is_set():
-            if time.monotonic() >= next_reap:
-                self.reap()
-                next_reap = time.monotonic() + self.reap_interval_seconds
-            result = self.run_once()
-            if once or (until_empty and result.claimed == 0):
-                break
-            if result.claimed < self.settings.batch_size:
-                self.stop.wait(self.settings.poll_interval_seconds)
+        try:
+            while not self.stop.is_set():
+                if time.monotonic() >= next_reap:
+                    self.reap()
+                    next_reap = time.monotonic() + self.reap_interval_seconds
+                result = self.run_once()
+                if once or (until_empty and result.claimed == 0):
+                    break
+                if result.claimed < self.settings.batch_size:
+                    self.stop.wait(self.settings.poll_interval_seconds)
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
         return self.report
