@@ -215,7 +215,9 @@ def _relay_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[]
 
 
 def _worker_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[], None]]:
-    """``outbox worker``: claim, in-process hand-off, send, settle in one process."""
+    """``outbox worker``: its whole loop (``Worker.run(until_empty=True)``) as one
+    step: claim, send, and the batch's settle while the next batch is claimed.
+    Two connections, as the command's engine has (it has four)."""
     import sqlalchemy as sa
 
     from outbox import observability
@@ -223,7 +225,7 @@ def _worker_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[
     from outbox.worker import Worker
 
     common.register_channel()
-    engine = common.engine_for(url)
+    engine = common.engine_for(url, pool_size=2)
     statements = [0]
 
     @sa.event.listens_for(engine, "before_cursor_execute")
@@ -239,8 +241,19 @@ def _worker_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[
     suspended = observability.suspended()
     suspended.__enter__()
 
+    # The loop reaps first: count that pass's statements here, to leave them out.
+    worker.reap()
+    reap_statements, statements[0] = statements[0], 0
+
     def step() -> int:
-        return worker.run_once().claimed
+        if worker.report.batches:
+            return 0  # the loop ran to the end of the backlog
+        report = worker.run(until_empty=True)
+        statements[0] -= reap_statements
+        # One step for the harness; the loop's own count of claims, less the
+        # last, empty one, for the figures per batch.
+        step.batches = report.batches - 1  # type: ignore[attr-defined]
+        return report.claimed
 
     def close() -> None:
         engine.dispose()
@@ -336,7 +349,7 @@ def _worker(kind: str, url: str, batch: int, ready: Any, go: Any, out: Any) -> N
         out.put(
             {
                 "rows": done,
-                "batches": batches,
+                "batches": getattr(step, "batches", batches),
                 "started": started,
                 "finished": finished,
                 "statements": step.statements[0],  # type: ignore[attr-defined]

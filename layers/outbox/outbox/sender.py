@@ -12,6 +12,7 @@ attempt counted) rather than left to expire (docs/design.md, invariant 4).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -132,6 +133,24 @@ def send_received(
     report: SendReport | None = None,
 ) -> SendReport:
     """Send rows whose receipt this process holds, and settle them in one statement."""
+    return send_then_settle(
+        engine, channel_name, rows, settings, remaining_seconds, channel=channel, report=report
+    )()
+
+
+def send_then_settle(
+    engine: sa.Engine,
+    channel_name: str,
+    rows: list[store.ClaimedMessage],
+    settings: RelaySettings,
+    remaining_seconds: Callable[[], float],
+    *,
+    channel: Channel | None = None,
+    report: SendReport | None = None,
+) -> Callable[[], SendReport]:
+    """``send_received`` in two steps: send now, and return the settle (one
+    fenced statement, the log line and the metrics) to run when the caller
+    chooses: ``outbox worker`` runs it while it claims its next batch."""
     if report is None:
         report = SendReport(received=len(rows), owned=len(rows))
     if channel is None:
@@ -173,6 +192,17 @@ def send_received(
         for row in rows
         for outcome, duration_ms in [results[row.id]]
     ]
+    return functools.partial(_settle, engine, channel_name, settlements, backoff, owned, report)
+
+
+def _settle(
+    engine: sa.Engine,
+    channel_name: str,
+    settlements: list[store.Settlement],
+    backoff: store.Backoff,
+    owned: set[int],
+    report: SendReport,
+) -> SendReport:
     with engine.begin() as conn:
         statuses = store.settle(conn, settlements, backoff)
 

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,7 +70,10 @@ class Worker:
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
 
-    def _send(self, channel: str, rows: list[store.ClaimedMessage]) -> sender.SendReport:
+    def _send(
+        self, channel: str, rows: list[store.ClaimedMessage]
+    ) -> Callable[[], sender.SendReport]:
+        """Send the rows now; returns their settle."""
         if self.stop.is_set():
             # Not started: give the rows back now rather than leave them claimed.
             with self.engine.begin() as conn:
@@ -79,9 +82,10 @@ class Worker:
                 )
             with self._lock:
                 self.report.released += len(released)
-            return sender.SendReport(received=len(rows))
+            report = sender.SendReport(received=len(rows))
+            return lambda: report
         # A sender here has the whole lease (less the margin) for its batch.
-        return sender.send_received(
+        return sender.send_then_settle(
             self.engine,
             channel,
             rows,
@@ -119,6 +123,12 @@ class Worker:
         This process sends what it claims, so there is no hand-off to protect:
         the claim takes the receipt and returns the payloads in one statement,
         and one settle per channel follows (two statements a batch)."""
+        result, settle = self._claim_and_send()
+        settle()
+        return result
+
+    def _claim_and_send(self) -> tuple[dispatcher.DispatchReport, Callable[[], None]]:
+        """Claim a batch and send it; returns the batch's settle, not yet run."""
         settings = self.settings
         with self.engine.begin() as conn:
             rows = store.claim_and_receive(
@@ -130,6 +140,7 @@ class Worker:
                 default_ttl_seconds=settings.default_ttl_seconds or None,
             )
         result = dispatcher.DispatchReport(batches=1, claimed=len(rows))
+        settles: list[Callable[[], sender.SendReport]] = []
         if rows:
             count("Claimed", len(rows))
             by_channel: dict[str, list[store.ClaimedMessage]] = {}
@@ -137,34 +148,56 @@ class Worker:
                 by_channel.setdefault(row.channel, []).append(row)
             groups = sorted(by_channel.items())
             if len(groups) == 1:
-                reports = [self._send(*groups[0])]
+                settles = [self._send(*groups[0])]
             else:  # channels do not wait for each other's providers
-                reports = list(self._channel_pool().map(lambda group: self._send(*group), groups))
+                settles = list(self._channel_pool().map(lambda group: self._send(*group), groups))
+
+        def settle() -> None:
+            reports = [s() for s in settles]
             result.handed_off = sum(r.owned for r in reports)
             with self._lock:
                 for report in reports:
                     for status, n in report.statuses.items():
                         self.report.statuses[status] = self.report.statuses.get(status, 0) + n
-        self.report.claimed += result.claimed
-        self.report.batches += 1
-        if self.on_batch is not None:
-            self.on_batch(self.report)
-        return result
+                self.report.claimed += result.claimed
+                self.report.batches += 1
+            if self.on_batch is not None:
+                self.on_batch(self.report)
+
+        return result, settle
 
     def run(self, *, once: bool = False, until_empty: bool = False) -> WorkerReport:
-        """The loop. ``once``: one batch; ``until_empty``: stop when nothing is due."""
+        """The loop. ``once``: one batch; ``until_empty``: stop when nothing is due.
+
+        A batch's settle runs on a thread of its own (and a connection of its
+        own, when the engine's pool has two) while the next batch is claimed
+        and sent: the database writes one while this process works on the
+        other. At most one settle is in flight, and the loop never ends with
+        one pending. Every statement is the same, fenced as ever."""
         next_reap = time.monotonic()
+        in_flight: list[Future[None]] = []  # at most one
+        settler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="settle")
+
+        def settled() -> None:
+            while in_flight:
+                in_flight.pop().result()  # raises what the settle raised
+
         try:
             while not self.stop.is_set():
                 if time.monotonic() >= next_reap:
                     self.reap()
                     next_reap = time.monotonic() + self.reap_interval_seconds
-                result = self.run_once()
+                result, settle = self._claim_and_send()
+                settled()
+                in_flight.append(settler.submit(settle))
                 if once or (until_empty and result.claimed == 0):
                     break
                 if result.claimed < self.settings.batch_size:
+                    settled()  # before an idle wait, not after it
                     self.stop.wait(self.settings.poll_interval_seconds)
+            settled()
         finally:
+            settler.shutdown()  # waits for a settle still running
             if self._pool is not None:
                 self._pool.shutdown()
                 self._pool = None
