@@ -61,22 +61,24 @@ class HandOff:
             raise ValidationError("event.messages", f"holds more than {MAX_MESSAGES_PER_EVENT}")
         claims: dict[tuple[int, uuid.UUID], Claim] = {}
         for i, item in enumerate(messages):
-            where = f"event.messages[{i}]"
+            # The field's name is spelt out only for an error (it is per message).
             if not isinstance(item, Mapping):
-                raise ValidationError(where, "must be an object")
+                raise ValidationError(f"event.messages[{i}]", "must be an object")
             message_id, attempt = item.get("id"), item.get("attempt")
             if not _whole_in(message_id, MAX_MESSAGE_ID):
                 raise ValidationError(
-                    f"{where}.id", f"must be an integer from 1 to {MAX_MESSAGE_ID}"
+                    f"event.messages[{i}].id", f"must be an integer from 1 to {MAX_MESSAGE_ID}"
                 )
             if not _whole_in(attempt, MAX_ATTEMPT):
                 raise ValidationError(
-                    f"{where}.attempt", f"must be an integer from 1 to {MAX_ATTEMPT}"
+                    f"event.messages[{i}].attempt", f"must be an integer from 1 to {MAX_ATTEMPT}"
                 )
             try:
                 token = uuid.UUID(str(item.get("claim_token")))
             except ValueError:
-                raise ValidationError(f"{where}.claim_token", "must be a UUID") from None
+                raise ValidationError(
+                    f"event.messages[{i}].claim_token", "must be a UUID"
+                ) from None
             # A pair listed twice is one claim: it is sent once.
             claims.setdefault((message_id, token), Claim(message_id, channel, token, attempt))
         return cls(channel, tuple(claims.values()))

@@ -11,7 +11,7 @@ with the dimension ``service`` = ``POWERTOOLS_SERVICE_NAME``; the template sets
 the service to the stack's name, so two stacks never share a metric or an
 alarm. A figure about one channel also carries the dimension ``channel``.
 Every name goes through a function here whose first parameter is ``name``
-(:func:`count`, :func:`gauge`, :func:`timing`), as a literal or a module-level
+(:func:`count`, :func:`gauge`, :func:`timing`, :func:`timings`), as a literal or a module-level
 constant, so a template test can check that the dashboard and the alarms watch
 only names the code emits.
 """
@@ -23,7 +23,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics
@@ -113,6 +113,14 @@ def gauge(name: str, value: float, *, seconds: bool = False, channel: str | None
 def timing(name: str, milliseconds: float, *, channel: str | None = None) -> None:
     """One duration sample; CloudWatch derives percentiles from the samples."""
     _target(channel).add_metric(name=name, unit=MetricUnit.Milliseconds, value=milliseconds)
+
+
+def timings(name: str, milliseconds: Iterable[float], *, channel: str | None = None) -> None:
+    """One duration sample each, as :func:`timing` records them, for a batch:
+    the metric set is looked up once, not once per sample."""
+    target = _target(channel)
+    for value in milliseconds:
+        target.add_metric(name=name, unit=MetricUnit.Milliseconds, value=value)
 
 
 def flush_metrics() -> None:

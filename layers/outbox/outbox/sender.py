@@ -31,7 +31,7 @@ from .config import RelaySettings
 from .dispatcher import backoff_of
 from .errors import ValidationError
 from .handoff import HandOff
-from .observability import count, timing
+from .observability import count, timings
 
 log = logging.getLogger(__name__)
 
@@ -235,9 +235,11 @@ def _settle(
         )
     for key, n in report.statuses.items():
         count(_METRIC[key], n, channel=channel_name)
-    for s in settlements:  # the provider calls made (a row not started took none)
-        if s.error != NOT_STARTED and s.id in statuses:
-            timing("SendMilliseconds", s.duration_ms or 0, channel=channel_name)
+    timings(  # the provider calls made (a row not started took none)
+        "SendMilliseconds",
+        [s.duration_ms or 0 for s in settlements if s.error != NOT_STARTED and s.id in statuses],
+        channel=channel_name,
+    )
     return report
 
 

@@ -196,7 +196,7 @@ def _ttl_param(backoff: Backoff) -> float | None:
 
 
 def array_literal(values: Iterable[Any]) -> str:
-    """A Postgres array literal with every element quoted, bound as one text
+    """A Postgres array literal, every element quoted (ids and UUIDs need not be), bound as one text
     parameter that the SQL casts (``CAST(:ids AS bigint[])``, ``uuid[]``,
     ``text[]``). One string instead of pg8000's per-element escaping of a list;
     and pg8000's list adapter leaves ``null`` in any case but ``NULL`` unquoted,
@@ -206,6 +206,8 @@ def array_literal(values: Iterable[Any]) -> str:
     def element(v: Any) -> str:
         if v is None:
             return "NULL"
+        if type(v) is int or type(v) is uuid.UUID:  # ids and tokens: nothing to escape
+            return str(v)
         return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
     return "{" + ",".join(element(v) for v in values) + "}"
