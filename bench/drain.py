@@ -28,11 +28,18 @@ def run(url: str, rows: int, latency_ms: int, concurrency: int = 10) -> dict[str
     from reliability import lambda_sim
     from reliability.lambda_sim import Faults
 
+    from outbox.config import RelaySettings
+
     from . import common
 
     engine = common.engine_for(url, pool_size=concurrency + 4)
     try:
-        settings = lambda_sim.sim_settings()
+        # The simulator's time scale, the production chunk and send concurrency.
+        defaults = RelaySettings()
+        settings = lambda_sim.sim_settings(
+            handoff_chunk_size=defaults.handoff_chunk_size,
+            send_concurrency=defaults.send_concurrency,
+        )
         report = lambda_sim.run(
             engine,
             settings,

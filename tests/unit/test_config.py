@@ -76,13 +76,13 @@ def test_the_send_log_and_dedupe_keys_have_retentions_of_their_own() -> None:
 
 def test_in_flight_budget_from_reserved_concurrency_chunk_timeout_and_event_age() -> None:
     env = {**BASE, "CHANNEL_CONCURRENCY": '{"email": 10, "sms": 5}'}
-    # C * K * (1 + floor(min(event age, lease - timeout) / timeout)): 10 * 20 * (1 + 60 // 30)
-    assert RelaySettings.from_env(env).in_flight_budgets() == {"email": 600, "sms": 300}
+    # C * K * (1 + floor(min(event age, lease - timeout) / timeout)): 10 * 32 * (1 + 60 // 30)
+    assert RelaySettings.from_env(env).in_flight_budgets() == {"email": 960, "sms": 480}
     faster = {**env, "SENDER_TIMEOUT_SECONDS": "20", "HANDOFF_CHUNK_SIZE": "10"}
     assert RelaySettings.from_env(faster).in_flight_budgets() == {"email": 400, "sms": 200}
     override = {**env, "CHANNEL_MAX_IN_FLIGHT": '{"sms": 40, "push": 7}'}
     assert RelaySettings.from_env(override).in_flight_budgets() == {
-        "email": 600,
+        "email": 960,
         "sms": 40,
         "push": 7,
     }
