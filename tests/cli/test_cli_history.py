@@ -12,11 +12,10 @@ from click.testing import CliRunner, Result
 
 import outbox
 from outbox import store
-from outbox.dispatcher import backoff_of
 from outbox_cli.cli import cli
 from support import EMAIL, settings
 
-BACKOFF = backoff_of(settings())
+BACKOFF = settings().backoff()
 
 
 @pytest.fixture

@@ -16,12 +16,11 @@ from click.testing import CliRunner, Result
 
 import outbox
 from outbox import store
-from outbox.dispatcher import backoff_of
 from outbox_cli import cli as cli_module
 from outbox_cli.cli import cli
 from support import EMAIL, attempts, make_due, row, settings, statuses
 
-BACKOFF = backoff_of(settings())
+BACKOFF = settings().backoff()
 
 
 @pytest.fixture

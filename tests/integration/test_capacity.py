@@ -54,7 +54,7 @@ def test_the_dispatcher_never_claims_more_than_a_channels_budget(engine: sa.Engi
         store.settle(
             conn,
             [store.Settlement(i, t, "delivered") for i, t in finished],  # type: ignore[arg-type]
-            dispatcher.backoff_of(relay),
+            relay.backoff(),
         )
     assert [dispatcher.dispatch_once(engine, invoker, relay).claimed for _ in range(2)] == [10, 0]
     assert claimed(engine, "email") == 28

@@ -238,7 +238,6 @@ def test_the_default_retry_window_outlives_a_half_hour_outage(engine: sa.Engine)
     attempts of a message that keeps failing add up to 30.75-61.5 minutes
     (jitter 50-100 %) before it is dead."""
     from outbox.config import RelaySettings
-    from outbox.dispatcher import backoff_of
 
     defaults = RelaySettings()
     install_channel(ScriptedChannel(answers=[Outcome.retry("provider down")] * 20))
@@ -250,7 +249,7 @@ def test_the_default_retry_window_outlives_a_half_hour_outage(engine: sa.Engine)
             store.settle(
                 conn,
                 [store.Settlement(c.id, c.claim_token, "retry", error="provider down")],
-                backoff_of(defaults),
+                defaults.backoff(),
             )
             if row(conn, mid).status == "pending":
                 waits.append(wait_seconds(conn, mid))

@@ -29,7 +29,6 @@ import sqlalchemy as sa
 
 from . import outcomes, store
 from .config import OutcomeEventSettings, RelaySettings
-from .dispatcher import backoff_of
 from .observability import count, gauge
 
 log = logging.getLogger(__name__)
@@ -84,7 +83,7 @@ def run(
     """``events_client`` makes the EventBridge client, on first need."""
     report = ReapReport()
     outcome_events = outcome_events or OutcomeEventSettings()
-    backoff = backoff_of(settings)
+    backoff = settings.backoff()
     while time_left() > _MIN_TIME_FOR_A_BATCH:
         with engine.begin() as conn:
             released = store.reap_expired(conn, settings.batch_size, backoff)

@@ -27,7 +27,6 @@ import sqlalchemy as sa
 from . import channels, payloads, store
 from .channels import Channel, Deadline, Message, Outcome
 from .config import RelaySettings
-from .dispatcher import backoff_of
 from .errors import ValidationError
 from .handoff import HandOff
 from .observability import count, timing
@@ -138,7 +137,7 @@ def send_received(
         channel, missing = channels.load(channel_name)
     else:
         missing = channels.missing_piece(channel)
-    backoff = backoff_of(settings)
+    backoff = settings.backoff()
     owned = {r.id for r in rows}
     if missing is not None or channel is None:
         # Nothing here can send this channel: fail the rows at once with the
