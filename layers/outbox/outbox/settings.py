@@ -46,6 +46,9 @@ class Setting(Generic[T]):
     # False: the template never sets it, so in AWS the default applies (or it
     # is for local runs only). The template test holds the template to it.
     in_template: bool = True
+    # The default of the template's parameter, where it differs on purpose
+    # from the default of a local run. None: the same default.
+    aws_default: str | None = None
 
     def read(self, env: Mapping[str, str]) -> T:
         """The value ``env`` gives this setting: the default when unset or blank."""
@@ -447,8 +450,8 @@ OUTCOME_EVENT_BUS = Text[str](
     default="",
     pattern=_BUS_NAME_OR_ARN,
     expected="an event bus name or ARN",
-    meaning="reaper: bus for outcome events; empty: publishing off (the template's default "
-    "is the account's default bus)",
+    aws_default="default",  # deployed, the account's default bus; locally, off
+    meaning="reaper: bus for outcome events; empty: publishing off",
 )
 OUTCOME_EVENTS_DELIVERED = Bool(
     name="OUTCOME_EVENTS_DELIVERED",
