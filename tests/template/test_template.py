@@ -22,6 +22,7 @@ from cfnlint.decode import cfn_yaml
 
 from outbox.errors import ConfigError
 from outbox.settings import SETTINGS, DaysOrNever, Number, Setting
+from support import README, ConfigurationRow, configuration_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
@@ -660,6 +661,52 @@ def test_the_settings_check_catches_a_template_out_of_step(template: dict[str, A
     table = [dataclasses.replace(s, default=50) if s.name == "BATCH_SIZE" else s for s in SETTINGS]
     assert setting_violations(template, table) == [
         "parameter BatchSize: default '100' is not BATCH_SIZE's '50'"
+    ]
+
+
+def readme_parameter_violations(
+    template: dict[str, Any], rows: list[ConfigurationRow]
+) -> list[str]:
+    """The README's "template parameter" column against the template: each
+    parameter a row names feeds a variable of that row (none, for a row of no
+    variable), and each parameter that feeds a variable is named in its row."""
+    params = template["Parameters"]
+    fed_by: dict[str, set[str]] = {}
+    for _, key, value in environment(template):
+        for branch in _branches(value):
+            if isinstance(branch, dict) and set(branch) == {"Fn::Join"}:
+                branch = branch["Fn::Join"][1]
+            if isinstance(branch, dict) and branch.get("Ref") in params:
+                fed_by.setdefault(key, set()).add(branch["Ref"])
+    found, documented = [], set()
+    for row in rows:
+        named = [p for p in re.findall(r"`([^`]+)`", row.parameter) if p in params]
+        for param in named:
+            documented |= {(v, param) for v in row.variables}
+            feeds = sorted(v for v, ps in fed_by.items() if param in ps)
+            if not row.variables and feeds:
+                found.append(f"README: {param} feeds {', '.join(feeds)}, its row names none")
+            elif row.variables and not set(feeds) & set(row.variables):
+                found.append(f"README: {param} does not feed {', '.join(row.variables)}")
+    for variable, feeding in sorted(fed_by.items()):
+        for param in sorted(feeding - {p for v, p in documented if v == variable}):
+            found.append(f"README: {variable}'s row does not name {param}, which feeds it")
+    return found
+
+
+def test_the_readmes_configuration_names_the_parameters_that_feed_each_variable(
+    template: dict[str, Any],
+) -> None:
+    text = README.read_text()
+    assert readme_parameter_violations(template, configuration_rows(text)) == []
+    broken = text.replace("| `BATCH_SIZE` | `BatchSize` |", "| `BATCH_SIZE` | `BatchSizes` |")
+    broken = broken.replace("| `DB_PORT` | `DatabasePort` |", "| `DB_PORT` | `DatabaseName` |")
+    broken = broken.replace("| — | `SesIdentity` |", "| — | `SesIdentity`, `EventBusName` |")
+    assert readme_parameter_violations(template, configuration_rows(broken)) == [
+        "README: DatabaseName does not feed DB_PORT",
+        "README: EventBusName feeds EVENT_BUS_NAME, its row names none",
+        "README: BATCH_SIZE's row does not name BatchSize, which feeds it",
+        "README: DB_PORT's row does not name DatabasePort, which feeds it",
     ]
 
 
