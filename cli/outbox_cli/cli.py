@@ -37,6 +37,8 @@ import sqlalchemy as sa
 
 import outbox
 from outbox.errors import ConfigError, ValidationError
+from outbox.handoff import MAX_MESSAGES_PER_EVENT
+from outbox.settings import BATCH_SIZE, read_all
 
 from .render import (
     emit_json,
@@ -770,7 +772,12 @@ def resume(channel: str, as_json: bool) -> None:
 @cli.command()
 @click.option("--once", is_flag=True, help="Claim and send one batch, then exit.")
 @click.option("--until-empty", is_flag=True, help="Exit when nothing is due any more.")
-@click.option("--batch-size", type=click.IntRange(1, 10_000), default=None, help="Rows per claim.")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(BATCH_SIZE.low, BATCH_SIZE.high),
+    default=None,
+    help="Rows per claim (BATCH_SIZE for this run).",
+)
 @click.option("--channels", "channels_", default=None, help="Only these channels (a,b).")
 @click.option("--reap-interval", type=Duration(), default=30.0, show_default=True)
 @json_option
@@ -795,6 +802,7 @@ def worker(
     try:
         settings = RelaySettings.from_env(os.environ)
         outcome_events = OutcomeEventSettings.from_env(os.environ)
+        read_all(os.environ)  # the channels' too, as a function's cold start does
     except ConfigError as exc:
         fail(str(exc), 2, "config")
     if batch_size is not None:
@@ -849,7 +857,7 @@ def worker(
 @click.option(
     "--claim",
     "claim_limit",
-    type=click.IntRange(1, 1000),
+    type=click.IntRange(1, MAX_MESSAGES_PER_EVENT),
     default=None,
     help="Claim up to N due messages of the function's channel and pass them as the "
     "hand-off event (a live event; instead of EVENT_FILE).",

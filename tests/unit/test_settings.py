@@ -297,3 +297,14 @@ def test_default_cells_state_a_value_or_nothing() -> None:
         for c in ("100", "0.2", "`never`", "`{}`", "", "empty (required)", "system roots")
     ] == ["100", "0.2", "never", "{}", "", "", ""]
     assert documented_default("30 s") == "30" and documented_default("1.5x") == ""
+
+
+def test_the_commands_batch_size_option_has_the_settings_bounds() -> None:
+    import click
+
+    from outbox_cli.cli import cli
+
+    worker = cli.commands["worker"]
+    option = next(p for p in worker.params if p.name == "batch_size")
+    assert isinstance(option.type, click.IntRange)
+    assert (option.type.min, option.type.max) == (table.BATCH_SIZE.low, table.BATCH_SIZE.high)
