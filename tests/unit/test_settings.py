@@ -213,6 +213,8 @@ def test_the_table_declares_each_variable_once_with_a_meaning() -> None:
     names = [s.name for s in SETTINGS]
     assert len(names) == len(set(names)) and len(names) >= 40
     assert all(s.meaning and "\n" not in s.meaning for s in SETTINGS)
+    # each under its own variable's name: outbox.settings.BATCH_SIZE is BATCH_SIZE
+    assert [s.name for s in SETTINGS if getattr(table, s.name, None) is not s] == []
 
 
 @pytest.mark.parametrize(
@@ -308,3 +310,9 @@ def test_the_commands_batch_size_option_has_the_settings_bounds() -> None:
     option = next(p for p in worker.params if p.name == "batch_size")
     assert isinstance(option.type, click.IntRange)
     assert (option.type.min, option.type.max) == (table.BATCH_SIZE.low, table.BATCH_SIZE.high)
+
+
+def test_a_hand_off_chunk_fits_one_hand_off_event() -> None:
+    from outbox.handoff import MAX_MESSAGES_PER_EVENT
+
+    assert table.HANDOFF_CHUNK_SIZE.high == MAX_MESSAGES_PER_EVENT

@@ -524,7 +524,6 @@ POWERTOOLS_METRICS_NAMESPACE = Text[str](
 SETTINGS: tuple[Setting[Any], ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, Setting)
 )
-BY_NAME: dict[str, Setting[Any]] = {s.name: s for s in SETTINGS}
 
 
 def read_all(env: Mapping[str, str]) -> dict[str, Any]:
