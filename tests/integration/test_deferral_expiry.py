@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 import outbox
-from outbox import reaper, sender, store
+from outbox import reaper, sender, states, store
 from outbox.channels import Outcome
 from outbox.errors import ValidationError
 from outbox.handoff import HandOff
@@ -81,7 +81,7 @@ def test_a_bad_delay_from_a_channel_touches_its_own_row_only(engine: sa.Engine) 
         assert row(conn, ids[0]).status == "delivered"
         waits = [wait_seconds(conn, i) for i in ids[1:]]
         assert {row(conn, i).status for i in ids[1:]} == {"pending"}
-    day = store.MAX_DEFERRAL_SECONDS
+    day = store.policy.MAX_DEFERRAL_SECONDS
     assert day - 5 <= waits[0] <= day  # inf: the longest deferral
     assert 2 <= waits[1] <= 5  # NaN: the floor
     assert 55 <= waits[2] <= 60  # a retry delay is held to the backoff cap
@@ -198,7 +198,7 @@ def test_expired_rows_are_terminal_and_an_operator_can_redrive_them(engine: sa.E
     reaper.run(engine, settings(), lambda: 30.0)
     with engine.begin() as conn:
         assert row(conn, mid).status == "expired"
-        assert "expired" in store.TERMINAL_STATUSES
+        assert "expired" in states.TERMINAL_STATUSES
         assert store.redrive(conn, [mid]) == {mid}
         r = row(conn, mid)
     assert (r.status, r.attempts, r.deferrals, r.expires_at) == ("pending", 0, 0, None)

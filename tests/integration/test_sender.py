@@ -160,7 +160,8 @@ def test_settle_with_a_stale_token_changes_nothing(engine: sa.Engine) -> None:
             conn, [store.Settlement(mid, uuid.uuid4(), "delivered")], store.Backoff(1, 1, 3)
         )
         assert result == {}
-        assert store.release(conn, [(mid, uuid.uuid4())], "x") == set()
+        stale = store.Claim(mid, "scripted", uuid.uuid4(), 1)
+        assert store.release(conn, [stale], "x") == set()
         r = row(conn, mid)
     assert (r.status, r.claim_token) == ("claimed", c.claim_token)
     with engine.connect() as conn:
