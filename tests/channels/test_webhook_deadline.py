@@ -1,4 +1,4 @@
-"""One absolute deadline per webhook call (issue 10, finding 2), against real
+"""One absolute deadline per webhook call, against real
 loopback receivers that drip their answer a byte at a time: the status line,
 endless headers, or a body that never ends."""
 

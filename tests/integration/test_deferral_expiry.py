@@ -1,4 +1,4 @@
-"""Issue 9 item 4: every delay a channel returns is bounded, deferrals are
+"""Every delay a channel returns is bounded, deferrals are
 counted and capped, and a message not delivered by its deliver-by time ends
 ``expired``."""
 
@@ -234,7 +234,7 @@ def _scripted_channel() -> None:
 
 
 def test_the_default_retry_window_outlives_a_half_hour_outage(engine: sa.Engine) -> None:
-    """Issue 9 item 3: with the production defaults, the waits between the
+    """With the production defaults, the waits between the
     attempts of a message that keeps failing add up to 30.75-61.5 minutes
     (jitter 50-100 %) before it is dead."""
     from outbox.config import RelaySettings

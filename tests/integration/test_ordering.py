@@ -1,4 +1,4 @@
-"""Issue 9 item 5: ordering keys under concurrent producers, and what a
+"""Ordering keys under concurrent producers, and what a
 failed row does to the rows after it in its key."""
 
 from __future__ import annotations

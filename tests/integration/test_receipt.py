@@ -1,4 +1,4 @@
-"""Issue 9 item 1: a claim is sent at most once, whatever the transport does.
+"""A claim is sent at most once, whatever the transport does.
 
 The sender takes its rows by a compare-and-set receipt, so a duplicated or
 replayed hand-off event, an Invoke retried after a timeout, or an id listed

@@ -265,7 +265,7 @@ def test_settle_is_one_statement_whatever_the_batch_size(engine: sa.Engine) -> N
     assert len([s for s in statements if s.strip()]) == 2  # fenced load + settle
 
 
-# --- issue 9 item 6: a channel that cannot send fails its rows at once --------
+# --- a channel that cannot send fails its rows at once --------
 
 
 def _claim_raw(engine: sa.Engine, channel: str) -> list[store.Claim]:
