@@ -129,9 +129,7 @@ def receive(engine: sa.Engine, claims: Any, channel: str | None = None) -> list[
     if not claims:
         return []
     with engine.begin() as conn:
-        return store.receive_claimed(
-            conn, channel or claims[0].channel, [(c.id, c.claim_token) for c in claims], 5
-        )
+        return store.receive_claimed(conn, channel or claims[0].channel, claims, 5)
 
 
 def make_due(engine: sa.Engine) -> None:

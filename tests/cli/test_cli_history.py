@@ -138,7 +138,7 @@ def test_history_refuses_bad_arguments(run: Any) -> None:
 
 
 def test_a_bounce_shows_in_the_recipients_history(run: Any, engine: sa.Engine) -> None:
-    """Provider feedback (issue 12 item 2) writes attempt rows too: the send
+    """Provider feedback writes attempt rows too: the send
     log answers "did they get it?" with the bounce, not just the delivery."""
     with engine.begin() as conn:
         message_id = outbox.enqueue(conn, "email", {**EMAIL, "to": ["ada@example.net"]})

@@ -123,7 +123,7 @@ def test_the_channel_load_is_index_probes_whatever_the_backlog(engine: sa.Engine
         plan = "\n".join(
             r[0]
             for r in conn.execute(
-                sa.text("EXPLAIN " + str(store._CHANNEL_LOAD)), {"channels": "{email}"}
+                sa.text("EXPLAIN " + str(store.delivery._CHANNEL_LOAD)), {"channels": "{email}"}
             )
         )
     assert load == store.ChannelLoad(["email", "webhook"], {})

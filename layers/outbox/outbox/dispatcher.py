@@ -187,7 +187,7 @@ def dispatch_once(
         with engine.begin() as conn:
             released = store.release(
                 conn,
-                [(c.id, c.claim_token) for h in returned for c in h.claims],
+                [c for h in returned for c in h.claims],
                 reason=reason,
                 delay_seconds=delay,
             )

@@ -30,6 +30,7 @@ from .config import RelaySettings
 from .errors import ValidationError
 from .handoff import HandOff
 from .observability import count, timing
+from .states import SEND_OUTCOMES
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def _send_one(
         return Outcome.failed(f"channel {row.channel!r} does not implement send"), 0
     except Exception as exc:  # a channel bug or an unclassified provider error
         outcome = Outcome.retry(f"unexpected {type(exc).__name__}")
-    if outcome.kind not in store.SEND_OUTCOMES:
+    if outcome.kind not in SEND_OUTCOMES:
         outcome = Outcome.retry(f"channel returned unknown outcome {outcome.kind!r}")
     return outcome, int((time.monotonic() - started) * 1000)
 
@@ -100,7 +101,7 @@ def run(
         rows = store.receive_claimed(
             conn,
             handoff.channel,
-            [(c.id, c.claim_token) for c in handoff.claims],
+            handoff.claims,
             settings.max_attempts,
         )
     report.owned = len(rows)
