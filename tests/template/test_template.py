@@ -511,6 +511,17 @@ def test_the_lease_rule_holds_for_the_defaults(template: dict[str, Any]) -> None
     assert settings.lease_seconds > settings.sender_timeout_seconds + settings.max_event_age_seconds
 
 
+def test_the_smallest_lease_the_template_allows_passes_the_lease_rule(
+    template: dict[str, Any],
+) -> None:
+    """A stack deployed with the parameters' minimums must start: a lease the
+    template accepts but the cold start refuses fails every invocation."""
+    params = template["Parameters"]
+    assert params["LeaseSeconds"]["MinValue"] > (
+        params["SenderTimeoutSeconds"]["MinValue"] + params["MaxEventAgeSeconds"]["MinValue"]
+    )
+
+
 def setting_violations(template: dict[str, Any], table: Iterable[Setting[Any]]) -> list[str]:
     """The template against the settings table (outbox.settings): every
     variable a function gets is a declared setting, each setting the table
@@ -639,7 +650,7 @@ def test_the_settings_check_catches_a_template_out_of_step(template: dict[str, A
     params["EmailConcurrency"]["Default"] = 0  # CHANNEL_CONCURRENCY refuses it
     assert setting_violations(bad, SETTINGS) == [
         "parameter BatchSize: default '101' is not BATCH_SIZE's '100'",
-        "parameter LeaseSeconds: MinValue/MaxValue 61/86400, not LEASE_SECONDS's 62/86400",
+        "parameter LeaseSeconds: MinValue/MaxValue 61/86400, not LEASE_SECONDS's 66/86400",
         "Globals: MIN_DEFERRAL_SECONDS from the literal 'soon' is refused (configuration "
         "MIN_DEFERRAL_SECONDS: must be a number, got 'soon')",
         "parameter UnresolvedRetentionDays: AllowedPattern accepts other than never and "

@@ -297,9 +297,10 @@ LEASE_SECONDS = Int(
     default=120,
     low=5,
     high=86_400,
-    # More than the template's smallest sender timeout plus Lambda's smallest
-    # event age (the lease rule, checked at cold start, is the real bound).
-    aws_bounds=(62, 86_400),
+    # More than the template's smallest sender timeout (5) plus Lambda's
+    # smallest event age (60): the lease rule, checked at cold start, with the
+    # template's own minimums.
+    aws_bounds=(66, 86_400),
     meaning="claim lease; must exceed SENDER_TIMEOUT_SECONDS + MAX_EVENT_AGE_SECONDS",
 )
 SENDER_TIMEOUT_SECONDS = Int(

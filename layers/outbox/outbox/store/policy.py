@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .. import settings
 from ..states import AttemptOutcome
 
 
@@ -29,8 +30,8 @@ class Backoff:
     base_seconds: float
     cap_seconds: float
     default_max_attempts: int
-    max_deferrals: int = 20
-    min_deferral_seconds: float = 5.0
+    max_deferrals: int = settings.MAX_DEFERRALS.default
+    min_deferral_seconds: float = settings.MIN_DEFERRAL_SECONDS.default
     default_ttl_seconds: float | None = None
 
     def params(self) -> dict[str, Any]:
