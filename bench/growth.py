@@ -127,7 +127,9 @@ def measure(url: str, pending: int, batch: int, samples: int, *, vacuum: bool) -
                 )
         with engine.connect() as conn:
             plan = conn.execute(
-                sa.text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store._CLAIM_ALL.text),
+                sa.text(
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.delivery._CLAIM_ALL.text
+                ),
                 {"batch_size": batch, "lease_seconds": 120.0, "default_ttl": DEFAULT_TTL},
             ).scalar()
             conn.rollback()  # EXPLAIN ANALYZE ran the UPDATE: undo it

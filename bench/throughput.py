@@ -116,9 +116,9 @@ def _protocol_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
     conn = pg8000.native.Connection(**common.native_params(url))
     common.no_delay(conn)
     claim_sql, read_sql, settle_sql = (
-        store._CLAIM_ALL.text,
-        store._RECEIVE_CLAIMED.text,
-        store._SETTLE.text,
+        store.delivery._CLAIM_ALL.text,
+        store.delivery._RECEIVE_CLAIMED.text,
+        store.delivery._SETTLE.text,
     )
     backoff = {
         "backoff_base": 30.0,
@@ -267,8 +267,8 @@ def _worker_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[
 # to measure what the receipt costs: the ``relay-read`` cell.
 FENCED_READ = """
     SELECT m.id, m.channel, CAST(m.payload AS text) AS payload, m.attempts + 1 AS attempt,
-           COALESCE(m.max_attempts, :default_max) AS max_attempts, m.claim_token,
-           m.dedupe_key, m.ordering_key,
+           COALESCE(m.max_attempts, :default_max) AS max_attempts,
+           CAST(m.claim_token AS text) AS claim_token, m.dedupe_key, m.ordering_key,
            EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8 AS lease_left
     FROM outbox_message AS m
     JOIN unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
@@ -283,17 +283,17 @@ def _relay_read_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callab
 
     from outbox import store
 
-    statement = store._sql(FENCED_READ)
+    statement = store._sql.statement(FENCED_READ)
 
     def fenced_read(
         conn: sa.Connection, channel: str, claims: Any, default_max: int
     ) -> list[store.ClaimedMessage]:
-        pairs = list(claims)
+        held = list(claims)
         rows = conn.execute(
             statement,
             {
-                "ids": store.array_literal(i for i, _ in pairs),
-                "tokens": store.array_literal(t for _, t in pairs),
+                "ids": store.array_literal(c.id for c in held),
+                "tokens": store.array_literal(c.claim_token for c in held),
                 "channel": channel,
                 "default_max": default_max,
             },

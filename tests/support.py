@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import ssl
 import time
 import uuid
@@ -128,9 +129,7 @@ def receive(engine: sa.Engine, claims: Any, channel: str | None = None) -> list[
     if not claims:
         return []
     with engine.begin() as conn:
-        return store.receive_claimed(
-            conn, channel or claims[0].channel, [(c.id, c.claim_token) for c in claims], 5
-        )
+        return store.receive_claimed(conn, channel or claims[0].channel, claims, 5)
 
 
 def make_due(engine: sa.Engine) -> None:
@@ -171,3 +170,45 @@ def make_ca(
     local.cert_file.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
     cert.private_key_pem.write_to_path(str(local.key_file))
     return local
+
+
+@dataclass(frozen=True)
+class ConfigurationRow:
+    """One row of the README's Configuration table."""
+
+    variables: tuple[str, ...]  # the backticked names of its first cell; () for "—"
+    parameter: str  # the template parameter cell, as written
+    default: str  # the default cell, as written
+    line: str
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+CONFIGURATION_HEADER = "| environment variable | template parameter | default | meaning |"
+
+
+def configuration_rows(text: str) -> list[ConfigurationRow]:
+    """The rows of the table under "## Configuration"; ValueError when the
+    section, its header or a row's four cells are not there."""
+    _, found, rest = text.partition("\n## Configuration\n")
+    if not found:
+        raise ValueError("README has no Configuration section")
+    lines = [line for line in rest.split("\n## ", 1)[0].splitlines() if line.startswith("|")]
+    if not lines or lines[0] != CONFIGURATION_HEADER:
+        raise ValueError(f"the Configuration table's header is not {CONFIGURATION_HEADER}")
+    rows = []
+    for line in lines[2:]:  # after the header and its |---| line
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 4:
+            raise ValueError(f"a Configuration row without four cells: {line}")
+        variables = tuple(re.findall(r"`([A-Z][A-Z0-9_]*)`", cells[0]))
+        rows.append(ConfigurationRow(variables, cells[1], cells[2], line))
+    return rows
+
+
+def documented_default(cell: str) -> str:
+    """What a default cell states: a leading `value` or number, else "" (blank,
+    or prose such as "empty" or "system roots" for a setting without one)."""
+    match = re.match(r"`([^`]*)`|(-?\d+(?:\.\d+)?)(?![\w.])", cell)
+    if match is None:
+        return ""
+    return match[1] if match[1] is not None else match[2]

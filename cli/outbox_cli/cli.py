@@ -37,6 +37,15 @@ import sqlalchemy as sa
 
 import outbox
 from outbox.errors import ConfigError, ValidationError
+from outbox.handoff import MAX_MESSAGES_PER_EVENT
+from outbox.settings import BATCH_SIZE, read_all
+from outbox.states import (
+    CANCELLABLE_STATUSES,
+    REDRIVABLE_STATUSES,
+    STATUSES,
+    TERMINAL_STATUSES,
+    Status,
+)
 
 from .render import (
     emit_json,
@@ -276,15 +285,12 @@ def _channels(conn: sa.Connection, values: Sequence[str]) -> list[str] | None:
     return wanted or None
 
 
-def _statuses(values: Sequence[str], allowed: Sequence[str], verb: str) -> list[str]:
-    wanted = _split(values)
-    bad = sorted(set(wanted) - set(allowed))
-    if bad:
-        from outbox.store import STATUSES
-
-        problem = "cannot " + verb if bad[0] in STATUSES else "unknown"
-        fail(f"{problem} status {bad[0]!r}; choose from {', '.join(allowed)}", 2)
-    return wanted
+def _statuses(values: Sequence[str], allowed: Sequence[Status], verb: str) -> list[Status]:
+    """``--status`` values (repeated or a,b), each one of ``allowed``."""
+    try:
+        return [Status.parse(v, allowed, verb) for v in _split(values)]
+    except ValueError as exc:
+        fail(str(exc), 2)
 
 
 def _check_ids(ids: Sequence[int]) -> list[int]:
@@ -435,7 +441,7 @@ def status(as_json: bool) -> None:
         groups = store.channel_status_counts(conn)
         backlog = store.backlog(conn)
         paused = store.paused_channels(conn)
-    render_status(groups, backlog, store.STATUSES, as_json, paused)
+    render_status(groups, backlog, STATUSES, as_json, paused)
 
 
 @cli.command("list")
@@ -465,7 +471,7 @@ def list_(
     """Messages, newest first, optionally filtered; a page at a time."""
     from outbox import store
 
-    wanted = _statuses(statuses, store.STATUSES, "list")
+    wanted = _statuses(statuses, STATUSES, "list")
     with database() as engine, engine.connect() as conn:
         rows = store.list_messages(
             conn,
@@ -581,7 +587,7 @@ def redrive(
     """
     from outbox import store
 
-    allowed = store.REDRIVABLE_STATUSES
+    allowed = REDRIVABLE_STATUSES
     wanted = _statuses(statuses, allowed, "redrive")
     if ids and (wanted or channels_ or since is not None):
         fail("give either message ids or --status/--channel/--since, not both", 2)
@@ -640,7 +646,7 @@ def cancel(
     def apply(conn: sa.Connection, chosen: list[int]) -> set[int]:
         return store.cancel(conn, chosen, reason)
 
-    allowed = store.CANCELLABLE_STATUSES
+    allowed = CANCELLABLE_STATUSES
     _change("cancel", ids, selected, allowed, apply, dry_run, yes, as_json)
 
 
@@ -661,7 +667,7 @@ def prune(
     Counts them and asks first: --yes skips the question, --dry-run only counts."""
     from outbox import store
 
-    wanted = _statuses(statuses, store.TERMINAL_STATUSES, "prune") or list(store.TERMINAL_STATUSES)
+    wanted = _statuses(statuses, TERMINAL_STATUSES, "prune") or list(TERMINAL_STATUSES)
     total = 0
     with database() as engine:
         with engine.connect() as conn:
@@ -716,10 +722,10 @@ def _pausable_channel(conn: sa.Connection, channel: str) -> str:
     from outbox import store
 
     try:
-        store._check_channels([channel])
-    except ValueError as exc:
+        known = channel in registry.names() or store.channels_with_rows(conn, [channel])
+    except ValueError as exc:  # not a channel's name at all
         fail(str(exc), 2)
-    if channel not in registry.names() and not store.channels_with_rows(conn, [channel]):
+    if not known:
         fail(
             f"unknown channel {channel!r}: not registered and no messages; "
             f"known: {', '.join(registry.names())}",
@@ -770,7 +776,12 @@ def resume(channel: str, as_json: bool) -> None:
 @cli.command()
 @click.option("--once", is_flag=True, help="Claim and send one batch, then exit.")
 @click.option("--until-empty", is_flag=True, help="Exit when nothing is due any more.")
-@click.option("--batch-size", type=click.IntRange(1, 10_000), default=None, help="Rows per claim.")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(BATCH_SIZE.low, BATCH_SIZE.high),
+    default=None,
+    help="Rows per claim (BATCH_SIZE for this run).",
+)
 @click.option("--channels", "channels_", default=None, help="Only these channels (a,b).")
 @click.option("--reap-interval", type=Duration(), default=30.0, show_default=True)
 @json_option
@@ -795,6 +806,7 @@ def worker(
     try:
         settings = RelaySettings.from_env(os.environ)
         outcome_events = OutcomeEventSettings.from_env(os.environ)
+        read_all(os.environ)  # the channels' too, as a function's cold start does
     except ConfigError as exc:
         fail(str(exc), 2, "config")
     if batch_size is not None:
@@ -849,7 +861,7 @@ def worker(
 @click.option(
     "--claim",
     "claim_limit",
-    type=click.IntRange(1, 1000),
+    type=click.IntRange(1, MAX_MESSAGES_PER_EVENT),
     default=None,
     help="Claim up to N due messages of the function's channel and pass them as the "
     "hand-off event (a live event; instead of EVENT_FILE).",

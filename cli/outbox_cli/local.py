@@ -43,6 +43,7 @@ import sqlalchemy as sa
 
 from outbox import channels, store
 from outbox.channels import Deadline, Message, Outcome, SchemaChannel
+from outbox.states import STATUSES, TERMINAL_STATUSES
 
 from . import devdb
 from .invoke import LambdaContext, load_module
@@ -643,7 +644,7 @@ def _progress(engine: sa.Engine, ids: list[int]) -> tuple[int, dict[str, int]]:
     counts: dict[str, int] = {}
     for status in rows.values():
         counts[status] = counts.get(status, 0) + 1
-    settled = sum(n for s, n in counts.items() if s in store.TERMINAL_STATUSES)
+    settled = sum(n for s, n in counts.items() if s in TERMINAL_STATUSES)
     return settled, counts
 
 
@@ -661,7 +662,7 @@ def _report(
         final = store.statuses_of(conn, [m.id for m in mix])
         histories = {m.id: store.attempt_history(conn, m.id) for m in mix if m.show_history}
 
-    shown = [s for s in store.STATUSES if any(g.status == s for g in groups)]
+    shown = [s for s in STATUSES if any(g.status == s for g in groups)]
     table = table_cls(title="messages per channel and status")
     table.add_column("channel")
     for s in shown:

@@ -1,5 +1,5 @@
 """A pass of the relay with every logger the way ``LogLevel=DEBUG`` leaves
-them (issue 10, finding 3): Lambda sets the root logger to the application
+them: Lambda sets the root logger to the application
 log level and Powertools the ``outbox`` logger. Producer, senders over moto
 (email, SMS), a signed webhook, the reaper and a database secret fetch all
 run; every record from every logger is scanned for payloads, addresses,

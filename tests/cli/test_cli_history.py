@@ -12,11 +12,10 @@ from click.testing import CliRunner, Result
 
 import outbox
 from outbox import store
-from outbox.dispatcher import backoff_of
 from outbox_cli.cli import cli
 from support import EMAIL, settings
 
-BACKOFF = backoff_of(settings())
+BACKOFF = settings().backoff()
 
 
 @pytest.fixture
@@ -139,7 +138,7 @@ def test_history_refuses_bad_arguments(run: Any) -> None:
 
 
 def test_a_bounce_shows_in_the_recipients_history(run: Any, engine: sa.Engine) -> None:
-    """Provider feedback (issue 12 item 2) writes attempt rows too: the send
+    """Provider feedback writes attempt rows too: the send
     log answers "did they get it?" with the bounce, not just the delivery."""
     with engine.begin() as conn:
         message_id = outbox.enqueue(conn, "email", {**EMAIL, "to": ["ada@example.net"]})

@@ -12,7 +12,6 @@ from click.testing import CliRunner, Result
 
 import outbox
 from outbox import store
-from outbox.dispatcher import backoff_of
 from outbox_cli.cli import cli, parse_duration
 from support import (
     EMAIL,
@@ -26,7 +25,7 @@ from support import (
     statuses,
 )
 
-BACKOFF = backoff_of(settings())
+BACKOFF = settings().backoff()
 
 
 @pytest.fixture

@@ -15,13 +15,12 @@ import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
 import outbox
-from outbox import store
-from outbox.dispatcher import backoff_of
+from outbox import states, store
 from outbox_cli import cli as cli_module
 from outbox_cli.cli import cli
 from support import EMAIL, attempts, make_due, row, settings, statuses
 
-BACKOFF = backoff_of(settings())
+BACKOFF = settings().backoff()
 
 
 @pytest.fixture
@@ -208,7 +207,7 @@ def test_errors_under_json_are_one_object_on_stdout(run: Any, engine: sa.Engine)
     assert bad_status.exit_code == 2
     assert json_error(bad_status) == {
         "kind": "bad_argument",
-        "message": "unknown status 'lost'; choose from " + ", ".join(store.STATUSES),
+        "message": "unknown status 'lost'; choose from " + ", ".join(states.STATUSES),
     }
     missing = run("show", "999", "--json")
     assert missing.exit_code == 1 and json_error(missing)["kind"] == "not_found"

@@ -54,7 +54,7 @@ def test_the_dispatcher_never_claims_more_than_a_channels_budget(engine: sa.Engi
         store.settle(
             conn,
             [store.Settlement(i, t, "delivered") for i, t in finished],  # type: ignore[arg-type]
-            dispatcher.backoff_of(relay),
+            relay.backoff(),
         )
     assert [dispatcher.dispatch_once(engine, invoker, relay).claimed for _ in range(2)] == [10, 0]
     assert claimed(engine, "email") == 28
@@ -123,7 +123,7 @@ def test_the_channel_load_is_index_probes_whatever_the_backlog(engine: sa.Engine
         plan = "\n".join(
             r[0]
             for r in conn.execute(
-                sa.text("EXPLAIN " + str(store._CHANNEL_LOAD)), {"channels": "{email}"}
+                sa.text("EXPLAIN " + str(store.delivery._CHANNEL_LOAD)), {"channels": "{email}"}
             )
         )
     assert load == store.ChannelLoad(["email", "webhook"], {})

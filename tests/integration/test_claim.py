@@ -123,8 +123,8 @@ def test_the_claim_reads_the_due_index_in_claim_order_with_one_channel(engine: s
         )
         conn.execute(sa.text("ANALYZE outbox_message"))
         for statement, params in (
-            (store._CLAIM_ALL, {}),
-            (store._CLAIM_AND_RECEIVE_ALL, {"default_max": 5}),
+            (store.delivery._CLAIM_ALL, {}),
+            (store.delivery._CLAIM_AND_RECEIVE_ALL, {"default_max": 5}),
         ):
             plan = conn.execute(
                 sa.text("EXPLAIN (FORMAT JSON) " + statement.text),

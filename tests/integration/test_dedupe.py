@@ -1,4 +1,4 @@
-"""Dedupe scoped to the recipient (issue 12, item 1) against the real database:
+"""Dedupe scoped to the recipient against the real database:
 a key names an event, one event fans out to many recipients, a replay comes
 back as the existing message, and a different payload under the same key and
 recipient is refused without writing anything."""

@@ -1,4 +1,4 @@
-"""Issue 9 item 4: every delay a channel returns is bounded, deferrals are
+"""Every delay a channel returns is bounded, deferrals are
 counted and capped, and a message not delivered by its deliver-by time ends
 ``expired``."""
 
@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 import outbox
-from outbox import reaper, sender, store
+from outbox import reaper, sender, states, store
 from outbox.channels import Outcome
 from outbox.errors import ValidationError
 from outbox.handoff import HandOff
@@ -81,7 +81,7 @@ def test_a_bad_delay_from_a_channel_touches_its_own_row_only(engine: sa.Engine) 
         assert row(conn, ids[0]).status == "delivered"
         waits = [wait_seconds(conn, i) for i in ids[1:]]
         assert {row(conn, i).status for i in ids[1:]} == {"pending"}
-    day = store.MAX_DEFERRAL_SECONDS
+    day = store.policy.MAX_DEFERRAL_SECONDS
     assert day - 5 <= waits[0] <= day  # inf: the longest deferral
     assert 2 <= waits[1] <= 5  # NaN: the floor
     assert 55 <= waits[2] <= 60  # a retry delay is held to the backoff cap
@@ -198,7 +198,7 @@ def test_expired_rows_are_terminal_and_an_operator_can_redrive_them(engine: sa.E
     reaper.run(engine, settings(), lambda: 30.0)
     with engine.begin() as conn:
         assert row(conn, mid).status == "expired"
-        assert "expired" in store.TERMINAL_STATUSES
+        assert "expired" in states.TERMINAL_STATUSES
         assert store.redrive(conn, [mid]) == {mid}
         r = row(conn, mid)
     assert (r.status, r.attempts, r.deferrals, r.expires_at) == ("pending", 0, 0, None)
@@ -234,11 +234,10 @@ def _scripted_channel() -> None:
 
 
 def test_the_default_retry_window_outlives_a_half_hour_outage(engine: sa.Engine) -> None:
-    """Issue 9 item 3: with the production defaults, the waits between the
+    """With the production defaults, the waits between the
     attempts of a message that keeps failing add up to 30.75-61.5 minutes
     (jitter 50-100 %) before it is dead."""
     from outbox.config import RelaySettings
-    from outbox.dispatcher import backoff_of
 
     defaults = RelaySettings()
     install_channel(ScriptedChannel(answers=[Outcome.retry("provider down")] * 20))
@@ -250,7 +249,7 @@ def test_the_default_retry_window_outlives_a_half_hour_outage(engine: sa.Engine)
             store.settle(
                 conn,
                 [store.Settlement(c.id, c.claim_token, "retry", error="provider down")],
-                backoff_of(defaults),
+                defaults.backoff(),
             )
             if row(conn, mid).status == "pending":
                 waits.append(wait_seconds(conn, mid))

@@ -1,5 +1,4 @@
-"""Database errors carry no bound parameters and no quoted row data (issue 10,
-finding 4): an enqueue that hits a lock timeout on the application's own
+"""Database errors carry no bound parameters and no quoted row data: an enqueue that hits a lock timeout on the application's own
 engine, and a settle that fails on the relay's engine, say what went wrong
 without the payload's phone number and code or the claim tokens."""
 

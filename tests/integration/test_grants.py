@@ -16,7 +16,6 @@ import sqlalchemy as sa
 
 import outbox
 from outbox import store
-from outbox.dispatcher import backoff_of
 from support import EMAIL, settings
 
 PRODUCER_GRANTS = [
@@ -84,7 +83,7 @@ def test_the_producer_grants_are_enough_to_enqueue(engine: sa.Engine, role: str)
 
 def test_the_relay_grants_are_enough_to_run_the_state_machine(engine: sa.Engine, role: str) -> None:
     grant(engine, RELAY_GRANTS, role)
-    backoff = backoff_of(settings())
+    backoff = settings().backoff()
     with engine.begin() as conn:
         ids = outbox.enqueue_many(conn, [{"channel": "email", "payload": EMAIL}] * 3)
     with engine.begin() as conn:

@@ -1,4 +1,4 @@
-"""Hostile payloads (issue 10, finding 1): a bounded payload shape at enqueue,
+"""Hostile payloads: a bounded payload shape at enqueue,
 one undecodable row failing alone in the sender, and an engine that never
 reuses a connection whose statement raised mid-read (real Postgres, pg8000)."""
 

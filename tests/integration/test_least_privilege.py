@@ -1,4 +1,4 @@
-"""Least privilege in the database (issue 10, finding 6): the relay runs as a
+"""Least privilege in the database: the relay runs as a
 login user in the relay role the migration grants (DML on the two outbox
 tables), and that user can run the whole relay but no DDL and no other table."""
 
@@ -102,7 +102,7 @@ def test_the_relay_user_runs_the_whole_relay(relay_user: sa.Engine) -> None:
 
 def test_the_relay_user_enqueues_with_dedupe_keys_and_prunes_them(relay_user: sa.Engine) -> None:
     """Dedupe (outbox_dedupe, the fingerprint key, ids drawn ahead) and the send
-    log's pruning work under the relay role's grants (issue 12)."""
+    log's pruning work under the relay role's grants."""
     install_channel(ScriptedChannel())
     with relay_user.begin() as conn:
         first = outbox.enqueue(conn, "scripted", {"n": 1}, dedupe_key="k", return_created=True)

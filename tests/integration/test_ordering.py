@@ -1,4 +1,4 @@
-"""Issue 9 item 5: ordering keys under concurrent producers, and what a
+"""Ordering keys under concurrent producers, and what a
 failed row does to the rows after it in its key."""
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def test_the_claim_stays_an_index_lookup_on_a_key_with_many_settled_rows(
         )
         conn.execute(sa.text("ANALYZE outbox_message"))
         plan = conn.execute(
-            sa.text("EXPLAIN (FORMAT JSON) " + store._CLAIM_ALL.text),
+            sa.text("EXPLAIN (FORMAT JSON) " + store.delivery._CLAIM_ALL.text),
             {"batch_size": 100, "lease_seconds": 120.0, "default_ttl": 86400.0},
         ).scalar_one()
     text = json.dumps(plan)

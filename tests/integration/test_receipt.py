@@ -1,4 +1,4 @@
-"""Issue 9 item 1: a claim is sent at most once, whatever the transport does.
+"""A claim is sent at most once, whatever the transport does.
 
 The sender takes its rows by a compare-and-set receipt, so a duplicated or
 replayed hand-off event, an Invoke retried after a timeout, or an id listed
@@ -111,7 +111,7 @@ def test_a_receipt_taken_by_an_uncommitted_sender_is_not_given_to_a_second(
     (READ COMMITTED re-checks ``received_at`` on the row the first one wrote)."""
     (mid,) = enqueue(engine)
     (c,) = claim(engine)
-    pair = [(c.id, c.claim_token)]
+    pair = [c]
     second: list[list[store.ClaimedMessage]] = []
     with engine.connect() as first:
         first.begin()
@@ -145,9 +145,7 @@ def test_an_id_listed_twice_in_one_event_is_sent_once(engine: sa.Engine) -> None
     (mid2,) = enqueue(engine)
     (c2,) = claim(engine)
     with engine.begin() as conn:
-        taken = store.receive_claimed(
-            conn, "scripted", [(c2.id, c2.claim_token), (c2.id, c2.claim_token)], 3
-        )
+        taken = store.receive_claimed(conn, "scripted", [c2, c2], 3)
     assert [m.id for m in taken] == [mid2]
 
 

@@ -1,4 +1,4 @@
-"""Retention (issue 10, finding 5): rows that never reached their recipient
+"""Retention: rows that never reached their recipient
 (failed, dead) wait for an operator; the routine retention never prunes them,
 a message reaped to dead is still there (and counted) after the same run, and
 a retention of 0 days is refused."""

@@ -160,7 +160,8 @@ def test_settle_with_a_stale_token_changes_nothing(engine: sa.Engine) -> None:
             conn, [store.Settlement(mid, uuid.uuid4(), "delivered")], store.Backoff(1, 1, 3)
         )
         assert result == {}
-        assert store.release(conn, [(mid, uuid.uuid4())], "x") == set()
+        stale = store.Claim(mid, "scripted", uuid.uuid4(), 1)
+        assert store.release(conn, [stale], "x") == set()
         r = row(conn, mid)
     assert (r.status, r.claim_token) == ("claimed", c.claim_token)
     with engine.connect() as conn:
@@ -264,7 +265,7 @@ def test_settle_is_one_statement_whatever_the_batch_size(engine: sa.Engine) -> N
     assert len([s for s in statements if s.strip()]) == 2  # fenced load + settle
 
 
-# --- issue 9 item 6: a channel that cannot send fails its rows at once --------
+# --- a channel that cannot send fails its rows at once --------
 
 
 def _claim_raw(engine: sa.Engine, channel: str) -> list[store.Claim]:

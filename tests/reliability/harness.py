@@ -318,13 +318,14 @@ def install_wrappers(
         return result
 
     def release(conn: sa.Connection, claims: Any, reason: str, delay_seconds: float = 0) -> Any:
-        pairs = list(claims)
-        writer(conn, pairs)
-        return original_release(conn, pairs, reason, delay_seconds)
+        held = list(claims)
+        writer(conn, [(c.id, c.claim_token) for c in held])
+        return original_release(conn, held, reason, delay_seconds)
 
     def receive_claimed(conn: sa.Connection, channel: str, claims: Any, default_max: int) -> Any:
-        pairs = list(claims)
-        rows = original_receive(conn, channel, pairs, default_max)
+        held = list(claims)
+        pairs = [(c.id, c.claim_token) for c in held]
+        rows = original_receive(conn, channel, held, default_max)
         if killer is not None:
             killer.hit("after_load", pairs)
         return rows

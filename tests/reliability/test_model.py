@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 import outbox
-from outbox import channels, store
+from outbox import channels, states, store
 from outbox.channels import SchemaChannel
 from support import expire_leases
 
@@ -214,7 +214,9 @@ class OutboxModel(RuleBasedStateMachine):
         if twice:
             pairs = pairs + pairs
         with self.engine.begin() as conn:
-            loaded = store.receive_claimed(conn, "model", pairs, DEFAULT_MAX)
+            loaded = store.receive_claimed(
+                conn, "model", [store.Claim(i, "model", t, 1) for i, t in pairs], DEFAULT_MAX
+            )
         expected = sorted(
             i
             for i, t in set(pairs)
@@ -232,7 +234,7 @@ class OutboxModel(RuleBasedStateMachine):
         # One settlement per row: a batch never settles a row twice.
         seen: set[int] = set()
         pairs = [(i, t) for i, t in pairs if not (i in seen or seen.add(i))]
-        outcomes = [data.draw(st.sampled_from(store.SEND_OUTCOMES)) for _ in pairs]
+        outcomes = [data.draw(st.sampled_from(states.SEND_OUTCOMES)) for _ in pairs]
         settlements = [
             store.Settlement(i, t, o, error=None if o == "delivered" else f"model {o}")
             for (i, t), o in zip(pairs, outcomes, strict=True)

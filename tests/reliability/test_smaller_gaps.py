@@ -1,4 +1,4 @@
-"""The smaller gaps of issue 10 (finding 8), each reproduced: SSRF guard
+"""The smaller gaps found in review, each reproduced: SSRF guard
 errors that echoed URL secrets, full-width and ideographic host spellings,
 CR/LF in an email subject, ``enqueue_many`` given a non-list, ``outbox show``
 of a row too deep to decode, malformed ``DATABASE_URL`` values, and ids

@@ -10,14 +10,19 @@ breakage to be reported), so no check can pass vacuously.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cfnlint.decode import cfn_yaml
+
+from outbox.errors import ConfigError
+from outbox.settings import SETTINGS, DaysOrNever, Number, Setting
+from support import README, ConfigurationRow, configuration_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
@@ -506,15 +511,214 @@ def test_the_lease_rule_holds_for_the_defaults(template: dict[str, Any]) -> None
     assert settings.lease_seconds > settings.sender_timeout_seconds + settings.max_event_age_seconds
 
 
-def test_globals_set_every_setting_the_code_reads(template: dict[str, Any]) -> None:
-    source = (ROOT / "layers/outbox/outbox/config.py").read_text()
-    read = set(re.findall(r"env(?:\.get\(|, )\"([A-Z][A-Z0-9_]+)\"", source))
-    assert {"LEASE_SECONDS", "DB_SSLMODE"} <= read  # the scan itself works
-    local_only = {"DATABASE_URL", "DB_CONNECT_TIMEOUT", "SETTLE_MARGIN_SECONDS"}
-    # the dispatcher's own, not globals
-    local_only |= {"CHANNEL_FUNCTIONS", "CHANNEL_CONCURRENCY", "CHANNEL_MAX_IN_FLIGHT"}
-    globals_env = set(template["Globals"]["Function"]["Environment"]["Variables"])
-    assert read - local_only - globals_env == set()
+def test_the_smallest_lease_the_template_allows_passes_the_lease_rule(
+    template: dict[str, Any],
+) -> None:
+    """A stack deployed with the parameters' minimums must start: a lease the
+    template accepts but the cold start refuses fails every invocation."""
+    params = template["Parameters"]
+    assert params["LeaseSeconds"]["MinValue"] > (
+        params["SenderTimeoutSeconds"]["MinValue"] + params["MaxEventAgeSeconds"]["MinValue"]
+    )
+
+
+def setting_violations(template: dict[str, Any], table: Iterable[Setting[Any]]) -> list[str]:
+    """The template against the settings table (outbox.settings): every
+    variable a function gets is a declared setting, each setting the table
+    says the template sets is set, and what feeds it (a literal, a parameter,
+    a list parameter joined, a Sub of parameters) parses, with a parameter's
+    default, MinValue/MaxValue, AllowedValues and (for a number of days)
+    AllowedPattern the same as the table's."""
+    declared = {s.name: s for s in table}
+    found = []
+    set_by_template = set()
+    for where, key, value in environment(template):
+        setting = declared.get(key)
+        if setting is None:
+            found.append(f"{where}: {key} is not a declared setting")
+            continue
+        set_by_template.add(key)
+        if not setting.in_template:
+            found.append(f"{where}: {key} is declared as one the template never sets")
+        for branch in _branches(value):
+            found.extend(_source_violations(template, where, setting, branch))
+    for setting in table:
+        if setting.in_template and setting.name not in set_by_template:
+            found.append(f"{setting.name}: declared as set by the template, which never sets it")
+    return found
+
+
+def _source_violations(
+    template: dict[str, Any], where: str, setting: Setting[Any], source: Any
+) -> list[str]:
+    params = template["Parameters"]
+
+    def refused(text: str, what: str) -> list[str]:
+        try:
+            setting.parse(text)
+        except ConfigError as exc:
+            return [f"{where}: {setting.name} from {what} is refused ({exc})"]
+        return []
+
+    if isinstance(source, str | int | float):
+        return refused(str(source), f"the literal {source!r}")
+    if isinstance(source, dict) and set(source) == {"Ref"}:
+        name = source["Ref"]
+        # a pseudo parameter (AWS::StackName) or a resource: nothing to compare
+        return _parameter_violations(setting, name, params[name]) if name in params else []
+    if isinstance(source, dict) and set(source) == {"Fn::Join"}:
+        _, items = source["Fn::Join"]
+        if isinstance(items, dict) and items.get("Ref") in params:
+            name = items["Ref"]
+            return _parameter_violations(setting, name, params[name])
+    if (
+        isinstance(source, dict)
+        and set(source) == {"Fn::Sub"}
+        and isinstance(source["Fn::Sub"], str)
+    ):
+        # Parameters by their defaults, resources by their names.
+        text = re.sub(
+            r"\$\{([A-Za-z0-9]+)\}",
+            lambda m: str(params.get(m[1], {}).get("Default", m[1])),
+            source["Fn::Sub"],
+        )
+        return refused(text, "its Sub with the parameters' defaults")
+    return [f"{where}: {setting.name} is set from {source!r}, which this test cannot check"]
+
+
+def _parameter_violations(setting: Setting[Any], name: str, param: dict[str, Any]) -> list[str]:
+    found = []
+    text = str(param.get("Default", ""))
+    expected = (
+        setting.default if setting.aws_default is None else setting.parse(setting.aws_default)
+    )
+    try:
+        value = setting.read({setting.name: text})
+    except ConfigError as exc:
+        found.append(f"parameter {name}: default {text!r} is refused ({exc})")
+    else:
+        if value != expected:
+            found.append(
+                f"parameter {name}: default {text!r} is not {setting.name}'s "
+                f"{setting.document(expected)!r}"
+            )
+    if isinstance(setting, Number) and param.get("Type") == "Number":
+        low, high = setting.template_bounds()
+        stated = (param.get("MinValue"), param.get("MaxValue"))
+        if stated != (low, high):
+            found.append(
+                f"parameter {name}: MinValue/MaxValue {stated[0]}/{stated[1]}, "
+                f"not {setting.name}'s {setting.document(low)}/{setting.document(high)}"
+            )
+    choices = getattr(setting, "choices", None)
+    allowed = param.get("AllowedValues")
+    if (allowed or choices) and sorted(map(str, allowed or [])) != sorted(choices or []):
+        found.append(f"parameter {name}: AllowedValues {allowed}, not {setting.name}'s {choices}")
+    if isinstance(setting, DaysOrNever):
+        pattern = re.compile(param.get("AllowedPattern", ".*"))
+        accepted = {n for n in range(0, 2 * setting.high) if pattern.fullmatch(str(n))}
+        if accepted != set(range(setting.low, setting.high + 1)) or not pattern.fullmatch("never"):
+            found.append(
+                f"parameter {name}: AllowedPattern accepts other than never and "
+                f"{setting.low} to {setting.high}, what {setting.name} accepts"
+            )
+    return found
+
+
+def test_every_variable_the_template_sets_is_a_setting_with_its_default_and_bounds(
+    template: dict[str, Any],
+) -> None:
+    assert setting_violations(template, SETTINGS) == []
+
+
+def test_the_settings_check_catches_a_template_out_of_step(template: dict[str, Any]) -> None:
+    bad = copy.deepcopy(template)
+    params, res = bad["Parameters"], bad["Resources"]
+    globals_env = bad["Globals"]["Function"]["Environment"]["Variables"]
+    globals_env["BATCH_SIZ"] = 100  # a typo: nothing reads it
+    del globals_env["DEDUPE_WINDOW_DAYS"]
+    globals_env["MIN_DEFERRAL_SECONDS"] = "soon"
+    res["WebhookFunction"]["Properties"]["Environment"]["Variables"]["WEBHOOK_ALLOW_INSECURE"] = (
+        "true"
+    )
+    params["BatchSize"]["Default"] = 101
+    params["LeaseSeconds"]["MinValue"] = 61
+    params["DispatchBudgetSeconds"]["MaxValue"] = 900  # past the dispatcher's 60 s timeout
+    params["OutcomeEventsDelivered"]["AllowedValues"] = ["true", "false", "yes"]
+    params["OutcomeEventBusName"]["Default"] = ""  # the table says deployed stacks publish
+    params["UnresolvedRetentionDays"]["AllowedPattern"] = "^(never|[1-9][0-9]{0,3})$"
+    params["EmailConcurrency"]["Default"] = 0  # CHANNEL_CONCURRENCY refuses it
+    assert setting_violations(bad, SETTINGS) == [
+        "parameter BatchSize: default '101' is not BATCH_SIZE's '100'",
+        "parameter LeaseSeconds: MinValue/MaxValue 61/86400, not LEASE_SECONDS's 66/86400",
+        "Globals: MIN_DEFERRAL_SECONDS from the literal 'soon' is refused (configuration "
+        "MIN_DEFERRAL_SECONDS: must be a number, got 'soon')",
+        "parameter UnresolvedRetentionDays: AllowedPattern accepts other than never and "
+        "1 to 3650, what UNRESOLVED_RETENTION_DAYS accepts",
+        "parameter DispatchBudgetSeconds: MinValue/MaxValue 0/900, "
+        "not DISPATCH_BUDGET_SECONDS's 0/55",
+        "parameter OutcomeEventBusName: default '' is not OUTCOME_EVENT_BUS's 'default'",
+        "parameter OutcomeEventsDelivered: AllowedValues ['true', 'false', 'yes'], "
+        "not OUTCOME_EVENTS_DELIVERED's ('true', 'false')",
+        "Globals: BATCH_SIZ is not a declared setting",
+        "DispatcherFunction: CHANNEL_CONCURRENCY from its Sub with the parameters' defaults is "
+        "refused (configuration CHANNEL_CONCURRENCY: 'email' must be a whole number from 1 to "
+        "10000)",
+        "WebhookFunction: WEBHOOK_ALLOW_INSECURE is declared as one the template never sets",
+        "DEDUPE_WINDOW_DAYS: declared as set by the template, which never sets it",
+    ]
+    # And the table is what it is checked against: a different default there
+    # puts the unchanged template out of step.
+    table = [dataclasses.replace(s, default=50) if s.name == "BATCH_SIZE" else s for s in SETTINGS]
+    assert setting_violations(template, table) == [
+        "parameter BatchSize: default '100' is not BATCH_SIZE's '50'"
+    ]
+
+
+def readme_parameter_violations(
+    template: dict[str, Any], rows: list[ConfigurationRow]
+) -> list[str]:
+    """The README's "template parameter" column against the template: each
+    parameter a row names feeds a variable of that row (none, for a row of no
+    variable), and each parameter that feeds a variable is named in its row."""
+    params = template["Parameters"]
+    fed_by: dict[str, set[str]] = {}
+    for _, key, value in environment(template):
+        for branch in _branches(value):
+            if isinstance(branch, dict) and set(branch) == {"Fn::Join"}:
+                branch = branch["Fn::Join"][1]
+            if isinstance(branch, dict) and branch.get("Ref") in params:
+                fed_by.setdefault(key, set()).add(branch["Ref"])
+    found, documented = [], set()
+    for row in rows:
+        named = [p for p in re.findall(r"`([^`]+)`", row.parameter) if p in params]
+        for param in named:
+            documented |= {(v, param) for v in row.variables}
+            feeds = sorted(v for v, ps in fed_by.items() if param in ps)
+            if not row.variables and feeds:
+                found.append(f"README: {param} feeds {', '.join(feeds)}, its row names none")
+            elif row.variables and not set(feeds) & set(row.variables):
+                found.append(f"README: {param} does not feed {', '.join(row.variables)}")
+    for variable, feeding in sorted(fed_by.items()):
+        for param in sorted(feeding - {p for v, p in documented if v == variable}):
+            found.append(f"README: {variable}'s row does not name {param}, which feeds it")
+    return found
+
+
+def test_the_readmes_configuration_names_the_parameters_that_feed_each_variable(
+    template: dict[str, Any],
+) -> None:
+    text = README.read_text()
+    assert readme_parameter_violations(template, configuration_rows(text)) == []
+    broken = text.replace("| `BATCH_SIZE` | `BatchSize` |", "| `BATCH_SIZE` | `BatchSizes` |")
+    broken = broken.replace("| `DB_PORT` | `DatabasePort` |", "| `DB_PORT` | `DatabaseName` |")
+    broken = broken.replace("| — | `SesIdentity` |", "| — | `SesIdentity`, `EventBusName` |")
+    assert readme_parameter_violations(template, configuration_rows(broken)) == [
+        "README: DatabaseName does not feed DB_PORT",
+        "README: EventBusName feeds EVENT_BUS_NAME, its row names none",
+        "README: BATCH_SIZE's row does not name BatchSize, which feeds it",
+        "README: DB_PORT's row does not name DatabasePort, which feeds it",
+    ]
 
 
 def capacity_violations(template: dict[str, Any]) -> list[str]:

@@ -108,18 +108,6 @@ def plan_claim(
     return ClaimPlan(batch, channels if not left_out else wanted)
 
 
-def backoff_of(settings: RelaySettings) -> store.Backoff:
-    """The retry policy the settings describe."""
-    return store.Backoff(
-        settings.backoff_base_seconds,
-        settings.backoff_cap_seconds,
-        settings.max_attempts,
-        max_deferrals=settings.max_deferrals,
-        min_deferral_seconds=settings.min_deferral_seconds,
-        default_ttl_seconds=settings.default_ttl_seconds or None,
-    )
-
-
 def dispatch_once(
     engine: sa.Engine,
     invoker: Invoker,
@@ -169,7 +157,7 @@ def dispatch_once(
                     )
                     for c in unroutable
                 ],
-                backoff_of(settings),
+                settings.backoff(),
             )
         report.unroutable = len(settled)
         count_by_channel("Failed", [c for c in unroutable if c.id in settled])
@@ -199,7 +187,7 @@ def dispatch_once(
         with engine.begin() as conn:
             released = store.release(
                 conn,
-                [(c.id, c.claim_token) for h in returned for c in h.claims],
+                [c for h in returned for c in h.claims],
                 reason=reason,
                 delay_seconds=delay,
             )

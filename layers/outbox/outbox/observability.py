@@ -30,8 +30,12 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 
-NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "OutboxRelay"
-SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME") or "outbox"
+from .settings import POWERTOOLS_METRICS_NAMESPACE, POWERTOOLS_SERVICE_NAME
+
+# Powertools reads these two itself; the relay passes them explicitly so that
+# its metrics have the same namespace and service wherever they are made.
+NAMESPACE = POWERTOOLS_METRICS_NAMESPACE.read(os.environ)
+SERVICE = POWERTOOLS_SERVICE_NAME.read(os.environ)
 
 # Libraries whose DEBUG and INFO records carry what invariant 8 keeps out of
 # logs: botocore logs request and response bodies (a secret's value, a phone

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 from . import channels, payloads, store
 from .errors import DedupeConflict, ValidationError
+from .states import PredecessorFailure
 from .store import Enqueued
 
 MAX_PAYLOAD_BYTES = 256 * 1024
@@ -112,13 +113,14 @@ def _deliver_by(expires_at: Any, ttl: Any) -> tuple[str | None, float | None]:
     return expires_at.isoformat(), None
 
 
-def _on_predecessor_failure(value: Any) -> str:
-    if value not in store.ON_PREDECESSOR_FAILURE:
+def _on_predecessor_failure(value: Any) -> PredecessorFailure:
+    choices = tuple(PredecessorFailure)
+    if value not in choices:
         raise ValidationError(
             "on_predecessor_failure",
-            f"must be one of {', '.join(map(repr, store.ON_PREDECESSOR_FAILURE))}, got {value!r}",
+            f"must be one of {', '.join(repr(str(p)) for p in choices)}, got {value!r}",
         )
-    return str(value)
+    return PredecessorFailure(value)
 
 
 def _payload_json(channel: channels.Channel, payload: Any) -> str:

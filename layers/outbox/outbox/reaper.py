@@ -21,7 +21,7 @@ never by default.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,13 +29,12 @@ import sqlalchemy as sa
 
 from . import outcomes, store
 from .config import OutcomeEventSettings, RelaySettings
-from .dispatcher import backoff_of
 from .observability import count, gauge
+from .states import TERMINAL_STATUSES, UNRESOLVED_STATUSES, Status
 
 log = logging.getLogger(__name__)
 
 PRUNE_BATCH_SIZE = 5000
-UNRESOLVED_STATUSES = frozenset({"failed", "dead", "expired"})
 _MIN_TIME_FOR_A_BATCH = 2.0
 
 
@@ -84,7 +83,7 @@ def run(
     """``events_client`` makes the EventBridge client, on first need."""
     report = ReapReport()
     outcome_events = outcome_events or OutcomeEventSettings()
-    backoff = backoff_of(settings)
+    backoff = settings.backoff()
     while time_left() > _MIN_TIME_FOR_A_BATCH:
         with engine.begin() as conn:
             released = store.reap_expired(conn, settings.batch_size, backoff)
@@ -139,8 +138,8 @@ def run(
     count("OutcomeEventsPublished", report.events_published)
     count("OutcomeEventsRefused", report.events_refused)
 
-    routine = [s for s in store.TERMINAL_STATUSES if s not in UNRESOLVED_STATUSES]
-    unresolved = [s for s in store.TERMINAL_STATUSES if s in UNRESOLVED_STATUSES]
+    routine = [s for s in TERMINAL_STATUSES if s not in UNRESOLVED_STATUSES]
+    unresolved = list(UNRESOLVED_STATUSES)
     report.pruned += _prune_messages(engine, routine, settings.retention_days, time_left)
     if settings.unresolved_retention_days is not None:
         report.pruned += _prune_messages(
@@ -212,7 +211,7 @@ def _sorted_ids(by_status: dict[str, list[int]]) -> dict[str, list[int]]:
 
 
 def _prune_messages(
-    engine: sa.Engine, statuses: list[str], days: int, time_left: Callable[[], float]
+    engine: sa.Engine, statuses: Sequence[Status], days: int, time_left: Callable[[], float]
 ) -> int:
     if not statuses:
         return 0

@@ -1,8 +1,9 @@
 """What the Lambda handlers share: settings and the engine, made once per
 execution environment and reused by every invocation after it.
 
-Settings are read at import (cold start), so a bad setting fails the init
-with a message naming it. The engine connects on first use.
+Settings are read at import (cold start), every one declared in
+``outbox.settings``, so a bad setting fails the init with a message naming
+it. The engine connects on first use.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .config import DatabaseSettings, OutcomeEventSettings, RelaySettings
 from .errors import ConfigError, ValidationError
 from .handoff import Invoker, LambdaInvoker
 from .observability import logger
+from .settings import read_all
 
 # Leave the Lambda this long after the work to flush logs and metrics.
 _EXIT_MARGIN_SECONDS = 2.0
@@ -38,6 +40,9 @@ class Runtime:
         self.settings = RelaySettings.from_env(env)
         self.database = DatabaseSettings.from_env(env)
         self.outcome_events = OutcomeEventSettings.from_env(env)
+        # And every other declared setting (the channels', the migration's):
+        # a malformed one fails the cold start, not the first message it shapes.
+        read_all(env)
         self._engine: sa.Engine | None = None
         self._invoker: Invoker | None = None
         self._events_client: Any = None

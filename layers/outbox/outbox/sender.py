@@ -28,10 +28,10 @@ import sqlalchemy as sa
 from . import channels, payloads, store
 from .channels import Channel, Deadline, Message, Outcome
 from .config import RelaySettings
-from .dispatcher import backoff_of
 from .errors import ValidationError
 from .handoff import HandOff
 from .observability import count, timings
+from .states import SEND_OUTCOMES
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def _send_one(
         return Outcome.failed(f"channel {row.channel!r} does not implement send"), 0
     except Exception as exc:  # a channel bug or an unclassified provider error
         outcome = Outcome.retry(f"unexpected {type(exc).__name__}")
-    if outcome.kind not in store.SEND_OUTCOMES:
+    if outcome.kind not in SEND_OUTCOMES:
         outcome = Outcome.retry(f"channel returned unknown outcome {outcome.kind!r}")
     return outcome, int((time.monotonic() - started) * 1000)
 
@@ -102,7 +102,7 @@ def run(
         rows = store.receive_claimed(
             conn,
             handoff.channel,
-            [(c.id, c.claim_token) for c in handoff.claims],
+            handoff.claims,
             settings.max_attempts,
         )
     report.owned = len(rows)
@@ -157,7 +157,7 @@ def send_then_settle(
         channel, missing = channels.load(channel_name)
     else:
         missing = channels.missing_piece(channel)
-    backoff = backoff_of(settings)
+    backoff = settings.backoff()
     owned = {r.id for r in rows}
     if missing is not None or channel is None:
         # Nothing here can send this channel: fail the rows at once with the

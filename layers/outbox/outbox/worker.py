@@ -77,9 +77,7 @@ class Worker:
         if self.stop.is_set():
             # Not started: give the rows back now rather than leave them claimed.
             with self.engine.begin() as conn:
-                released = store.release(
-                    conn, [(r.id, r.claim_token) for r in rows], reason=STOPPING
-                )
+                released = store.release(conn, rows, reason=STOPPING)
             with self._lock:
                 self.report.released += len(released)
             report = sender.SendReport(received=len(rows))

@@ -19,40 +19,42 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ValidationError
+from ..states import AttemptOutcome
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What a send came to. Build one with the class methods below."""
 
-    kind: str  # delivered | retry | failed | suppressed | deferred
+    # One of states.SEND_OUTCOMES: delivered | retry | failed | suppressed | deferred
+    kind: str
     provider_message_id: str | None = None
     error: str | None = None
     delay_seconds: float | None = None
 
     @classmethod
     def delivered(cls, provider_message_id: str | None = None) -> Outcome:
-        return cls("delivered", provider_message_id=provider_message_id)
+        return cls(AttemptOutcome.DELIVERED, provider_message_id=provider_message_id)
 
     @classmethod
     def retry(cls, error: str, delay_seconds: float | None = None) -> Outcome:
         """A transient failure: counts an attempt, backs off (or waits ``delay_seconds``)."""
-        return cls("retry", error=error, delay_seconds=delay_seconds)
+        return cls(AttemptOutcome.RETRY, error=error, delay_seconds=delay_seconds)
 
     @classmethod
     def failed(cls, error: str) -> Outcome:
         """A permanent failure: sending again cannot help."""
-        return cls("failed", error=error)
+        return cls(AttemptOutcome.FAILED, error=error)
 
     @classmethod
     def suppressed(cls, error: str) -> Outcome:
         """The recipient must not be contacted (opted out, bounced, device gone)."""
-        return cls("suppressed", error=error)
+        return cls(AttemptOutcome.SUPPRESSED, error=error)
 
     @classmethod
     def deferred(cls, reason: str, delay_seconds: float = 0.0) -> Outcome:
         """Not tried, or throttled: back to pending later without counting an attempt."""
-        return cls("deferred", error=reason, delay_seconds=max(0.0, delay_seconds))
+        return cls(AttemptOutcome.DEFERRED, error=reason, delay_seconds=max(0.0, delay_seconds))
 
 
 @dataclass(frozen=True)

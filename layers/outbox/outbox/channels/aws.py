@@ -6,12 +6,12 @@ import os
 from collections.abc import Collection
 from typing import Any
 
+from ..settings import PROVIDER_READ_TIMEOUT_SECONDS
 from . import Outcome, SchemaChannel
 
 # botocore's own retries would sleep past our deadline and hide throttling from
 # the classification; one try per send, and the relay decides what comes next.
 _CONNECT_TIMEOUT = 3.0
-_READ_TIMEOUT = 10.0
 
 
 def client(service: str) -> Any:
@@ -20,7 +20,7 @@ def client(service: str) -> Any:
 
     config = Config(
         connect_timeout=_CONNECT_TIMEOUT,
-        read_timeout=float(os.environ.get("PROVIDER_READ_TIMEOUT_SECONDS", _READ_TIMEOUT)),
+        read_timeout=PROVIDER_READ_TIMEOUT_SECONDS.read(os.environ),
         retries={"total_max_attempts": 1, "mode": "standard"},
         max_pool_connections=32,
     )

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ValidationError
+from ..settings import SES_CONFIGURATION_SET, SES_SUPPRESSION_CHECK
 from . import Deadline, Message, Outcome, aws
 
 _ADDRESS = {"type": "string", "minLength": 3, "maxLength": 320, "pattern": "^[^@\\s]+@[^@\\s]+$"}
@@ -65,11 +66,9 @@ class EmailChannel(aws.AwsChannel):
         check_suppression: bool | None = None,
     ) -> None:
         super().__init__(client)
-        self.configuration_set = (
-            configuration_set or os.environ.get("SES_CONFIGURATION_SET") or None
-        )
+        self.configuration_set = configuration_set or SES_CONFIGURATION_SET.read(os.environ)
         if check_suppression is None:
-            check_suppression = os.environ.get("SES_SUPPRESSION_CHECK", "true").lower() != "false"
+            check_suppression = SES_SUPPRESSION_CHECK.read(os.environ)
         self.check_suppression = check_suppression
 
     def check(self, payload: dict[str, Any]) -> None:

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ValidationError
+from ..settings import EVENT_BUS_NAME
 from . import Deadline, Message, Outcome, aws
 
-DEFAULT_BUS = "default"
 MAX_ENTRY_BYTES = 256 * 1024
 # Per-entry codes AWS documents as retryable; every other entry code is final.
 _ENTRY_RETRY = {"InternalFailure"}
@@ -44,7 +44,7 @@ class EventBridgeChannel(aws.AwsChannel):
 
     def __init__(self, client: Any = None, event_bus: str | None = None) -> None:
         super().__init__(client)
-        self.event_bus = event_bus or os.environ.get("EVENT_BUS_NAME") or DEFAULT_BUS
+        self.event_bus = event_bus or EVENT_BUS_NAME.read(os.environ)
 
     def check(self, payload: dict[str, Any]) -> None:
         if payload["source"].startswith("aws."):

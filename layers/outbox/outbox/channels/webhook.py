@@ -33,6 +33,7 @@ from typing import Any
 
 from .. import netguard
 from ..errors import ValidationError
+from ..settings import WEBHOOK_ALLOW_INSECURE, WEBHOOK_SECRET_ARN, WEBHOOK_SECRET_ARNS
 from ..watchdog import WATCHDOG
 from . import Deadline, Message, Outcome, SchemaChannel, aws
 
@@ -170,12 +171,11 @@ class WebhookChannel(SchemaChannel):
         max_response_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
         if allow_insecure is None:
-            allow_insecure = os.environ.get("WEBHOOK_ALLOW_INSECURE", "").lower() == "true"
+            allow_insecure = WEBHOOK_ALLOW_INSECURE.read(os.environ)
         self.allow_insecure = allow_insecure
-        self.default_secret_id = default_secret_id or os.environ.get("WEBHOOK_SECRET_ARN") or None
+        self.default_secret_id = default_secret_id or WEBHOOK_SECRET_ARN.read(os.environ)
         if allowed_secret_ids is None:
-            listed = os.environ.get("WEBHOOK_SECRET_ARNS") or ""
-            allowed_secret_ids = [s.strip() for s in listed.split(",") if s.strip()]
+            allowed_secret_ids = WEBHOOK_SECRET_ARNS.read(os.environ)
         # A payload's secret_id may name only the secrets the operator listed:
         # otherwise any producer could have any body signed with any key.
         self.allowed_secret_ids = frozenset(allowed_secret_ids) | (

@@ -22,25 +22,23 @@ Revises: 0002
 """
 
 import os
-import re
 
 from alembic import op
+
+from outbox.settings import OUTBOX_RELAY_ROLE
 
 revision = "0003"
 down_revision = "0002"
 branch_labels = None
 depends_on = None
 
-DEFAULT_ROLE = "outbox_relay"
-_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 TABLES = ("outbox_message", "outbox_attempt")
 
 
 def relay_role() -> str:
-    role = os.environ.get("OUTBOX_RELAY_ROLE") or DEFAULT_ROLE
-    if not _IDENTIFIER.match(role):
-        raise ValueError("OUTBOX_RELAY_ROLE must be a lower-case SQL identifier")
-    return role
+    """The role's name: checked to be a plain lower-case identifier, because
+    the statements below interpolate it (a role name cannot be a bound parameter)."""
+    return OUTBOX_RELAY_ROLE.read(os.environ)
 
 
 def upgrade() -> None:

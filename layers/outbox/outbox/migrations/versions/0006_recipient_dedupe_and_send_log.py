@@ -32,7 +32,7 @@ branch_labels = None
 depends_on = None
 
 # The building blocks are plain SQL expressions the planner inlines, so the
-# bulk INSERT in store.py computes every fingerprint of a batch in one pass;
+# bulk INSERT of outbox.store.enqueue computes every fingerprint of a batch in one pass;
 # the wrappers at the end serve single rows (another language's producer, the
 # CLI). Nested calls of non-inlinable SQL functions are avoided: Postgres plans
 # the inner one again on every call.

@@ -46,7 +46,7 @@ _OLD_OUTCOMES = (
 )
 
 # The transitions that always produce an outcome event; ``delivered`` has its
-# own trigger, disabled unless OUTCOME_EVENTS_DELIVERED is on (store.py).
+# own trigger, disabled unless OUTCOME_EVENTS_DELIVERED is on (outbox.store.outcome_events).
 _EVENT_STATUSES = "'failed', 'dead', 'expired', 'bounced', 'complained'"
 
 

@@ -1,0 +1,78 @@
+"""How the store's statements are written and their parameters encoded.
+
+pg8000 escapes every element of a list parameter character by character, and
+scans the whole statement text for placeholders on every execute. So every
+statement of the store is built by :func:`statement` (its layout removed
+once, at import), and every parameter follows one convention:
+
+* a list of ids, tokens, channels or statuses travels as one ready array
+  literal (:func:`array_literal`) that the SQL casts (``CAST(:ids AS bigint[])``);
+* a batch of rows with free text in it travels as one JSON document
+  (:func:`json_document`) that the SQL unpacks (``jsonb_to_recordset``, or
+  for the settle, the hot path, ``jsonb_array_elements`` of arrays);
+* scalars are plain bound parameters.
+
+Filters an operator gives are checked here, against closed sets, before they
+reach a statement (:func:`check_channels`, :func:`check_statuses`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..states import STATUSES, Status
+
+
+def statement(text: str) -> sa.TextClause:
+    """A statement with its comments and indentation removed (same SQL, fewer
+    characters). No statement of the store has ``--`` inside a string literal."""
+    lines = (line.split("--", 1)[0].strip() for line in text.splitlines())
+    return sa.text(" ".join(line for line in lines if line))
+
+
+def array_literal(values: Iterable[Any]) -> str:
+    """A Postgres array literal, every element quoted (ids and UUIDs need not be), bound as one text
+    parameter that the SQL casts (``CAST(:ids AS bigint[])``, ``uuid[]``,
+    ``text[]``). One string instead of pg8000's per-element escaping of a list;
+    and pg8000's list adapter leaves ``null`` in any case but ``NULL`` unquoted,
+    which Postgres reads as a NULL element: a key "null" would silently vanish.
+    A value that is no id or UUID is still refused, by Postgres, at the cast."""
+
+    def element(v: Any) -> str:
+        if v is None:
+            return "NULL"
+        if type(v) is int or type(v) is uuid.UUID:  # ids and tokens: nothing to escape
+            return str(v)
+        return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    return "{" + ",".join(element(v) for v in values) + "}"
+
+
+def json_document(rows: Any) -> str:
+    """Rows (or any JSON value) as one compact JSON text parameter."""
+    return json.dumps(rows, separators=(",", ":"))
+
+
+# The table's CHECK constraint on outbox_message.channel.
+CHANNEL_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+
+
+def check_channels(channels: Sequence[str] | None) -> None:
+    """ValueError for the first value that cannot be a channel's name."""
+    bad = [c for c in channels or () if not isinstance(c, str) or not CHANNEL_NAME.match(c)]
+    if bad:
+        raise ValueError(f"not a channel name: {bad[0]!r}")
+
+
+def check_statuses(
+    statuses: Sequence[str] | None, allowed: Collection[Status] = STATUSES, verb: str = "use"
+) -> list[Status]:
+    """The statuses as members of ``allowed``; ValueError naming the choices
+    for the first that is not one (``Status.parse``)."""
+    return [Status.parse(s, allowed, verb) for s in statuses or ()]

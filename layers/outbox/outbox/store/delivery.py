@@ -1,0 +1,430 @@
+"""The hot path's statements: the dispatcher's claim and release, the sender's
+receipt and settle (docs/design.md, invariants 1, 2, 3 and 7).
+
+Every write after a claim is fenced on (id, status = 'claimed', claim_token);
+a writer whose lease was lost matches nothing, and the returned ids say so.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+import sqlalchemy as sa
+
+from ..states import SEND_OUTCOMES
+from ._sql import array_literal, json_document, statement
+from .policy import BACKOFF_SQL, DEADLINE_SQL, EXHAUSTED_SQL, EXPIRED_PREFIX, Backoff, bounded_delay
+
+
+# The per-row records of the hot path (claim, receipt, settle) are NamedTuples,
+# not frozen dataclasses: as immutable, and built in a fifth of the time (a
+# frozen dataclass sets each field through object.__setattr__).
+class Claim(NamedTuple):
+    """A claimed row as the dispatcher hands it to a channel function."""
+
+    id: int
+    channel: str
+    claim_token: uuid.UUID
+    attempt: int
+
+
+class ClaimedMessage(NamedTuple):
+    """A row the sender took its receipt for: it alone sends it, once.
+
+    The fields in the order of the receipts' columns (``_RECEIVED``)."""
+
+    id: int
+    channel: str
+    # The stored JSON as text: the sender decodes each row by itself
+    # (``payloads.decode``), so one undecodable row fails alone.
+    payload: str
+    attempt: int
+    max_attempts: int
+    # As text: it only goes back into the fenced statements, which cast it;
+    # a UUID object per row cost more than the rest of the row's decoding.
+    claim_token: str
+    dedupe_key: str | None
+    ordering_key: str | None
+    lease_left_seconds: float
+
+
+class Settlement(NamedTuple):
+    """The result of one send, to be written under the fence.
+
+    ``delay_seconds``: for ``deferred``, when to try again (no attempt counted,
+    up to the deferral limit); for ``retry``, an explicit delay instead of the
+    exponential backoff. ``settle`` bounds it (see ``bounded_delay``).
+    """
+
+    id: int
+    claim_token: uuid.UUID | str
+    outcome: str
+    error: str | None = None
+    provider_message_id: str | None = None
+    delay_seconds: float | None = None
+    duration_ms: int | None = None
+
+
+class Held(Protocol):
+    """A claim as the fence sees it: a row's id and the token of its claim
+    (a ``Claim``, a ``ClaimedMessage``)."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def claim_token(self) -> uuid.UUID | str: ...
+
+
+_CLAIM = f"""
+    WITH due AS (
+        SELECT m.id FROM outbox_message AS m
+        WHERE m.status = 'pending' AND m.available_at <= now() {{channel_filter}}
+          -- never hand out a row past its deliver-by time (the reaper expires it)
+          AND ({DEADLINE_SQL} > now()) IS NOT FALSE
+          -- A paused channel is not claimed: its rows stay pending, no attempt counted.
+          -- NOT IN (a hashed subplan, read once) rather than NOT EXISTS: the planner
+          -- estimates an anti-join with a channel column of few distinct values
+          -- (one channel: none) as matching nearly every row, then prefers a
+          -- sequential scan and a sort of every pending row to the due index,
+          -- JIT-compiled: 50 ms on 20,000 pending rows, 0.8 s on a grown table.
+          -- The pause table's channel is its primary key, so never NULL.
+          AND m.channel NOT IN (SELECT cp.channel FROM outbox_channel_pause AS cp)
+          -- One row of an ordering key at a time, in id order: none of its key
+          -- is claimed, and no earlier one is unfinished or holds the key
+          -- (failed, dead or expired: its successors wait for an operator).
+          AND (m.ordering_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM outbox_message AS p
+                WHERE p.ordering_key = m.ordering_key AND p.id <> m.id
+                  AND (p.status = 'claimed'
+                       OR (p.id < m.id
+                           AND p.status IN ('pending', 'failed', 'dead', 'expired')))))
+        ORDER BY m.priority DESC, m.available_at, m.id
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE outbox_message AS m
+    SET status = 'claimed', claim_token = gen_random_uuid(), claimed_at = now(),
+        lease_expires_at = now() + make_interval(secs => :lease_seconds),
+        received_at = {{received_at}}, expires_at = {DEADLINE_SQL}
+    FROM due
+    WHERE m.id = due.id AND m.status = 'pending'
+    RETURNING {{returning}}
+"""
+_CHANNEL_FILTER = "AND m.channel = ANY(CAST(:channels AS text[]))"
+_CLAIMED = "m.id, m.channel, m.claim_token, m.attempts + 1 AS attempt"
+_CLAIM_ALL = statement(_CLAIM.format(channel_filter="", received_at="NULL", returning=_CLAIMED))
+_CLAIM_CHANNELS = statement(
+    _CLAIM.format(channel_filter=_CHANNEL_FILTER, received_at="NULL", returning=_CLAIMED)
+)
+# The claim of a process that sends its rows itself (``outbox worker``): the
+# same compare-and-set, with the receipt taken in the same statement and the
+# payloads returned, so no hand-off and no second statement before the sends.
+_RECEIVED = """m.id, m.channel, CAST(m.payload AS text) AS payload, m.attempts + 1 AS attempt,
+    COALESCE(m.max_attempts, :default_max) AS max_attempts,
+    CAST(m.claim_token AS text) AS claim_token, m.dedupe_key, m.ordering_key,
+    CAST(:lease_seconds AS float8) AS lease_left"""
+_CLAIM_AND_RECEIVE_ALL = statement(
+    _CLAIM.format(channel_filter="", received_at="now()", returning=_RECEIVED)
+)
+_CLAIM_AND_RECEIVE_CHANNELS = statement(
+    _CLAIM.format(channel_filter=_CHANNEL_FILTER, received_at="now()", returning=_RECEIVED)
+)
+
+
+def claim(
+    conn: sa.Connection,
+    batch_size: int,
+    lease_seconds: float,
+    channels: Sequence[str] | None = None,
+    default_ttl_seconds: float | None = None,
+) -> list[Claim]:
+    """Claim up to ``batch_size`` due rows, highest priority first, for one lease.
+
+    ``default_ttl_seconds``: the deliver-by time of rows without their own
+    (counted from when they were first due); None: no default."""
+    params: dict[str, Any] = {
+        "batch_size": batch_size,
+        "lease_seconds": float(lease_seconds),
+        "default_ttl": None if default_ttl_seconds is None else float(default_ttl_seconds),
+    }
+    statement = _CLAIM_ALL
+    if channels is not None:
+        statement, params["channels"] = _CLAIM_CHANNELS, array_literal(channels)
+    # _CLAIMED's columns are Claim's fields, in order.
+    return sorted(map(Claim._make, conn.execute(statement, params)))
+
+
+def claim_and_receive(
+    conn: sa.Connection,
+    batch_size: int,
+    lease_seconds: float,
+    default_max_attempts: int,
+    channels: Sequence[str] | None = None,
+    default_ttl_seconds: float | None = None,
+) -> list[ClaimedMessage]:
+    """``claim`` and ``receive_claimed`` in one statement, for a process that sends
+    what it claims: the rows come back received, with their payloads (as text),
+    ordered by id. Every write after it is fenced on the claim token as usual."""
+    params: dict[str, Any] = {
+        "batch_size": batch_size,
+        "lease_seconds": float(lease_seconds),
+        "default_ttl": None if default_ttl_seconds is None else float(default_ttl_seconds),
+        "default_max": default_max_attempts,
+    }
+    statement = _CLAIM_AND_RECEIVE_ALL
+    if channels is not None:
+        statement, params["channels"] = _CLAIM_AND_RECEIVE_CHANNELS, array_literal(channels)
+    return _claimed_messages(conn.execute(statement, params).all())
+
+
+@dataclass(frozen=True)
+class ChannelLoad:
+    """Which channels have pending rows, and how many rows some have claimed."""
+
+    pending_channels: list[str]
+    claimed: dict[str, int]
+
+
+_CHANNEL_LOAD = statement(
+    """
+    WITH RECURSIVE pending AS (
+        -- A skip scan of the per-channel index: one probe per channel name.
+        (SELECT channel FROM outbox_message WHERE status = 'pending' ORDER BY channel LIMIT 1)
+        UNION ALL
+        SELECT (SELECT m.channel FROM outbox_message AS m
+                WHERE m.status = 'pending' AND m.channel > p.channel
+                ORDER BY m.channel LIMIT 1)
+        FROM pending AS p WHERE p.channel IS NOT NULL
+    )
+    SELECT channel, NULL::bigint AS claimed FROM pending WHERE channel IS NOT NULL
+    UNION ALL
+    -- The claimed rows are few (bounded by the budgets): the lease index finds them.
+    SELECT channel, count(*) FROM outbox_message
+    WHERE status = 'claimed' AND channel = ANY(CAST(:channels AS text[]))
+    GROUP BY channel
+    """
+)
+
+
+def channel_load(conn: sa.Connection, channels: Sequence[str]) -> ChannelLoad:
+    """The channels that have pending rows (due or not), and the rows claimed
+    now for each of ``channels`` (absent: none), in one statement."""
+    rows = conn.execute(_CHANNEL_LOAD, {"channels": array_literal(channels)}).all()
+    return ChannelLoad(
+        pending_channels=[r.channel for r in rows if r.claimed is None],
+        claimed={r.channel: int(r.claimed) for r in rows if r.claimed is not None},
+    )
+
+
+_RELEASE = statement(
+    """
+    UPDATE outbox_message AS m
+    SET status = 'pending', claim_token = NULL, lease_expires_at = NULL,
+        available_at = now() + make_interval(secs => :delay_seconds), last_error = :reason
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
+    WHERE m.id = h.id AND m.claim_token = h.token AND m.status = 'claimed'
+    RETURNING m.id
+    """
+)
+
+
+def release(
+    conn: sa.Connection,
+    claims: Iterable[Held],
+    reason: str,
+    delay_seconds: float = 0,
+) -> set[int]:
+    """Give claims back without counting an attempt (a failed hand-off). Fenced."""
+    held = list(claims)
+    if not held:
+        return set()
+    rows = conn.execute(
+        _RELEASE,
+        {
+            "ids": array_literal(c.id for c in held),
+            "tokens": array_literal(c.claim_token for c in held),
+            "reason": reason,
+            "delay_seconds": float(delay_seconds),
+        },
+    ).all()
+    return {r.id for r in rows}
+
+
+# --- the sender's receipt and settle ----------------------------------------
+
+# The receipt replaces a plain fenced read: the same one statement, but a
+# compare-and-set, so of two senders handed one claim (a duplicated or
+# replayed event, an Invoke retried after a timeout, an id listed twice) only
+# one gets the row back; the other finds nothing to send. A row locked by the
+# first is re-checked by the second after the first commits (READ COMMITTED),
+# when ``received_at`` is no longer NULL.
+_RECEIVE_CLAIMED = statement(
+    """
+    UPDATE outbox_message AS m
+    SET received_at = now()
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
+    WHERE m.id = h.id AND m.claim_token = h.token
+      AND m.status = 'claimed' AND m.channel = :channel AND m.lease_expires_at > now()
+      AND m.received_at IS NULL
+    RETURNING m.id, m.channel, CAST(m.payload AS text) AS payload, m.attempts + 1 AS attempt,
+              COALESCE(m.max_attempts, :default_max) AS max_attempts,
+              CAST(m.claim_token AS text) AS claim_token, m.dedupe_key, m.ordering_key,
+              EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8 AS lease_left
+    """
+)
+
+
+def receive_claimed(
+    conn: sa.Connection,
+    channel: str,
+    claims: Iterable[Held],
+    default_max_attempts: int,
+) -> list[ClaimedMessage]:
+    """Take the receipt of the claims this sender may send, once: a row missing
+    here is not ours (settled, reaped, claimed again) or already taken by another
+    sender. A claim listed twice counts once. Ordered by id."""
+    pairs = list(dict.fromkeys((c.id, c.claim_token) for c in claims))
+    if not pairs:
+        return []
+    rows = conn.execute(
+        _RECEIVE_CLAIMED,
+        {
+            "ids": array_literal(i for i, _ in pairs),
+            "tokens": array_literal(t for _, t in pairs),
+            "channel": channel,
+            "default_max": default_max_attempts,
+        },
+    ).all()
+    return _claimed_messages(rows)
+
+
+def _claimed_messages(rows: Sequence[sa.Row[Any]]) -> list[ClaimedMessage]:
+    # The receipts' columns are ClaimedMessage's fields, in order (lease_left
+    # is float8 in both statements): each row is taken as it is.
+    return sorted(map(ClaimedMessage._make, rows))
+
+
+_SETTLE = statement(
+    f"""
+    WITH input AS (
+        -- one JSON document for the whole batch: no per-element escaping; each
+        -- row an array [id, token, outcome, error, provider_id, delay_s, duration_ms]
+        -- (half the text of objects, a third of the time to encode)
+        SELECT CAST(e->>0 AS bigint) AS id, CAST(e->>1 AS uuid) AS token, e->>2 AS outcome,
+               e->>3 AS error, e->>4 AS provider_id, CAST(e->>5 AS float8) AS delay_s,
+               CAST(e->>6 AS int) AS duration_ms
+        FROM jsonb_array_elements(CAST(:settlements AS jsonb)) AS e
+    ),
+    classified AS (
+        -- A deferral past the row's deferral limit counts an attempt, like a retry.
+        SELECT i.id, i.token, i.provider_id, i.delay_s, i.duration_ms,
+               i.outcome = 'deferred' AS deferral,
+               i.outcome = 'deferred' AND m.deferrals >= :max_deferrals AS capped,
+               CASE WHEN i.outcome = 'deferred' AND m.deferrals >= :max_deferrals
+                    THEN 'retry' ELSE i.outcome END AS outcome,
+               CASE WHEN i.outcome = 'deferred' AND m.deferrals >= :max_deferrals
+                    THEN 'deferred ' || m.deferrals || ' times, now counted as an attempt: '
+                         || COALESCE(i.error, 'deferred')
+                    ELSE i.error END AS error,
+               m.attempts, m.attempts_at_redrive, m.max_attempts, m.deferrals, m.expires_at
+        FROM input AS i JOIN outbox_message AS m ON m.id = i.id
+    ),
+    timed AS (
+        SELECT m.*,
+               m.attempts + CASE WHEN m.outcome = 'deferred' THEN 0 ELSE 1 END AS attempts_after,
+               -- a counted deferral waits at least the backoff, so a receiver that
+               -- keeps throttling cannot spend the attempts in seconds
+               now() + make_interval(secs => CASE
+                   WHEN m.capped THEN GREATEST(m.delay_s, {BACKOFF_SQL})
+                   WHEN m.outcome = 'retry' THEN COALESCE(m.delay_s, {BACKOFF_SQL})
+                   ELSE COALESCE(m.delay_s, 0) END) AS next_at
+        FROM classified AS m
+    ),
+    decided AS (
+        SELECT m.*,
+               CASE WHEN m.outcome IN ('delivered', 'failed', 'suppressed') THEN m.outcome
+                    WHEN m.outcome = 'retry' AND {EXHAUSTED_SQL} THEN 'dead'
+                    -- the next try would come too late: expire now, not then
+                    WHEN m.next_at >= m.expires_at THEN 'expired'
+                    ELSE 'pending' END AS next_status
+        FROM timed AS m
+    ),
+    settled AS (
+        UPDATE outbox_message AS m
+        SET status = d.next_status,
+            attempts = d.attempts_after,
+            deferrals = d.deferrals + CASE WHEN d.deferral THEN 1 ELSE 0 END,
+            available_at = CASE WHEN d.next_status = 'pending' THEN d.next_at
+                                ELSE m.available_at END,
+            claim_token = NULL,
+            lease_expires_at = NULL,
+            provider_message_id = COALESCE(d.provider_id, m.provider_message_id),
+            last_error = CASE WHEN d.outcome = 'delivered' THEN NULL
+                              WHEN d.next_status = 'expired'
+                              THEN '{EXPIRED_PREFIX} before the next try; last error: '
+                                   || COALESCE(d.error, m.last_error, 'none')
+                              ELSE COALESCE(d.error, m.last_error) END,
+            settled_at = CASE WHEN d.next_status = 'pending' THEN NULL ELSE now() END
+        FROM decided AS d
+        -- The fence: a sender whose lease was taken matches nothing here.
+        WHERE m.id = d.id AND m.claim_token = d.token AND m.status = 'claimed'
+        RETURNING m.id, m.status, m.claimed_at, m.last_error, m.channel,
+                  m.recipient_fingerprints, d.outcome, d.attempts_after, d.error,
+                  d.provider_id, d.duration_ms
+    ),
+    logged AS (
+        INSERT INTO outbox_attempt
+            (message_id, attempt, outcome, error, provider_message_id, claimed_at, duration_ms,
+             channel, recipient_fingerprints)
+        SELECT id,
+               attempts_after + CASE WHEN outcome = 'deferred' THEN 1 ELSE 0 END,
+               CASE WHEN status IN ('dead', 'expired') THEN status ELSE outcome END,
+               CASE WHEN status = 'expired' THEN last_error ELSE error END,
+               provider_id, claimed_at, duration_ms, channel, recipient_fingerprints
+        FROM settled
+    )
+    SELECT id, status FROM settled
+    """
+)
+
+
+def settle(
+    conn: sa.Connection, settlements: Sequence[Settlement], backoff: Backoff
+) -> dict[int, str]:
+    """Write every outcome of a batch and its attempt rows in one statement.
+
+    Returns {id: new status} for the rows that were still ours; any id absent
+    from the result had its lease taken, and nothing was written for it. Each
+    delay is bounded first (``bounded_delay``): a bad one affects its row only.
+    """
+    if not settlements:
+        return {}
+    unknown = {s.outcome for s in settlements} - set(SEND_OUTCOMES)
+    if unknown:
+        raise ValueError(f"unknown outcome(s): {sorted(unknown)}")
+    rows = conn.execute(
+        _SETTLE,
+        {
+            "settlements": json_document(
+                [
+                    [
+                        s.id,
+                        str(s.claim_token),
+                        s.outcome,
+                        s.error,
+                        s.provider_message_id,
+                        bounded_delay(s.outcome, s.delay_seconds, backoff),
+                        s.duration_ms,
+                    ]
+                    for s in settlements
+                ]
+            ),
+            "max_deferrals": backoff.max_deferrals,
+            **backoff.params(),
+        },
+    ).all()
+    return {r.id: r.status for r in rows}

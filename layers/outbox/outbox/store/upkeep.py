@@ -1,0 +1,382 @@
+"""The reaper's statements: expired leases, deliver-by times, held rows,
+retention, and the backlog figures (docs/design.md, invariants 5 and 6)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from ..states import TERMINAL_STATUSES
+from ._sql import array_literal, check_statuses, statement
+from .policy import BACKOFF_SQL, EXHAUSTED_SQL, EXPIRED_PREFIX, Backoff
+
+
+@dataclass(frozen=True)
+class Backlog:
+    pending: int
+    due: int
+    oldest_due_age_seconds: float
+    claimed: int
+    expired_claims: int
+    dead: int
+    held: int = 0
+
+
+LEASE_EXPIRED_ERROR = "lease expired: the sender did not settle in time"
+NOT_STARTED_ERROR = (
+    "lease expired before any sender took the claim (no capacity, or the hand-off "
+    "was lost): not counted as an attempt"
+)
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """A claim the reaper took back: its new status, and whether a sender had
+    started it (took its receipt; only then is an attempt counted)."""
+
+    status: str
+    started: bool
+
+
+_REAP = statement(
+    f"""
+    WITH lapsed AS (
+        SELECT id FROM outbox_message
+        WHERE status = 'claimed' AND lease_expires_at < now()
+        ORDER BY lease_expires_at
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    ),
+    timed AS (
+        -- No receipt: no sender ever started the row (capacity, a lost event).
+        -- That is not the message's fault: no attempt, due again at once; its
+        -- deliver-by time bounds how long that can go on.
+        SELECT m.id, m.attempts, m.attempts_at_redrive, m.max_attempts, m.expires_at,
+               m.received_at IS NOT NULL AS started,
+               CASE WHEN m.received_at IS NULL THEN now()
+                    ELSE now() + make_interval(secs => {BACKOFF_SQL}) END AS next_at
+        FROM outbox_message AS m JOIN lapsed USING (id)
+    ),
+    decided AS (
+        SELECT m.*,
+               CASE WHEN m.started AND {EXHAUSTED_SQL} THEN 'dead'
+                    WHEN m.next_at >= m.expires_at THEN 'expired'
+                    ELSE 'pending' END AS next_status
+        FROM timed AS m
+    ),
+    released AS (
+        UPDATE outbox_message AS m
+        SET status = d.next_status,
+            attempts = m.attempts + CASE WHEN d.started THEN 1 ELSE 0 END,
+            available_at = d.next_at,
+            claim_token = NULL,
+            lease_expires_at = NULL,
+            last_error = CASE WHEN d.next_status = 'expired' THEN '{EXPIRED_PREFIX}; '
+                              ELSE '' END
+                         || CASE WHEN d.started THEN :error ELSE :not_started_error END,
+            settled_at = CASE WHEN d.next_status <> 'pending' THEN now() END
+        FROM decided AS d
+        WHERE m.id = d.id
+        RETURNING m.id, m.status, m.attempts, m.claimed_at, m.last_error, d.started, m.channel,
+                  m.recipient_fingerprints
+    ),
+    logged AS (
+        INSERT INTO outbox_attempt
+            (message_id, attempt, outcome, error, claimed_at, channel, recipient_fingerprints)
+        SELECT id, attempts + CASE WHEN started THEN 0 ELSE 1 END,
+               CASE WHEN status IN ('dead', 'expired') THEN status
+                    WHEN started THEN 'expired' ELSE 'not_started' END,
+               last_error, claimed_at, channel, recipient_fingerprints
+        FROM released
+    )
+    SELECT id, status, started FROM released
+    """
+)
+
+
+def reap_expired(conn: sa.Connection, batch_size: int, backoff: Backoff) -> dict[int, Reaped]:
+    """Release claims whose lease ran out (docs/design.md, invariant 5): after a receipt the
+    attempt counts (``dead`` when out of attempts); without one it does not.
+    Either ends ``expired`` when the next try would fall after the deliver-by time."""
+    rows = conn.execute(
+        _REAP,
+        {
+            "batch_size": batch_size,
+            "error": LEASE_EXPIRED_ERROR,
+            "not_started_error": NOT_STARTED_ERROR,
+            **backoff.params(),
+        },
+    ).all()
+    return {r.id: Reaped(r.status, r.started) for r in rows}
+
+
+# Pending rows past their deliver-by time, in bounded batches: those with a
+# time of their own (expiry index), and those under the relay's default,
+# counted from when they are due (only rows never claimed have none written).
+_EXPIRE_OVERDUE = statement(
+    f"""
+    WITH own AS (
+        SELECT id FROM outbox_message
+        WHERE status = 'pending' AND expires_at <= now()
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    ),
+    by_default AS (
+        SELECT id FROM outbox_message
+        WHERE status = 'pending' AND expires_at IS NULL
+          AND available_at <= now() - make_interval(secs => CAST(:default_ttl AS float8))
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    ),
+    expired AS (
+        UPDATE outbox_message AS m
+        SET status = 'expired', settled_at = now(),
+            last_error = '{EXPIRED_PREFIX} before it was delivered'
+                         || COALESCE('; last error: ' || m.last_error, '')
+        WHERE m.id IN (SELECT id FROM own UNION ALL SELECT id FROM by_default)
+          AND m.status = 'pending'
+        RETURNING m.id, m.attempts, m.last_error, m.channel, m.recipient_fingerprints
+    ),
+    logged AS (
+        INSERT INTO outbox_attempt
+            (message_id, attempt, outcome, error, channel, recipient_fingerprints)
+        SELECT id, attempts + 1, 'expired', last_error, channel, recipient_fingerprints
+        FROM expired
+    )
+    SELECT id FROM expired
+    """
+)
+
+
+def expire_overdue(conn: sa.Connection, batch_size: int, backoff: Backoff) -> set[int]:
+    """pending -> expired for rows past their deliver-by time (up to two batches)."""
+    rows = conn.execute(
+        _EXPIRE_OVERDUE, {"batch_size": batch_size, "default_ttl": backoff.ttl_param()}
+    ).all()
+    return {r.id for r in rows}
+
+
+# Rows whose producer chose on_predecessor_failure='cancel', behind a row of
+# their ordering key that ended failed, dead or expired. Driven from those
+# few holding rows (the ordering index), bounded per run.
+_CANCEL_HELD = statement(
+    """
+    WITH doomed AS (
+        SELECT m.id, min(f.id) AS holder
+        FROM outbox_message AS f
+        JOIN outbox_message AS m ON m.ordering_key = f.ordering_key AND m.id > f.id
+        WHERE f.ordering_key IS NOT NULL AND f.status IN ('failed', 'dead', 'expired')
+          AND m.status = 'pending' AND m.on_predecessor_failure = 'cancel'
+        GROUP BY m.id
+        LIMIT :batch_size
+    )
+    UPDATE outbox_message AS m
+    SET status = 'cancelled', settled_at = now(),
+        last_error = 'cancelled: message ' || d.holder
+                     || ' before it in its ordering key did not succeed'
+    FROM doomed AS d
+    WHERE m.id = d.id AND m.status = 'pending'
+    RETURNING m.id
+    """
+)
+
+
+def cancel_held(conn: sa.Connection, batch_size: int) -> set[int]:
+    """Cancel the held rows whose producer asked for that (``on_predecessor_failure='cancel'``)."""
+    return {r.id for r in conn.execute(_CANCEL_HELD, {"batch_size": batch_size}).all()}
+
+
+_PRUNE = statement(
+    """
+    WITH doomed AS (
+        SELECT id FROM outbox_message
+        WHERE status = ANY(CAST(:statuses AS text[]))
+          AND settled_at < now() - make_interval(secs => :older_than_seconds)
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM outbox_message AS m USING doomed WHERE m.id = doomed.id
+    """
+)
+
+
+def prune(
+    conn: sa.Connection,
+    older_than_seconds: float,
+    batch_size: int,
+    statuses: Sequence[str] = TERMINAL_STATUSES,
+) -> int:
+    """Delete up to ``batch_size`` terminal rows settled before the window.
+
+    Their attempt history stays (``prune_attempts`` has its own retention), and
+    so do their dedupe keys (``prune_dedupe_keys``, the dedupe window)."""
+    result = conn.execute(
+        _PRUNE,
+        {
+            "statuses": array_literal(check_statuses(statuses, TERMINAL_STATUSES, "prune")),
+            "older_than_seconds": float(older_than_seconds),
+            "batch_size": batch_size,
+        },
+    )
+    return result.rowcount
+
+
+_PRUNE_ATTEMPTS = statement(
+    """
+    WITH doomed AS (
+        SELECT a.id FROM outbox_attempt AS a
+        WHERE a.finished_at < now() - make_interval(secs => :older_than_seconds)
+          -- a message still kept (unresolved, awaiting an operator) keeps its history
+          AND NOT EXISTS (SELECT 1 FROM outbox_message AS m WHERE m.id = a.message_id)
+        ORDER BY a.finished_at
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM outbox_attempt AS a USING doomed WHERE a.id = doomed.id
+    """
+)
+
+
+def prune_attempts(conn: sa.Connection, older_than_seconds: float, batch_size: int) -> int:
+    """Delete up to ``batch_size`` attempt rows that finished before the window
+    and whose message is gone (the send log's own retention: it outlives the
+    messages, and a message still kept keeps its history)."""
+    result = conn.execute(
+        _PRUNE_ATTEMPTS,
+        {"older_than_seconds": float(older_than_seconds), "batch_size": batch_size},
+    )
+    return result.rowcount
+
+
+_PRUNE_DEDUPE_KEYS = statement(
+    """
+    WITH doomed AS (
+        SELECT channel, dedupe_key, recipient_fingerprint FROM outbox_dedupe
+        WHERE created_at < now() - make_interval(secs => :older_than_seconds)
+        ORDER BY created_at
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM outbox_dedupe AS d USING doomed
+    WHERE (d.channel, d.dedupe_key, d.recipient_fingerprint)
+        = (doomed.channel, doomed.dedupe_key, doomed.recipient_fingerprint)
+    """
+)
+
+
+def prune_dedupe_keys(conn: sa.Connection, older_than_seconds: float, batch_size: int) -> int:
+    """Release up to ``batch_size`` dedupe keys first used before the window:
+    the same key for the same recipient then makes a new message."""
+    result = conn.execute(
+        _PRUNE_DEDUPE_KEYS,
+        {"older_than_seconds": float(older_than_seconds), "batch_size": batch_size},
+    )
+    return result.rowcount
+
+
+_BACKLOG = statement(
+    """
+    SELECT
+      count(*) FILTER (WHERE status = 'pending') AS pending,
+      count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS due,
+      COALESCE(EXTRACT(EPOCH FROM now() - min(available_at)
+               FILTER (WHERE status = 'pending' AND available_at <= now())), 0)::float8
+          AS oldest_due_age,
+      count(*) FILTER (WHERE status = 'claimed') AS claimed,
+      count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at < now()) AS expired_claims
+    FROM outbox_message WHERE status IN ('pending', 'claimed')
+    """
+)
+_DEAD_COUNT = statement(
+    "SELECT count(*) FROM outbox_message WHERE status = 'dead' AND settled_at IS NOT NULL"
+)
+# Pending rows held behind a failed, dead or expired row of their ordering
+# key, counted from those few holding rows (the ordering index).
+_HELD_COUNT = statement(
+    """
+    SELECT count(DISTINCT m.id)
+    FROM outbox_message AS f
+    JOIN outbox_message AS m ON m.ordering_key = f.ordering_key AND m.id > f.id
+    WHERE f.ordering_key IS NOT NULL AND f.status IN ('failed', 'dead', 'expired')
+      AND m.status = 'pending'
+    """
+)
+
+
+def backlog(conn: sa.Connection) -> Backlog:
+    """Backlog figures for metrics and `outbox status`; served by the partial indexes."""
+    row = conn.execute(_BACKLOG).one()
+    dead = conn.execute(_DEAD_COUNT).scalar_one()
+    held = held_count(conn)
+    return Backlog(
+        pending=row.pending,
+        due=row.due,
+        oldest_due_age_seconds=float(row.oldest_due_age),
+        claimed=row.claimed,
+        expired_claims=row.expired_claims,
+        dead=dead,
+        held=held,
+    )
+
+
+def held_count(conn: sa.Connection) -> int:
+    """Pending rows waiting behind a failed, dead or expired row of their ordering key."""
+    return int(conn.execute(_HELD_COUNT).scalar_one())
+
+
+_CHANNEL_BACKLOG = statement(
+    """
+    WITH live AS (
+        SELECT channel,
+          count(*) FILTER (WHERE status = 'pending') AS pending,
+          count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS due,
+          COALESCE(EXTRACT(EPOCH FROM now() - min(available_at)
+                   FILTER (WHERE status = 'pending' AND available_at <= now())), 0)::float8
+              AS oldest_due_age,
+          count(*) FILTER (WHERE status = 'claimed') AS claimed,
+          count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at < now())
+              AS expired_claims,
+          count(*) FILTER (WHERE status = 'dead') AS dead
+        FROM outbox_message WHERE status IN ('pending', 'claimed', 'dead')
+        GROUP BY channel
+    )
+    SELECT COALESCE(l.channel, p.channel) AS channel, COALESCE(l.pending, 0) AS pending,
+           COALESCE(l.due, 0) AS due, COALESCE(l.oldest_due_age, 0) AS oldest_due_age,
+           COALESCE(l.claimed, 0) AS claimed, COALESCE(l.expired_claims, 0) AS expired_claims,
+           COALESCE(l.dead, 0) AS dead, p.channel IS NOT NULL AS paused
+    FROM live AS l FULL JOIN outbox_channel_pause AS p ON p.channel = l.channel
+    ORDER BY 1
+    """
+)
+
+
+@dataclass(frozen=True)
+class ChannelBacklog:
+    channel: str
+    pending: int
+    due: int
+    oldest_due_age_seconds: float
+    claimed: int
+    expired_claims: int
+    dead: int
+    paused: bool
+
+
+def channel_backlog(conn: sa.Connection) -> list[ChannelBacklog]:
+    """Backlog figures per channel (one grouped statement): every channel with
+    pending, claimed or dead rows, and every paused channel even without rows."""
+    return [
+        ChannelBacklog(
+            channel=r.channel,
+            pending=r.pending,
+            due=r.due,
+            oldest_due_age_seconds=float(r.oldest_due_age),
+            claimed=r.claimed,
+            expired_claims=r.expired_claims,
+            dead=r.dead,
+            paused=r.paused,
+        )
+        for r in conn.execute(_CHANNEL_BACKLOG).all()
+    ]
