@@ -134,3 +134,61 @@ def test_the_claim_reads_the_due_index_in_claim_order_with_one_channel(engine: s
             assert '"Index Name": "outbox_message_due"' in text, text
             assert '"Node Type": "Sort"' not in text, text
             assert plan[0]["Plan"]["Total Cost"] < 100_000, "above jit_above_cost"
+
+
+def test_the_claim_skips_exactly_the_rows_past_their_deliver_by_time(engine: sa.Engine) -> None:
+    """The claim's deliver-by test is spelt for the planner; it must still mean
+    (COALESCE(expires_at, available_at + default ttl) > now()) IS NOT FALSE."""
+    cases = [
+        (expires, due)
+        for expires in ("now() - interval '1 minute'", "now() + interval '1 minute'", "NULL")
+        for due in ("now() - interval '2 hours'", "now() - interval '1 second'")
+    ]
+    for ttl in (3600.0, None):
+        with engine.begin() as conn:
+            conn.execute(sa.text("TRUNCATE outbox_attempt, outbox_message RESTART IDENTITY"))
+            for expires, due in cases:
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO outbox_message (channel, payload, expires_at, available_at) "
+                        f"VALUES ('email', '{{}}', {expires}, {due})"
+                    )
+                )
+            expected = conn.execute(
+                sa.text(
+                    "SELECT id FROM outbox_message WHERE (COALESCE(expires_at, available_at "
+                    "+ make_interval(secs => CAST(:ttl AS float8))) > now()) IS NOT FALSE"
+                ),
+                {"ttl": ttl},
+            ).scalars()
+            wanted = sorted(expected)
+            claimed = [c.id for c in store.claim(conn, 100, 120, default_ttl_seconds=ttl)]
+        assert claimed == wanted, (ttl, claimed, wanted)
+        assert 0 < len(wanted) < len(cases)
+
+
+def test_a_burst_on_a_table_analyzed_idle_is_claimed_by_id(engine: sa.Engine) -> None:
+    """Statistics taken while nothing was pending (an idle table), then a burst:
+    the claim's UPDATE must still look its batch up by id, not walk every
+    pending row against it (that plan took 150 ms for a burst of 10,000)."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_message (channel, payload, status, settled_at, attempts) "
+                "SELECT 'email', '{}', 'delivered', now(), 1 FROM generate_series(1, 20000)"
+            )
+        )
+        conn.execute(sa.text("ANALYZE outbox_message"))
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_message (channel, payload, available_at) "
+                "SELECT 'email', '{}', now() - interval '1 second' FROM generate_series(1, 2000)"
+            )
+        )
+        plan = conn.execute(
+            sa.text("EXPLAIN (FORMAT JSON) " + store.delivery._CLAIM_ALL.text),
+            {"batch_size": 100, "lease_seconds": 120.0, "default_ttl": 86400.0},
+        ).scalar_one()
+    text = json.dumps(plan)
+    assert '"Index Name": "outbox_message_pkey"' in text, text
+    assert "outbox_message_due_by_channel" not in text, text

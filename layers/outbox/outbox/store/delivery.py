@@ -83,8 +83,16 @@ _CLAIM = f"""
     WITH due AS (
         SELECT m.id FROM outbox_message AS m
         WHERE m.status = 'pending' AND m.available_at <= now() {{channel_filter}}
-          -- never hand out a row past its deliver-by time (the reaper expires it)
-          AND ({DEADLINE_SQL} > now()) IS NOT FALSE
+          -- never hand out a row past its deliver-by time (the reaper expires it):
+          -- ({DEADLINE_SQL} > now()) IS NOT FALSE, spelt so that the planner
+          -- estimates it from the columns' statistics (nearly every due row
+          -- passes) rather than a third for an opaque test: the lower estimate
+          -- made the claim look costlier than jit_above_cost at large batches.
+          AND (m.expires_at > now()
+               OR (m.expires_at IS NULL
+                   AND (CAST(:default_ttl AS float8) IS NULL
+                        OR m.available_at
+                           > now() - make_interval(secs => CAST(:default_ttl AS float8)))))
           -- A paused channel is not claimed: its rows stay pending, no attempt counted.
           -- NOT IN (a hashed subplan, read once) rather than NOT EXISTS: the planner
           -- estimates an anti-join with a channel column of few distinct values
@@ -111,7 +119,12 @@ _CLAIM = f"""
         lease_expires_at = now() + make_interval(secs => :lease_seconds),
         received_at = {{received_at}}, expires_at = {DEADLINE_SQL}
     FROM due
-    WHERE m.id = due.id AND m.status = 'pending'
+    -- The compare-and-set again (the CTE's rows are locked and were pending),
+    -- as IS TRUE: a plain status = 'pending' lets the planner, when the
+    -- statistics saw no pending row, walk every pending row through a partial
+    -- index against the batch instead of looking each id up (150 ms a claim
+    -- after a burst of 10,000 rows on an idle table).
+    WHERE m.id = due.id AND (m.status = 'pending') IS TRUE
     RETURNING {{returning}}
 """
 _CHANNEL_FILTER = "AND m.channel = ANY(CAST(:channels AS text[]))"
