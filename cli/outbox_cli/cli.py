@@ -44,6 +44,7 @@ from outbox.states import (
     REDRIVABLE_STATUSES,
     STATUSES,
     TERMINAL_STATUSES,
+    UNRESOLVED_STATUSES,
     Status,
 )
 
@@ -652,7 +653,12 @@ def cancel(
 
 @cli.command()
 @click.option("--older-than", type=Duration(), required=True, help="e.g. 7d: settled before then.")
-@click.option("--status", "statuses", multiple=True, help="Only these terminal statuses.")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    help="Only these terminal statuses (default: all but failed, dead and expired).",
+)
 @dry_run_option
 @yes_option
 @json_option
@@ -667,7 +673,11 @@ def prune(
     Counts them and asks first: --yes skips the question, --dry-run only counts."""
     from outbox import store
 
-    wanted = _statuses(statuses, TERMINAL_STATUSES, "prune") or list(TERMINAL_STATUSES)
+    # Without --status, what the reaper's routine retention prunes: failed, dead
+    # and expired rows wait for an operator, who names them to prune them.
+    wanted = _statuses(statuses, TERMINAL_STATUSES, "prune") or [
+        s for s in TERMINAL_STATUSES if s not in UNRESOLVED_STATUSES
+    ]
     total = 0
     with database() as engine:
         with engine.connect() as conn:

@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         "for `outbox worker`, `outbox invoke` and the operator commands",
     )
     args = parser.parse_args(argv)
-    out = Console(highlight=False)
+    out = Console(highlight=False, emoji=False)
     started = time.monotonic()
     own_database = os.environ.get("DATABASE_URL")
     channels.register("flaky", cast(channels.ChannelFactory, FlakyChannel))
@@ -571,8 +571,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         status = _report(engine, mix, lam, demo, out, Table, started)
         shown_url = None if database_url == own_database else _plain_url(database_url)
-        for line in _next_steps(shown_url, endpoint, args.keep_running):
-            out.print(line, soft_wrap=True, markup=False, highlight=False)
+        secret_arn = demo.env.get("WEBHOOK_SECRET_ARN")
+        for line in _next_steps(shown_url, endpoint, args.keep_running, secret_arn):
+            out.print(line, soft_wrap=True, markup=False, highlight=False, emoji=False)
         if args.keep_running:
             stop = threading.Event()
             for signum in (signal.SIGINT, signal.SIGTERM):
@@ -587,9 +588,16 @@ def _plain_url(url: str) -> str:
     return url.replace("postgresql+pg8000://", "postgresql://", 1)
 
 
-def _next_steps(database_url: str | None, endpoint: str, keep_running: bool) -> list[str]:
+def _next_steps(
+    database_url: str | None,
+    endpoint: str,
+    keep_running: bool,
+    webhook_secret_arn: str | None = None,
+) -> list[str]:
     """What to try next, printed at the end of the run. ``database_url`` is None
-    for the user's own DATABASE_URL (never printed: it may hold a password)."""
+    for the user's own DATABASE_URL (never printed: it may hold a password).
+    ``webhook_secret_arn``: the demo's signing secret in moto (an ARN, not the
+    secret), so a webhook enqueued from another shell is signed as in the demo."""
     url = database_url or "$DATABASE_URL"
     embedded = database_url is not None and "127.0.0.1:5432" not in database_url
     lines = ["", "Next (README: After make run), in a shell in this folder:"]
@@ -610,6 +618,11 @@ def _next_steps(database_url: str | None, endpoint: str, keep_running: bool) -> 
         *lines,
         f"  export DATABASE_URL={url} AWS_ENDPOINT_URL={endpoint} {exports}",
         "  export WEBHOOK_ALLOW_INSECURE=true   # the demo's webhook receiver is plain http",
+        *(
+            [f"  export WEBHOOK_SECRET_ARN={webhook_secret_arn}   # signs webhooks (in moto)"]
+            if webhook_secret_arn
+            else []
+        ),
         "  outbox status",
         "  outbox enqueue --channel email --payload "
         f'\'{{"from": "orders@{SENDER_DOMAIN}", "to": ["ada@example.net"], '

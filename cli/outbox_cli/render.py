@@ -45,7 +45,7 @@ def emit_json(value: Any) -> None:
 def console() -> Any:
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=False, width=max(100, Console().width))
+    return Console(highlight=False, emoji=False, soft_wrap=False, width=max(100, Console().width))
 
 
 def when(value: dt.datetime | None) -> str:

@@ -132,6 +132,8 @@ def test_keep_running_serves_the_worker_and_invoke_recipes(tmp_path: Path) -> No
             key, _, value = assignment.partition("=")
             env[key] = value
         assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
+        # a webhook enqueued from this shell is signed with the demo's secret
+        assert env["WEBHOOK_SECRET_ARN"].startswith("arn:aws:secretsmanager:")
 
         def outbox_cli(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(

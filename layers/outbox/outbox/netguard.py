@@ -76,6 +76,10 @@ def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     return None
 
 
+def _article(noun: str) -> str:
+    return "an" if noun[:1] in "aeiouAEIOU" else "a"
+
+
 def why_forbidden(ip: IPAddress, *, allow_loopback: bool = False) -> str | None:
     """Why connecting to ``ip`` is refused, or None when it is a public unicast address."""
     if isinstance(ip, ipaddress.IPv6Address):
@@ -84,7 +88,7 @@ def why_forbidden(ip: IPAddress, *, allow_loopback: bool = False) -> str | None:
         inner = _embedded_ipv4(ip)
         if inner is not None:
             reason = why_forbidden(inner, allow_loopback=allow_loopback)
-            return f"IPv4 address embedded in IPv6 is {reason}" if reason else None
+            return f"IPv6 address embedding an IPv4 {reason}" if reason else None
     if ip in METADATA:
         return "instance metadata address"
     if ip.is_loopback:
@@ -170,7 +174,7 @@ def check_url(url: str, *, allow_insecure: bool = False) -> None:
     if ip is not None:
         reason = why_forbidden(ip, allow_loopback=allow_insecure)
         if reason:
-            raise ForbiddenDestination(f"points at a {reason}")
+            raise ForbiddenDestination(f"points at {_article(reason)} {reason}")
 
 
 # Resolves (host, port) to IP address strings; tests substitute their own.
@@ -206,7 +210,7 @@ def resolve(url: str, *, allow_insecure: bool = False, resolver: Resolver | None
     for address in addresses:
         reason = why_forbidden(address, allow_loopback=allow_insecure)
         if reason:
-            raise ForbiddenDestination(f"resolves to a {reason}")
+            raise ForbiddenDestination(f"resolves to {_article(reason)} {reason}")
     path = parts.path or "/"
     if parts.query:
         path = f"{path}?{parts.query}"
