@@ -189,7 +189,7 @@ def test_a_live_claim_is_delivered_with_the_templates_sender_timeout(
 ) -> None:
     """The channel functions' `Timeout: !Ref SenderTimeoutSeconds` must resolve
     (30 s): with Lambda's 3 s default and the 3 s settle margin every row of a
-    live claim was deferred "deadline near: not started"."""
+    live claim was left "deadline near: not started"."""
     verified_sender(newcomer["AWS_ENDPOINT_URL"])
     with engine.begin() as conn:
         ids = outbox.enqueue_many(conn, [{"channel": "email", "payload": EMAIL}] * 2)

@@ -169,10 +169,17 @@ def test_sigterm_mid_run_leaves_no_claimed_rows(
     assert final["delivered"] + final.get("pending", 0) == total
     assert report["statuses"]["delivered"] == final["delivered"]
     with engine.connect() as conn:
-        expired = conn.execute(
-            sa.text("SELECT count(*) FROM outbox_attempt WHERE outcome <> 'delivered'")
+        # Rows not begun when the signal came are "not_started": no attempt counted.
+        counted = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM outbox_attempt "
+                "WHERE outcome NOT IN ('delivered', 'not_started')"
+            )
         ).scalar_one()
-    assert expired == 0
+        spent = conn.execute(
+            sa.text("SELECT count(*) FROM outbox_message WHERE status = 'pending' AND attempts > 0")
+        ).scalar_one()
+    assert counted == 0 and spent == 0
 
 
 def test_sigterm_while_receivers_drip_stops_within_the_grace(
@@ -227,3 +234,82 @@ def test_sigterm_while_receivers_drip_stops_within_the_grace(
     assert stopped_after < sender_timeout + 2.0, f"stopped {stopped_after:.1f} s after SIGTERM"
     assert statuses(engine) == {"pending": 4}  # each call cut off, counted, none left claimed
     assert json.loads(out)["statuses"] == {"pending": 4}
+
+
+def test_a_stop_mid_batch_starts_no_further_call(engine: sa.Engine) -> None:
+    """SIGTERM while a batch is being sent: the calls running finish and are
+    settled; the rows no call had begun go back to pending, no attempt counted,
+    and nothing more reaches the provider."""
+    stop = threading.Event()
+
+    class StopsTheWorker(ScriptedChannel):
+        def send(self, message: Any, deadline: Any) -> Outcome:
+            stop.set()  # the signal lands during the first call
+            time.sleep(0.2)
+            return super().send(message, deadline)
+
+    channel = install_channel(StopsTheWorker())
+    ids = seed(engine, 5, "scripted", {"n": 1})
+    worker = Worker(engine, settings(send_concurrency=1), channels=["scripted"], stop=stop)
+    worker.run_once()
+    assert channel.sent == ids[:1]
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT id, status, attempts, last_error FROM outbox_message ORDER BY id")
+        ).all()
+    assert rows[0].status == "delivered"
+    assert {(r.status, r.attempts, r.last_error) for r in rows[1:]} == {
+        ("pending", 0, "stopping: not started")
+    }
+
+
+def test_sigterm_while_an_aws_provider_hangs_stops_within_the_grace(
+    engine: sa.Engine, database_url: str, moto_endpoint: str
+) -> None:
+    """An AWS endpoint that accepts and never answers: botocore waits out its
+    read timeout (here 30 s) whatever the relay's deadline, so the call is
+    given up at the deadline and its thread left running. The worker must
+    still exit within SENDER_TIMEOUT_SECONDS of SIGTERM: the send threads
+    are daemon threads, which the interpreter does not wait for."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)  # the kernel accepts; nobody ever answers
+    hung = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    sender_timeout = 3
+    seed(engine, 4, "email", EMAIL)
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "AWS_ENDPOINT_URL_SESV2": hung,
+        "PROVIDER_READ_TIMEOUT_SECONDS": "30",
+        "SES_SUPPRESSION_CHECK": "false",
+        "SENDER_TIMEOUT_SECONDS": str(sender_timeout),
+        "SETTLE_MARGIN_SECONDS": "0.5",
+        "LEASE_SECONDS": "70",
+        "POWERTOOLS_LOG_LEVEL": "ERROR",
+        "POWERTOOLS_METRICS_DISABLED": "true",
+    }
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "outbox_cli", "worker", "--channels", "email", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(1.5)  # claimed, and the calls are hanging
+        assert worker.poll() is None, worker.communicate()
+        signalled = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=60)
+        stopped_after = time.monotonic() - signalled
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        listener.close()
+    assert worker.returncode == 0, err
+    assert stopped_after < sender_timeout + 2.0, f"stopped {stopped_after:.1f} s after SIGTERM"
+    assert "claimed" not in statuses(engine)

@@ -259,3 +259,30 @@ def test_the_default_retry_window_outlives_a_half_hour_outage(engine: sa.Engine)
     assert len(waits) == 7
     assert 1845 - 1 <= sum(waits) <= 3690
     assert max(waits) <= 1800  # the cap
+
+
+def test_a_row_no_call_was_started_for_never_spends_deferrals_or_attempts(
+    engine: sa.Engine,
+) -> None:
+    """Rows a sender never began (its deadline came first: slow calls ahead of
+    them, a short Lambda) are capacity's fault, not the message's: they go back
+    due at once with no attempt and no deferral counted, however often it
+    happens, and only their deliver-by time bounds it."""
+    install_channel(ScriptedChannel())
+    (mid,) = enqueue(engine)
+    rounds = settings().max_deferrals + 5
+    due_in = []
+    for _ in range(rounds):
+        # The Lambda has less time left than the settle margin: nothing may start.
+        event = HandOff("scripted", tuple(claim(engine))).to_event()
+        sender.run(engine, event, settings(settle_margin_seconds=0.5), lambda: 0.4)
+        with engine.connect() as conn:
+            due_in.append(wait_seconds(conn, mid))
+        make_due(engine)
+    with engine.connect() as conn:
+        r, history = row(conn, mid), attempts(conn, mid)
+    assert (r.status, r.attempts, r.deferrals) == ("pending", 0, 0)
+    assert r.last_error == sender.NOT_STARTED
+    assert max(due_in) <= 0.0  # due again at once: another invocation may have the time
+    assert {(a.outcome, a.attempt) for a in history} == {("not_started", 1)}
+    assert len(history) == rounds

@@ -11,11 +11,11 @@ import pytest
 import sqlalchemy as sa
 
 import outbox
-from outbox import dispatcher, payloads, sender
+from outbox import dispatcher, payloads, sender, store
 from outbox.config import DatabaseSettings
 from outbox.db import create_engine
 from outbox.errors import ValidationError
-from outbox.handoff import CallableInvoker
+from outbox.handoff import CallableInvoker, HandOff
 from support import ScriptedChannel, install_channel, settings
 
 
@@ -147,6 +147,35 @@ def test_a_payload_too_deep_to_decode_fails_alone_and_the_batch_is_delivered(
         assert rows[bad].status == "failed"
         assert rows[bad].last_error.startswith("invalid payload: payload")
         assert "nested deeper than" in rows[bad].last_error
+
+
+def test_a_row_far_past_the_size_limit_fails_alone_at_send(engine: sa.Engine) -> None:
+    """The 256 KiB limit holds at send time too, for a row the producer never
+    saw (raw SQL, another language): it fails alone, unsent, and the rest of
+    its batch is delivered. The stored text may be up to twice the canonical
+    JSON (jsonb prints ", " and ": "), so a valid payload is never refused."""
+    scripted = install_channel(ScriptedChannel())
+    with engine.begin() as conn:
+        good = outbox.enqueue_many(conn, [{"channel": "scripted", "payload": {"n": 1}}])
+        # Many small values: the stored text (", " between them) is well past
+        # 256 KiB while the canonical JSON the producer measured is not.
+        many_small = {"n": 2, "pad": [[0] * 9_000 for _ in range(11)]}
+        good += outbox.enqueue_many(conn, [{"channel": "scripted", "payload": many_small}])
+    huge = insert_raw(engine, "scripted", json.dumps({"n": 3, "pad": "x" * 5_000_000}))
+    with engine.begin() as conn:
+        stored = conn.execute(
+            sa.text("SELECT octet_length(CAST(payload AS text)) FROM outbox_message WHERE id = :i"),
+            {"i": good[1]},
+        ).scalar_one()
+        assert stored > payloads.MAX_PAYLOAD_BYTES
+        claims = store.claim(conn, 10, 120)
+    event = HandOff("scripted", tuple(claims)).to_event()
+    sender.run(engine, event, settings(), lambda: 30.0, channel_name="scripted")
+    with engine.connect() as conn:
+        rows = {r.id: r for r in conn.execute(sa.text("SELECT * FROM outbox_message"))}
+    assert sorted(scripted.sent) == sorted(good)
+    assert rows[huge].status == "failed"
+    assert rows[huge].last_error == "invalid payload: payload: is over the 256 KiB limit"
 
 
 def test_a_statement_that_raised_mid_read_never_shifts_later_results(database_url: str) -> None:

@@ -89,12 +89,14 @@ def test_reaper_racing_a_settle_never_leaves_a_row_both_delivered_and_pending(
             conn.execute(sa.text("TRUNCATE outbox_attempt, outbox_message, outbox_dedupe"))
         ids = enqueue(engine, 30)
         # Each provider call takes about as long as the lease has left.
-        install_channel(FakeEmail(name="email", answers=[random.uniform(0.1, 0.3) for _ in ids]))
+        # (a lease long enough that the sender starts every call: MIN_CALL_SECONDS)
+        answers = [random.uniform(0.6, 1.0) for _ in ids]
+        install_channel(FakeEmail(name="email", answers=answers))
         claims = claim(engine)
         with engine.begin() as conn:
             conn.execute(
                 sa.text(
-                    "UPDATE outbox_message SET lease_expires_at = now() + interval '200 milliseconds'"
+                    "UPDATE outbox_message SET lease_expires_at = now() + interval '800 milliseconds'"
                 )
             )
         stop = threading.Event()

@@ -188,17 +188,29 @@ def test_lease_lost_between_send_and_settle_abandons_the_outcome(engine: sa.Engi
     assert [a.outcome for a in history] == ["expired"]
 
 
-def test_rows_past_the_deadline_are_deferred_not_left_to_expire(engine: sa.Engine) -> None:
+def test_rows_past_the_deadline_are_not_started_not_left_to_expire(engine: sa.Engine) -> None:
     install_channel(ScriptedChannel())
     enqueue(engine, 3)
     # The Lambda has less time left than the settle margin: nothing may start.
     report = send(engine, claim(engine), remaining=0.4, settle_margin_seconds=0.5)
-    assert report.statuses == {"deferred": 3}
+    assert report.statuses == {"not_started": 3}
     with engine.connect() as conn:
         rows = conn.execute(
             sa.text("SELECT status, attempts, last_error FROM outbox_message")
         ).all()
     assert {tuple(r) for r in rows} == {("pending", 0, sender.NOT_STARTED)}
+
+
+def test_no_call_starts_with_too_little_time_left_to_be_answered(engine: sa.Engine) -> None:
+    """A call begun a moment before its deadline is given up after the receiver
+    got the request, and then sent again: such a row is not started instead."""
+    channel = install_channel(ScriptedChannel())
+    (mid,) = enqueue(engine)
+    left = sender.MIN_CALL_SECONDS * 0.6  # after the settle margin
+    report = send(engine, claim(engine), remaining=0.5 + left, settle_margin_seconds=0.5)
+    assert channel.sent == [] and report.statuses == {"not_started": 1}
+    with engine.connect() as conn:
+        assert (row(conn, mid).status, row(conn, mid).attempts) == ("pending", 0)
 
 
 def test_a_provider_call_that_hangs_past_its_deadline_is_given_up(engine: sa.Engine) -> None:
@@ -365,11 +377,12 @@ def test_a_forked_process_sends_with_threads_of_its_own(engine: sa.Engine) -> No
 
     from outbox import sender
 
-    sender._pool(3).submit(lambda: None).result()  # the parent now holds a pool
+    assert sender._pool(3).run(lambda: None, 1, timeout=5)  # the parent now holds a pool
 
     def child(out: object) -> None:
-        future = sender._pool(3).submit(lambda: 42)
-        out.put(future.result(timeout=5))  # type: ignore[attr-defined]
+        ran: list[int] = []
+        sender._pool(3).run(lambda: ran.append(42), 1, timeout=5)
+        out.put(ran[0])  # type: ignore[attr-defined]
 
     ctx = mp.get_context("fork")
     out = ctx.Queue()

@@ -37,7 +37,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -366,21 +365,21 @@ class LambdaSim:
     def own_send_threads(self) -> Iterator[None]:
         """Each worker is its own execution environment, with its own send threads."""
         prefix = f"{threading.current_thread().name}-send"
-        pool = ThreadPoolExecutor(self.settings.send_concurrency, thread_name_prefix=prefix)
+        pool = sender._SendThreads(self.settings.send_concurrency, prefix)
         self._local.pool = pool
         try:
             yield
         finally:
-            pool.shutdown(wait=False)
+            pool.retire()
 
-    def pool_for_this_thread(self, size: int) -> ThreadPoolExecutor:
+    def pool_for_this_thread(self, size: int) -> sender._SendThreads:
         """Stands in for ``outbox.sender._pool`` during a run."""
-        pool: ThreadPoolExecutor | None = getattr(self._local, "pool", None)
+        pool: sender._SendThreads | None = getattr(self._local, "pool", None)
         if pool is None:  # not a simulated environment's thread
             return self.original_pool(size)
-        if pool._shutdown:  # retired after a call stuck past its deadline
+        if pool.retired:  # retired after a call stuck past its deadline
             prefix = f"{threading.current_thread().name}-send"
-            pool = self._local.pool = ThreadPoolExecutor(size, thread_name_prefix=prefix)
+            pool = self._local.pool = sender._SendThreads(size, prefix)
         return pool
 
     def idle(self) -> bool:

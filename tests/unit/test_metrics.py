@@ -126,10 +126,10 @@ def test_a_sender_publishes_outcomes_and_call_durations_per_channel(
         lambda event, seconds_left: sender.run(engine, event, settings(), lambda: seconds_left)
     )
     send(HandOff("scripted", tuple(rest)).to_event(), 30.0)
-    send(HandOff("scripted", (first,)).to_event(), 0.0)  # no time left: deferred, not started
+    send(HandOff("scripted", (first,)).to_event(), 0.0)  # no time left: not started
     records = [r for r in emf_records(capsys.readouterr().out) if r.get("channel") == "scripted"]
     assert [r.get("Delivered") for r in records] == [[2.0], None]
-    assert [r.get("Deferred") for r in records] == [None, [1.0]]
+    assert [r.get("NotStarted") for r in records] == [None, [1.0]]
     assert len(records[0]["SendMilliseconds"]) == 2  # one sample per provider call
     assert "SendMilliseconds" not in records[1]
 

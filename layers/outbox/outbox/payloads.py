@@ -18,6 +18,12 @@ from typing import Any
 
 from .errors import ValidationError
 
+# The canonical JSON text of a payload (what the producer measures).
+MAX_PAYLOAD_BYTES = 256 * 1024
+# The stored text a sender reads is the database's rendering of the jsonb,
+# which adds a space after every ":" and ",": at most twice the canonical
+# text, since each value takes at least one byte and one separator.
+MAX_STORED_BYTES = 2 * MAX_PAYLOAD_BYTES
 MAX_DEPTH = 32
 MAX_OBJECT_KEYS = 1_000
 MAX_ARRAY_LENGTH = 10_000
@@ -87,7 +93,13 @@ def check_shape(value: Any, field: str = "payload") -> None:
 
 def decode(text: str | bytes) -> Any:
     """A stored payload, read as text, decoded and checked; a row that cannot
-    be decoded raises ValidationError for that row alone."""
+    be decoded, or is far past the size limit (written past the producer),
+    raises ValidationError for that row alone."""
+    size = len(text)
+    if size > MAX_STORED_BYTES // 4 and isinstance(text, str):
+        size = len(text.encode())  # only a long text can have too many bytes
+    if size > MAX_STORED_BYTES:
+        raise ValidationError("payload", f"is over the {MAX_PAYLOAD_BYTES // 1024} KiB limit")
     try:
         value = json.loads(text)
     except RecursionError:

@@ -25,10 +25,10 @@ if TYPE_CHECKING:
 
 from . import channels, payloads, store
 from .errors import DedupeConflict, ValidationError
+from .payloads import MAX_PAYLOAD_BYTES
 from .states import PredecessorFailure
 from .store import Enqueued
 
-MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_KEY_LENGTH = 255
 MAX_DELAY_SECONDS = 365 * 24 * 3600
 MAX_TTL_SECONDS = 366 * 24 * 3600

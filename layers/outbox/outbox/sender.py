@@ -6,8 +6,10 @@ statement that also writes the attempt rows.
 
 The deadline of a row is the sooner of its lease end (from the database
 clock) and the Lambda's end, less a margin for the settle. A row whose
-deadline is already near is not started: it is deferred (back to pending, no
-attempt counted) rather than left to expire (docs/design.md, invariant 4).
+deadline is near is not started: it goes back to pending, due at once, with
+no attempt and no deferral counted (a slow provider ahead of it, or a short
+invocation, is not the message's fault), rather than left to expire
+(docs/design.md, invariant 4).
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import queue
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from concurrent.futures import ALL_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,12 +33,22 @@ from .config import RelaySettings
 from .errors import ValidationError
 from .handoff import HandOff
 from .observability import count, timings
-from .states import SEND_OUTCOMES
+from .states import SEND_OUTCOMES, AttemptOutcome
+
+# Outcomes that leave a row pending without counting an attempt.
+_NOT_COUNTED = (AttemptOutcome.DEFERRED, AttemptOutcome.NOT_STARTED)
 
 log = logging.getLogger(__name__)
 
 NOT_STARTED = "deadline near: not started"
 DEADLINE_EXCEEDED = "provider call exceeded its deadline"
+STOPPING = "stopping: not started"
+_NOT_STARTED = Outcome(AttemptOutcome.NOT_STARTED, error=NOT_STARTED)
+_STOPPED = Outcome(AttemptOutcome.NOT_STARTED, error=STOPPING)
+# A call is started only with at least this long left before its deadline:
+# one started with less is all but sure to be given up after the receiver
+# got the request, and then sent again.
+MIN_CALL_SECONDS = 0.5
 # Metric name per settled status or outcome.
 _METRIC = {
     "delivered": "Delivered",
@@ -45,6 +57,7 @@ _METRIC = {
     "dead": "Dead",
     "suppressed": "Suppressed",
     "deferred": "Deferred",
+    "not_started": "NotStarted",
     "expired": "Expired",
 }
 
@@ -58,11 +71,16 @@ class SendReport:
 
 
 def _send_one(
-    channel: Channel, row: store.ClaimedMessage, deadline: Deadline
+    channel: Channel,
+    row: store.ClaimedMessage,
+    deadline: Deadline,
+    stop: threading.Event | None = None,
 ) -> tuple[Outcome, int]:
     started = time.monotonic()
-    if deadline.expired():
-        return Outcome.deferred(NOT_STARTED), 0
+    if stop is not None and stop.is_set():
+        return _STOPPED, 0
+    if deadline.remaining() < MIN_CALL_SECONDS:
+        return _NOT_STARTED, 0
     try:
         payload = payloads.decode(row.payload)
         channel.validate(payload)
@@ -147,10 +165,13 @@ def send_then_settle(
     *,
     channel: Channel | None = None,
     report: SendReport | None = None,
+    stop: threading.Event | None = None,
 ) -> Callable[[], SendReport]:
     """``send_received`` in two steps: send now, and return the settle (one
     fenced statement, the log line and the metrics) to run when the caller
-    chooses: ``outbox worker`` runs it while it claims its next batch."""
+    chooses: ``outbox worker`` runs it while it claims its next batch.
+    ``stop`` set (the worker's SIGTERM): no further call starts; the rows not
+    begun go back to pending, no attempt counted."""
     if report is None:
         report = SendReport(received=len(rows), owned=len(rows))
     if channel is None:
@@ -177,7 +198,7 @@ def send_then_settle(
             if deadline is None:
                 deadline = shared[seconds] = Deadline(seconds)
             deadlines[r.id] = deadline
-        results = _send_all(channel, rows, deadlines, settings.send_concurrency)
+        results = _send_all(channel, rows, deadlines, settings.send_concurrency, stop)
 
     settlements = [
         store.Settlement(
@@ -218,7 +239,8 @@ def _settle(
         status = statuses.get(s.id)
         if status is None:
             continue
-        key = "deferred" if s.outcome == "deferred" and status == "pending" else status
+        # pending after a deferral or a row not started: say which
+        key = s.outcome if status == "pending" and s.outcome in _NOT_COUNTED else status
         report.statuses[key] += 1
         ids_by_status.setdefault(key, []).append(s.id)
         if s.error:
@@ -237,7 +259,11 @@ def _settle(
         count(_METRIC[key], n, channel=channel_name)
     timings(  # the provider calls made (a row not started took none)
         "SendMilliseconds",
-        [s.duration_ms or 0 for s in settlements if s.error != NOT_STARTED and s.id in statuses],
+        [
+            s.duration_ms or 0
+            for s in settlements
+            if s.outcome != AttemptOutcome.NOT_STARTED and s.id in statuses
+        ],
         channel=channel_name,
     )
     return report
@@ -248,10 +274,11 @@ def _send_all(
     rows: list[store.ClaimedMessage],
     deadlines: dict[int, Deadline],
     concurrency: int,
+    stop: threading.Event | None = None,
 ) -> dict[int, tuple[Outcome, int]]:
     """Send every row, up to ``concurrency`` at once; a call still running at its
     deadline is given up (its outcome is unknown, so it counts as a retry), and a
-    row no thread reached by then is deferred, not started.
+    row no thread reached by then is not started.
 
     Each send thread takes rows one after another from a shared queue: one task
     per thread rather than one future per row, which cost a lock, a condition
@@ -272,15 +299,14 @@ def _send_all(
                     return
                 row = queue.popleft()
                 running.add(row.id)
-            result = _send_one(channel, row, deadlines[row.id])
+            result = _send_one(channel, row, deadlines[row.id], stop)
             with lock:
                 running.discard(row.id)
                 # A row given up at its deadline keeps that outcome.
                 results.setdefault(row.id, result)
 
-    tasks = [pool.submit(drain) for _ in range(min(concurrency, len(rows)))]
     latest = max(d.remaining() for d in set(deadlines.values()))
-    wait(tasks, timeout=latest, return_when=ALL_COMPLETED)
+    pool.run(drain, min(concurrency, len(rows)), timeout=latest)
     with lock:
         closed = True  # a thread still sending takes no further row
         stuck = bool(running)
@@ -288,9 +314,7 @@ def _send_all(
             if row.id not in results:
                 given_up = row.id in running
                 results[row.id] = (
-                    (Outcome.retry(DEADLINE_EXCEEDED), 0)
-                    if given_up
-                    else (Outcome.deferred(NOT_STARTED), 0)
+                    (Outcome.retry(DEADLINE_EXCEEDED), 0) if given_up else (_NOT_STARTED, 0)
                 )
         outcome = dict(results)
     if stuck:
@@ -300,9 +324,52 @@ def _send_all(
     return outcome
 
 
+class _SendThreads:
+    """A fixed set of daemon threads that run send tasks.
+
+    Not a ThreadPoolExecutor: the interpreter joins those at exit, so a call
+    stuck in a provider's read timeout past its deadline (already given up
+    and settled as a retry) would keep ``outbox worker`` from exiting after
+    SIGTERM. Daemon threads never hold the process."""
+
+    def __init__(self, size: int, name_prefix: str = "send") -> None:
+        self.size = size
+        self.retired = False
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], None], threading.Semaphore] | None] = (
+            queue.SimpleQueue()
+        )
+        for n in range(size):
+            threading.Thread(target=self._serve, name=f"{name_prefix}_{n}", daemon=True).start()
+
+    def _serve(self) -> None:
+        while (item := self._tasks.get()) is not None:
+            task, done = item
+            try:
+                task()
+            except BaseException:  # a task's own failure must not kill the thread
+                log.exception("send task failed")
+            finally:
+                done.release()
+
+    def run(self, task: Callable[[], None], copies: int, timeout: float) -> bool:
+        """Run ``copies`` of ``task`` side by side; wait at most ``timeout``
+        seconds for all of them. False: some were still running."""
+        done = threading.Semaphore(0)
+        for _ in range(copies):
+            self._tasks.put((task, done))
+        ends = time.monotonic() + timeout
+        return all(done.acquire(timeout=max(0.0, ends - time.monotonic())) for _ in range(copies))
+
+    def retire(self) -> None:
+        """Each thread ends once it is done with what it runs now."""
+        self.retired = True
+        for _ in range(self.size):
+            self._tasks.put(None)
+
+
 # The send threads outlive a batch: a warm Lambda (or a worker) reuses them
 # instead of starting new ones for every hand-off.
-_pools: dict[int, ThreadPoolExecutor] = {}
+_pools: dict[int, _SendThreads] = {}
 _pools_lock = threading.Lock()
 
 
@@ -317,16 +384,16 @@ def _forget_pools_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_pools_in_child)
 
 
-def _pool(size: int) -> ThreadPoolExecutor:
+def _pool(size: int) -> _SendThreads:
     with _pools_lock:
         pool = _pools.get(size)
         if pool is None:
-            pool = _pools[size] = ThreadPoolExecutor(max_workers=size, thread_name_prefix="send")
+            pool = _pools[size] = _SendThreads(size)
         return pool
 
 
-def _retire_pool(size: int, pool: ThreadPoolExecutor) -> None:
+def _retire_pool(size: int, pool: _SendThreads) -> None:
     with _pools_lock:
         if _pools.get(size) is pool:
             del _pools[size]
-    pool.shutdown(wait=False)  # other callers' queued sends still run
+    pool.retire()  # tasks other callers queued before this still run

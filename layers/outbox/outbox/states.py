@@ -88,6 +88,10 @@ SEND_OUTCOMES = (
     AttemptOutcome.SUPPRESSED,
     AttemptOutcome.DEFERRED,
 )
+# What a sender settles: a channel's outcomes, and not_started for a row whose
+# call it never began (its deadline came first). That is capacity's fault, not
+# the message's: no attempt and no deferral are counted for it.
+SETTLE_OUTCOMES = (*SEND_OUTCOMES, AttemptOutcome.NOT_STARTED)
 FEEDBACK_OUTCOMES = (
     AttemptOutcome.BOUNCED,
     AttemptOutcome.COMPLAINED,

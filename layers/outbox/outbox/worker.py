@@ -89,6 +89,7 @@ class Worker:
             rows,
             self.settings,
             lambda: float(self.settings.sender_timeout_seconds),
+            stop=self.stop,
         )
 
     def _channel_pool(self) -> ThreadPoolExecutor:

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Protocol
 
 import sqlalchemy as sa
 
-from ..states import SEND_OUTCOMES
+from ..states import SETTLE_OUTCOMES
 from ._sql import array_literal, json_document, statement
 from .policy import BACKOFF_SQL, DEADLINE_SQL, EXHAUSTED_SQL, EXPIRED_PREFIX, Backoff, bounded_delay
 
@@ -348,7 +348,8 @@ _SETTLE = statement(
     ),
     timed AS (
         SELECT m.*,
-               m.attempts + CASE WHEN m.outcome = 'deferred' THEN 0 ELSE 1 END AS attempts_after,
+               m.attempts + CASE WHEN m.outcome IN ('deferred', 'not_started') THEN 0 ELSE 1 END
+                   AS attempts_after,
                -- a counted deferral waits at least the backoff, so a receiver that
                -- keeps throttling cannot spend the attempts in seconds
                now() + make_interval(secs => CASE
@@ -394,7 +395,7 @@ _SETTLE = statement(
             (message_id, attempt, outcome, error, provider_message_id, claimed_at, duration_ms,
              channel, recipient_fingerprints)
         SELECT id,
-               attempts_after + CASE WHEN outcome = 'deferred' THEN 1 ELSE 0 END,
+               attempts_after + CASE WHEN outcome IN ('deferred', 'not_started') THEN 1 ELSE 0 END,
                CASE WHEN status IN ('dead', 'expired') THEN status ELSE outcome END,
                CASE WHEN status = 'expired' THEN last_error ELSE error END,
                provider_id, claimed_at, duration_ms, channel, recipient_fingerprints
@@ -416,7 +417,7 @@ def settle(
     """
     if not settlements:
         return {}
-    unknown = {s.outcome for s in settlements} - set(SEND_OUTCOMES)
+    unknown = {s.outcome for s in settlements} - set(SETTLE_OUTCOMES)
     if unknown:
         raise ValueError(f"unknown outcome(s): {sorted(unknown)}")
     rows = conn.execute(
