@@ -304,7 +304,7 @@ def test_sigterm_while_an_aws_provider_hangs_stops_within_the_grace(
         assert worker.poll() is None, worker.communicate()
         signalled = time.monotonic()
         worker.send_signal(signal.SIGTERM)
-        out, err = worker.communicate(timeout=60)
+        _, err = worker.communicate(timeout=60)
         stopped_after = time.monotonic() - signalled
     finally:
         if worker.poll() is None:
