@@ -28,22 +28,19 @@ TRANSACTION_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK)", re.IGNORECASE)
 def test_a_full_cycle_sends_no_pinning_statement(
     engine: sa.Engine, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Record at the wire: every statement pg8000 sends, including the BEGIN and
-    # COMMIT it issues by itself.
+    # Record every statement pg8000 sends, including the BEGIN and COMMIT it
+    # issues by itself: each one, whichever path sends it (the simple query,
+    # pg8000's extended exchanges, the relay's one-round-trip train), makes a
+    # Context with its text.
     sent: list[str] = []
-    core = pg8000.core.CoreConnection
-    real_simple, real_unnamed = core.execute_simple, core.execute_unnamed
+    real_init = pg8000.core.Context.__init__
 
-    def simple(self: Any, statement: str) -> Any:
-        sent.append(statement)
-        return real_simple(self, statement)
+    def record(self: Any, statement: str | None, *args: Any, **kwargs: Any) -> None:
+        if statement is not None:  # pg8000's own bookkeeping contexts carry none
+            sent.append(statement)
+        real_init(self, statement, *args, **kwargs)
 
-    def unnamed(self: Any, statement: str, *args: Any, **kwargs: Any) -> Any:
-        sent.append(statement)
-        return real_unnamed(self, statement, *args, **kwargs)
-
-    monkeypatch.setattr(core, "execute_simple", simple)
-    monkeypatch.setattr(core, "execute_unnamed", unnamed)
+    monkeypatch.setattr(pg8000.core.Context, "__init__", record)
 
     class FakeEmail(ScriptedChannel):
         schema = EmailChannel.schema
@@ -64,8 +61,33 @@ def test_a_full_cycle_sends_no_pinning_statement(
     reaper.run(relay, settings(), lambda: 10.0)
     relay.dispose()
     assert len(sent) > 5
+    # the relay's own parametrised statements were seen (the claim, the settle)
+    assert any("SET status = 'claimed'" in s for s in sent)
+    assert any("INSERT INTO outbox_attempt" in s for s in sent)
     assert [s for s in sent if PINNING.match(s)] == []
     assert [s for s in sent if TRANSACTION_CONTROL.match(s)] == []
+
+
+def test_a_statement_with_parameters_is_one_round_trip(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay's engine sends Parse, Bind, Describe, Execute and Sync as one
+    train (one flush), where pg8000 alone waits on three exchanges; an error in
+    the train leaves the connection answering the next statement."""
+    relay = create_engine(DatabaseSettings(url=database_url, sslmode="disable"), autocommit=True)
+    flushes: list[int] = []
+    real_flush = pg8000.core._flush
+    monkeypatch.setattr(pg8000.core, "_flush", lambda sock: (flushes.append(1), real_flush(sock)))
+    with relay.connect() as conn:
+        conn.execute(sa.text("SELECT 1"))  # the pool's first use (its checks) out of the count
+        flushes.clear()
+        assert conn.execute(sa.text("SELECT CAST(:n AS int) + 1"), {"n": 41}).scalar_one() == 42
+    assert len(flushes) == 1
+    with relay.connect() as conn, pytest.raises(sa.exc.DBAPIError):
+        conn.execute(sa.text("SELECT CAST(:n AS int)"), {"n": "not a number"})
+    with relay.connect() as conn:
+        assert conn.execute(sa.text("SELECT CAST(:n AS text)"), {"n": "ok"}).scalar_one() == "ok"
+    relay.dispose()
 
 
 def test_a_connection_dropped_while_idle_is_replaced_before_use(

@@ -233,6 +233,34 @@ def _convert_each_statement_once() -> None:
     pg8000.legacy.convert_paramstyle = convert_paramstyle
 
 
+# What the one-round-trip path uses of pg8000's internals (the layer pins
+# pg8000; a version without them keeps pg8000's own three exchanges).
+_PG8000_INTERNALS = (
+    "_create_message",
+    "make_params",
+    "Context",
+    "_write",
+    "_flush",
+    "i_pack",
+    "H_pack",
+    "NULL_BYTE",
+    "DESCRIBE",
+    "PORTAL",
+    "PARSE",
+    "BIND",
+    "EXECUTE_MSG",
+    "SYNC_MSG",
+)
+_CONNECTION_INTERNALS = (
+    "execute_unnamed",
+    "_send_message",
+    "handle_messages",
+    "py_types",
+    "_client_encoding",
+    "_sock",
+)
+
+
 def _execute_in_one_round_trip(dbapi_connection: Any, connection_record: Any) -> None:
     """pg8000 runs a statement with parameters as three request/response
     exchanges: Parse and Sync; Describe and Sync; Bind, Execute and Sync, each
@@ -245,8 +273,12 @@ def _execute_in_one_round_trip(dbapi_connection: Any, connection_record: Any) ->
     engine's connections; COPY streams keep pg8000's own path."""
     import pg8000.core as core
 
-    if not isinstance(dbapi_connection, core.CoreConnection):
-        return
+    if (
+        not isinstance(dbapi_connection, core.CoreConnection)
+        or not all(hasattr(core, name) for name in _PG8000_INTERNALS)
+        or not all(hasattr(dbapi_connection, name) for name in _CONNECTION_INTERNALS)
+    ):
+        return  # another driver, or a pg8000 whose internals moved: its own path
     original = dbapi_connection.execute_unnamed
     describe_portal = core._create_message(core.DESCRIBE, core.PORTAL + core.NULL_BYTE)
 
