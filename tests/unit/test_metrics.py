@@ -199,3 +199,33 @@ def test_the_dispatcher_counts_claims_and_hand_offs_per_channel(
     assert by_channel["sms"]["Claimed"] == [2.0] and by_channel["sms"]["HandOffFailed"] == [2.0]
     assert "HandedOff" not in by_channel["sms"]
     assert by_channel["push"]["Failed"] == [1.0]  # no function for it: failed at once
+
+
+@pytest.mark.parametrize("channel", [None, "email"])
+def test_a_batch_of_timings_is_recorded_as_one_add_metric_per_value_would(
+    capsys: pytest.CaptureFixture[str], channel: str | None
+) -> None:
+    """``timings`` appends most samples to the metric's value list itself (one
+    ``add_metric`` per sample formats the whole list each time): the values,
+    their order, and Powertools' publishing of a metric that reaches 100 values
+    are as they were."""
+    observability.timing("SendMilliseconds", 7, channel=channel)  # an earlier sample
+    observability.timings("SendMilliseconds", range(250), channel=channel)
+    observability.timings("SendMilliseconds", [], channel=channel)
+    observability.flush_metrics()
+    records = [
+        r
+        for r in emf_records(capsys.readouterr().out)
+        if "SendMilliseconds" in r and r.get("channel") == channel
+    ]
+    series = [r["SendMilliseconds"] for r in records]
+    assert [len(s) for s in series] == [100, 100, 51]
+    assert [v for s in series for v in s] == [7.0, *map(float, range(250))]
+    [unit] = {
+        m["Unit"]
+        for r in records
+        for d in r["_aws"]["CloudWatchMetrics"]
+        for m in d["Metrics"]
+        if m["Name"] == "SendMilliseconds"
+    }
+    assert unit == "Milliseconds"

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 from aws_lambda_powertools.metrics.functions import is_metrics_disabled
+from aws_lambda_powertools.metrics.provider.cloudwatch_emf.constants import MAX_METRICS
 
 from .settings import POWERTOOLS_METRICS_NAMESPACE, POWERTOOLS_SERVICE_NAME
 
@@ -120,11 +121,31 @@ def timing(name: str, milliseconds: float, *, channel: str | None = None) -> Non
 
 
 def timings(name: str, milliseconds: Iterable[float], *, channel: str | None = None) -> None:
-    """One duration sample each, as :func:`timing` records them, for a batch:
-    the metric set is looked up once, not once per sample."""
+    """One duration sample each, as :func:`timing` records them, for a batch.
+
+    Powertools' ``add_metric`` formats the metric's whole value list into a
+    debug message on every call (logged or not), so a batch of n samples cost
+    O(n²): a tenth of the relay's time at batch 100. Here ``add_metric`` takes
+    the first sample (it checks the name and unit and makes the entry) and the
+    one that fills the metric to Powertools' limit of 100 values (it then
+    publishes the set, as it would have); the samples between are appended to
+    the entry's value list directly, as ``add_metric`` appends them."""
     target = _target(channel)
-    for value in milliseconds:
-        target.add_metric(name=name, unit=MetricUnit.Milliseconds, value=value)
+    values = [float(v) for v in milliseconds]
+    if isinstance(target, _Discard):
+        return
+    i = 0
+    while i < len(values):
+        target.add_metric(name=name, unit=MetricUnit.Milliseconds, value=values[i])
+        i += 1
+        entry = target.metric_set.get(name)  # None: that value filled it and it was published
+        series = entry.get("Value") if isinstance(entry, dict) else None
+        if not isinstance(series, list):
+            continue
+        # Leave the value that reaches the limit to add_metric, which publishes.
+        room = max(0, MAX_METRICS - 1 - len(series))
+        series.extend(values[i : i + room])
+        i += room
 
 
 def flush_metrics() -> None:
