@@ -182,6 +182,30 @@ def test_sigterm_mid_run_leaves_no_claimed_rows(
     assert counted == 0 and spent == 0
 
 
+def start_worker(
+    channel: str, database_url: str, aws_endpoint: str, sender_timeout: int, **env: str
+) -> subprocess.Popen[str]:
+    """`outbox worker --channels CHANNEL --json` in a process of its own, with a
+    short sender timeout, for the tests that signal it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "outbox_cli", "worker", "--channels", channel, "--json"],
+        env={
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "AWS_ENDPOINT_URL": aws_endpoint,
+            "SENDER_TIMEOUT_SECONDS": str(sender_timeout),
+            "SETTLE_MARGIN_SECONDS": "0.5",
+            "LEASE_SECONDS": "70",
+            "POWERTOOLS_LOG_LEVEL": "ERROR",
+            "POWERTOOLS_METRICS_DISABLED": "true",
+            **env,
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def test_sigterm_while_receivers_drip_stops_within_the_grace(
     engine: sa.Engine, database_url: str, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -198,24 +222,13 @@ def test_sigterm_while_receivers_drip_stops_within_the_grace(
     monkeypatch.setenv("WEBHOOK_ALLOW_INSECURE", "true")  # a loopback http receiver
     with drip_receiver("headers", interval=0.2, lasts=60) as rx:
         seed(engine, 4, "webhook", {"url": rx.url(), "event_type": "t", "body": {}})
-        env = {
-            **os.environ,
-            "DATABASE_URL": database_url,
-            "AWS_ENDPOINT_URL": moto_endpoint,
-            "WEBHOOK_ALLOW_INSECURE": "true",
-            "WEBHOOK_SECRET_ARN": secret_arn,
-            "SENDER_TIMEOUT_SECONDS": str(sender_timeout),
-            "SETTLE_MARGIN_SECONDS": "0.5",
-            "LEASE_SECONDS": "70",
-            "POWERTOOLS_LOG_LEVEL": "ERROR",
-            "POWERTOOLS_METRICS_DISABLED": "true",
-        }
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "outbox_cli", "worker", "--channels", "webhook", "--json"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        worker = start_worker(
+            "webhook",
+            database_url,
+            moto_endpoint,
+            sender_timeout,
+            WEBHOOK_ALLOW_INSECURE="true",
+            WEBHOOK_SECRET_ARN=secret_arn,
         )
         try:
             deadline = time.monotonic() + 30
@@ -279,25 +292,14 @@ def test_sigterm_while_an_aws_provider_hangs_stops_within_the_grace(
     hung = f"http://127.0.0.1:{listener.getsockname()[1]}"
     sender_timeout = 3
     seed(engine, 4, "email", EMAIL)
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url,
-        "AWS_ENDPOINT_URL": moto_endpoint,
-        "AWS_ENDPOINT_URL_SESV2": hung,
-        "PROVIDER_READ_TIMEOUT_SECONDS": "30",
-        "SES_SUPPRESSION_CHECK": "false",
-        "SENDER_TIMEOUT_SECONDS": str(sender_timeout),
-        "SETTLE_MARGIN_SECONDS": "0.5",
-        "LEASE_SECONDS": "70",
-        "POWERTOOLS_LOG_LEVEL": "ERROR",
-        "POWERTOOLS_METRICS_DISABLED": "true",
-    }
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "outbox_cli", "worker", "--channels", "email", "--json"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    worker = start_worker(
+        "email",
+        database_url,
+        moto_endpoint,
+        sender_timeout,
+        AWS_ENDPOINT_URL_SESV2=hung,
+        PROVIDER_READ_TIMEOUT_SECONDS="30",
+        SES_SUPPRESSION_CHECK="false",
     )
     try:
         time.sleep(1.5)  # claimed, and the calls are hanging
