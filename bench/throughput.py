@@ -162,7 +162,22 @@ def _protocol_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
         return len(claimed)
 
     step.statements = statements  # type: ignore[attr-defined]
+    step.connection = conn  # type: ignore[attr-defined]
     return step, conn.close
+
+
+def _protocol_one_trip_stepper(
+    url: str, batch: int
+) -> tuple[Callable[[], int], Callable[[], None]]:
+    """The protocol baseline sending each statement as the relay's engine does, in
+    one round trip (``db._execute_in_one_round_trip``), for the comparison in
+    bench/README.md: not a cell of ``make bench``."""
+    from outbox import db
+
+    step, close = _protocol_stepper(url, batch)
+    conn = step.connection  # type: ignore[attr-defined]
+    db._execute_in_one_round_trip(conn, None)
+    return step, close
 
 
 def relay_parts(url: str, batch: int) -> tuple[Any, Any, Any, list[int]]:
@@ -320,6 +335,7 @@ def _relay_read_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callab
 STEPPERS = {
     "baseline": _baseline_stepper,
     "protocol": _protocol_stepper,
+    "protocol-1rt": _protocol_one_trip_stepper,
     "relay": _relay_stepper,
     "relay-read": _relay_read_stepper,
     "worker": _worker_stepper,
