@@ -10,6 +10,7 @@ import pytest
 
 from outbox import ConfigError
 from outbox.config import DatabaseSettings, RelaySettings
+from outbox.errors import ValidationError
 from outbox.handoff import HandOff
 from outbox.runtime import Runtime
 
@@ -201,3 +202,22 @@ def test_outcome_events_are_off_unless_a_bus_is_named() -> None:
     )
     assert named.bus == arn and named.include_delivered
     assert named.lease_seconds > 60  # outlives a reaper run: a live publisher keeps its events
+
+
+def test_a_hand_off_keeps_its_tokens_as_canonical_text_whatever_the_spelling() -> None:
+    """The sender keeps each claim token as ``str(uuid.UUID)`` text: the
+    spelling ``to_event`` writes passes as it is, another one is made canonical,
+    so the same claim spelt twice is still one claim."""
+    import uuid
+
+    token = uuid.uuid4()
+    spellings = [str(token), str(token).upper(), "{" + str(token) + "}", token.hex, token.urn]
+    event = {
+        "version": 1,
+        "channel": "email",
+        "messages": [{"id": 7, "claim_token": t, "attempt": 1} for t in spellings],
+    }
+    [claim] = HandOff.from_event(event).claims
+    assert claim.claim_token == str(token)
+    with pytest.raises(ValidationError, match="claim_token"):
+        HandOff.from_event({**event, "messages": [{"id": 7, "claim_token": 42, "attempt": 1}]})

@@ -11,6 +11,7 @@ or duplicated event finds nothing to send and changes nothing.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,14 @@ VERSION = 1
 MAX_MESSAGES_PER_EVENT = 1000
 MAX_MESSAGE_ID = 2**63 - 1  # bigint: a larger id is a field error, not a database error
 MAX_ATTEMPT = 2**31 - 1  # integer
+
+
+# A claim token as ``str(uuid.UUID)`` spells it. The sender keeps a token as
+# this text (it only goes back into the fenced statements, which cast it):
+# parsing each into a ``uuid.UUID`` and printing it again cost more than the
+# rest of the event's checks. Another spelling is still accepted, through
+# ``uuid.UUID``, and made canonical, so a pair listed twice is one claim.
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def _whole_in(value: Any, hi: int) -> TypeGuard[int]:
@@ -59,7 +68,7 @@ class HandOff:
             raise ValidationError("event.messages", "must be a non-empty list")
         if len(messages) > MAX_MESSAGES_PER_EVENT:
             raise ValidationError("event.messages", f"holds more than {MAX_MESSAGES_PER_EVENT}")
-        claims: dict[tuple[int, uuid.UUID], Claim] = {}
+        claims: dict[tuple[int, str], Claim] = {}
         for i, item in enumerate(messages):
             # The field's name is spelt out only for an error (it is per message).
             if not isinstance(item, Mapping):
@@ -73,12 +82,16 @@ class HandOff:
                 raise ValidationError(
                     f"event.messages[{i}].attempt", f"must be an integer from 1 to {MAX_ATTEMPT}"
                 )
-            try:
-                token = uuid.UUID(str(item.get("claim_token")))
-            except ValueError:
-                raise ValidationError(
-                    f"event.messages[{i}].claim_token", "must be a UUID"
-                ) from None
+            raw_token = item.get("claim_token")
+            if isinstance(raw_token, str) and _CANONICAL_UUID.fullmatch(raw_token):
+                token = raw_token  # as to_event writes it: already the one spelling
+            else:
+                try:
+                    token = str(uuid.UUID(str(raw_token)))  # any other spelling, made canonical
+                except ValueError:
+                    raise ValidationError(
+                        f"event.messages[{i}].claim_token", "must be a UUID"
+                    ) from None
             # A pair listed twice is one claim: it is sent once.
             claims.setdefault((message_id, token), Claim(message_id, channel, token, attempt))
         return cls(channel, tuple(claims.values()))

@@ -27,7 +27,8 @@ class Claim(NamedTuple):
 
     id: int
     channel: str
-    claim_token: uuid.UUID
+    # A UUID from the claim; its canonical text in a sender (HandOff.from_event).
+    claim_token: uuid.UUID | str
     attempt: int
 
 
