@@ -45,9 +45,11 @@ DEADLINE_EXCEEDED = "provider call exceeded its deadline"
 STOPPING = "stopping: not started"
 _NOT_STARTED = Outcome(AttemptOutcome.NOT_STARTED, error=NOT_STARTED)
 _STOPPED = Outcome(AttemptOutcome.NOT_STARTED, error=STOPPING)
-# A call is started only with at least this long left before its deadline:
-# one started with less is all but sure to be given up after the receiver
-# got the request, and then sent again.
+# A call is started only with time left to be answered: one started with less
+# is all but sure to be given up after the receiver got the request, and then
+# sent again. "Enough" is the slowest call of the event answered so far, and
+# before any was answered (or when every one hangs) this, or a twentieth of the
+# function's timeout when that is shorter (a short-lived test deployment).
 MIN_CALL_SECONDS = 0.5
 # Metric name per settled status or outcome.
 _METRIC = {
@@ -75,11 +77,13 @@ def _send_one(
     row: store.ClaimedMessage,
     deadline: Deadline,
     stop: threading.Event | None = None,
+    enough: float = MIN_CALL_SECONDS,
 ) -> tuple[Outcome, int]:
+    """One row's call. ``enough``: the time a call needs left to be started."""
     started = time.monotonic()
     if stop is not None and stop.is_set():
         return _STOPPED, 0
-    if deadline.remaining() < MIN_CALL_SECONDS:
+    if deadline.remaining() < enough:
         return _NOT_STARTED, 0
     try:
         payload = payloads.decode(row.payload)
@@ -198,7 +202,8 @@ def send_then_settle(
             if deadline is None:
                 deadline = shared[seconds] = Deadline(seconds)
             deadlines[r.id] = deadline
-        results = _send_all(channel, rows, deadlines, settings.send_concurrency, stop)
+        floor = min(MIN_CALL_SECONDS, settings.sender_timeout_seconds / 20)
+        results = _send_all(channel, rows, deadlines, settings.send_concurrency, stop, floor)
 
     settlements = [
         store.Settlement(
@@ -275,6 +280,7 @@ def _send_all(
     deadlines: dict[int, Deadline],
     concurrency: int,
     stop: threading.Event | None = None,
+    floor: float = MIN_CALL_SECONDS,
 ) -> dict[int, tuple[Outcome, int]]:
     """Send every row, up to ``concurrency`` at once; a call still running at its
     deadline is given up (its outcome is unknown, so it counts as a retry), and a
@@ -292,18 +298,24 @@ def _send_all(
     lock = threading.Lock()
     closed = False
 
+    slowest: float | None = None  # of the calls answered so far, in seconds
+
     def drain() -> None:
+        nonlocal slowest
         while True:
             with lock:
                 if closed or not queue:
                     return
                 row = queue.popleft()
                 running.add(row.id)
-            result = _send_one(channel, row, deadlines[row.id], stop)
+                enough = floor if slowest is None else slowest
+            result = _send_one(channel, row, deadlines[row.id], stop, enough)
             with lock:
                 running.discard(row.id)
                 # A row given up at its deadline keeps that outcome.
-                results.setdefault(row.id, result)
+                answered = results.setdefault(row.id, result) is result
+                if answered and result[0].kind != AttemptOutcome.NOT_STARTED:
+                    slowest = max(slowest or 0.0, result[1] / 1000)
 
     latest = max(d.remaining() for d in set(deadlines.values()))
     pool.run(drain, min(concurrency, len(rows)), timeout=latest)
