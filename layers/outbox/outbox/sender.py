@@ -139,24 +139,8 @@ def run(
         log.warning("claims not held or already taken; skipped", extra={"message_ids": not_owned})
     if not rows:
         return report
-    return send_received(
-        engine, handoff.channel, rows, settings, remaining_seconds, channel=channel, report=report
-    )
-
-
-def send_received(
-    engine: sa.Engine,
-    channel_name: str,
-    rows: list[store.ClaimedMessage],
-    settings: RelaySettings,
-    remaining_seconds: Callable[[], float],
-    *,
-    channel: Channel | None = None,
-    report: SendReport | None = None,
-) -> SendReport:
-    """Send rows whose receipt this process holds, and settle them in one statement."""
     return send_then_settle(
-        engine, channel_name, rows, settings, remaining_seconds, channel=channel, report=report
+        engine, handoff.channel, rows, settings, remaining_seconds, channel=channel, report=report
     )()
 
 
@@ -171,9 +155,9 @@ def send_then_settle(
     report: SendReport | None = None,
     stop: threading.Event | None = None,
 ) -> Callable[[], SendReport]:
-    """``send_received`` in two steps: send now, and return the settle (one
-    fenced statement, the log line and the metrics) to run when the caller
-    chooses: ``outbox worker`` runs it while it claims its next batch.
+    """Send rows whose receipt this process holds, now; returns their settle
+    (one fenced statement, the log line and the metrics) to run when the caller
+    chooses: ``run`` at once, ``outbox worker`` while it claims its next batch.
     ``stop`` set (the worker's SIGTERM): no further call starts; the rows not
     begun go back to pending, no attempt counted."""
     if report is None:
