@@ -78,25 +78,26 @@ def _send_one(
     deadline: Deadline,
     stop: threading.Event | None = None,
     enough: float = MIN_CALL_SECONDS,
-) -> tuple[Outcome, int]:
-    """One row's call. ``enough``: the time a call needs left to be started."""
+) -> tuple[Outcome, int | None]:
+    """One row's call and how long it took in milliseconds (None: no provider
+    call was made). ``enough``: the time a call needs left to be started."""
     started = time.monotonic()
     if stop is not None and stop.is_set():
-        return _STOPPED, 0
+        return _STOPPED, None
     if deadline.remaining() < enough:
-        return _NOT_STARTED, 0
+        return _NOT_STARTED, None
     try:
         payload = payloads.decode(row.payload)
         channel.validate(payload)
     except ValidationError as exc:
-        return Outcome.failed(f"invalid payload: {exc}"), 0
+        return Outcome.failed(f"invalid payload: {exc}"), None
     except NotImplementedError:
-        return Outcome.failed(f"channel {row.channel!r} does not implement validate"), 0
+        return Outcome.failed(f"channel {row.channel!r} does not implement validate"), None
     message = Message(row.id, row.channel, payload, row.attempt, row.dedupe_key, row.ordering_key)
     try:
         outcome = channel.send(message, deadline)
     except NotImplementedError:
-        return Outcome.failed(f"channel {row.channel!r} does not implement send"), 0
+        return Outcome.failed(f"channel {row.channel!r} does not implement send"), None
     except Exception as exc:  # a channel bug or an unclassified provider error
         outcome = Outcome.retry(f"unexpected {type(exc).__name__}")
     if outcome.kind not in SEND_OUTCOMES:
@@ -173,7 +174,9 @@ def send_then_settle(
         # reason, rather than let them come back until dead.
         reason = missing or f"channel {channel_name!r} is unavailable"
         log.error("channel cannot send; rows failed", extra={"channel": channel_name})
-        results = {r.id: (Outcome.failed(reason), 0) for r in rows}
+        results: dict[int, tuple[Outcome, int | None]] = {
+            r.id: (Outcome.failed(reason), None) for r in rows
+        }
     else:
         margin = settings.settle_margin_seconds
         lambda_left = remaining_seconds()
@@ -246,13 +249,9 @@ def _settle(
         )
     for key, n in report.statuses.items():
         count(_METRIC[key], n, channel=channel_name)
-    timings(  # the provider calls made (a row not started took none)
+    timings(  # the provider calls made (a row not started or refused took none)
         "SendMilliseconds",
-        [
-            s.duration_ms or 0
-            for s in settlements
-            if s.outcome != AttemptOutcome.NOT_STARTED and s.id in statuses
-        ],
+        [s.duration_ms for s in settlements if s.duration_ms is not None and s.id in statuses],
         channel=channel_name,
     )
     return report
@@ -265,7 +264,7 @@ def _send_all(
     concurrency: int,
     stop: threading.Event | None = None,
     floor: float = MIN_CALL_SECONDS,
-) -> dict[int, tuple[Outcome, int]]:
+) -> dict[int, tuple[Outcome, int | None]]:
     """Send every row, up to ``concurrency`` at once; a call still running at its
     deadline is given up (its outcome is unknown, so it counts as a retry), and a
     row no thread reached by then is not started.
@@ -277,8 +276,8 @@ def _send_all(
     # on a provider call that hangs past its deadline.
     pool = _pool(concurrency)
     queue = deque(rows)
-    results: dict[int, tuple[Outcome, int]] = {}
-    running: set[int] = set()
+    results: dict[int, tuple[Outcome, int | None]] = {}
+    running: dict[int, float] = {}  # row id -> when its call began
     lock = threading.Lock()
     closed = False
 
@@ -291,14 +290,14 @@ def _send_all(
                 if closed or not queue:
                     return
                 row = queue.popleft()
-                running.add(row.id)
+                running[row.id] = time.monotonic()
                 enough = floor if slowest is None else slowest
             result = _send_one(channel, row, deadlines[row.id], stop, enough)
             with lock:
-                running.discard(row.id)
+                running.pop(row.id, None)
                 # A row given up at its deadline keeps that outcome.
                 answered = results.setdefault(row.id, result) is result
-                if answered and result[0].kind != AttemptOutcome.NOT_STARTED:
+                if answered and result[1] is not None:  # a provider call was made
                     slowest = max(slowest or 0.0, result[1] / 1000)
 
     latest = max(d.remaining() for d in set(deadlines.values()))
@@ -306,11 +305,14 @@ def _send_all(
     with lock:
         closed = True  # a thread still sending takes no further row
         stuck = bool(running)
+        now = time.monotonic()
         for row in rows:
             if row.id not in results:
-                given_up = row.id in running
+                began = running.get(row.id)
                 results[row.id] = (
-                    (Outcome.retry(DEADLINE_EXCEEDED), 0) if given_up else (_NOT_STARTED, 0)
+                    (_NOT_STARTED, None)
+                    if began is None
+                    else (Outcome.retry(DEADLINE_EXCEEDED), int((now - began) * 1000))
                 )
         outcome = dict(results)
     if stuck:

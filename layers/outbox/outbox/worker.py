@@ -31,8 +31,6 @@ from .observability import count
 
 log = logging.getLogger(__name__)
 
-STOPPING = "worker stopping: not started"
-
 
 @dataclass
 class WorkerReport:
@@ -77,7 +75,7 @@ class Worker:
         if self.stop.is_set():
             # Not started: give the rows back now rather than leave them claimed.
             with self.engine.begin() as conn:
-                released = store.release(conn, rows, reason=STOPPING)
+                released = store.release(conn, rows, reason=sender.STOPPING)
             with self._lock:
                 self.report.released += len(released)
             report = sender.SendReport(received=len(rows))

@@ -53,7 +53,8 @@ class Outcome:
 
     @classmethod
     def deferred(cls, reason: str, delay_seconds: float = 0.0) -> Outcome:
-        """Not tried, or throttled: back to pending later without counting an attempt."""
+        """Throttled (or told to come back later): back to pending after the delay,
+        without counting an attempt, up to MAX_DEFERRALS times."""
         return cls(AttemptOutcome.DEFERRED, error=reason, delay_seconds=max(0.0, delay_seconds))
 
 

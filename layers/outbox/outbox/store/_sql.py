@@ -37,8 +37,8 @@ def statement(text: str) -> sa.TextClause:
 
 
 def array_literal(values: Iterable[Any]) -> str:
-    """A Postgres array literal, every element quoted (ids and UUIDs need not be), bound as one text
-    parameter that the SQL casts (``CAST(:ids AS bigint[])``, ``uuid[]``,
+    """A Postgres array literal, every element but ints and UUIDs quoted, bound
+    as one text parameter that the SQL casts (``CAST(:ids AS bigint[])``, ``uuid[]``,
     ``text[]``). One string instead of pg8000's per-element escaping of a list;
     and pg8000's list adapter leaves ``null`` in any case but ``NULL`` unquoted,
     which Postgres reads as a NULL element: a key "null" would silently vanish.
