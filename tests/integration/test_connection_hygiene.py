@@ -4,6 +4,7 @@ LISTEN, no session advisory lock, no prepared statement kept across transactions
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import pg8000.core
@@ -71,7 +72,7 @@ def test_a_full_cycle_sends_no_pinning_statement(
 def test_a_statement_with_parameters_is_one_round_trip(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The relay's engine sends Parse, Bind, Describe, Execute and Sync as one
+    """The relay's engine sends Parse, Bind, Describe, Execute, Flush and Sync as one
     train (one flush), where pg8000 alone waits on three exchanges; an error in
     the train leaves the connection answering the next statement."""
     relay = create_engine(DatabaseSettings(url=database_url, sslmode="disable"), autocommit=True)
@@ -88,6 +89,50 @@ def test_a_statement_with_parameters_is_one_round_trip(
     with relay.connect() as conn:
         assert conn.execute(sa.text("SELECT CAST(:n AS text)"), {"n": "ok"}).scalar_one() == "ok"
     relay.dispose()
+
+
+def test_the_rows_of_a_statement_arrive_before_its_commit(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The train asks the server to flush after Execute: the rows and the
+    command's completion go out before the commit (and its WAL flush) at Sync,
+    so the client decodes them while the server commits, as it does under
+    pg8000's own exchanges. Without it the last rows wait for the commit."""
+    admin = sa.create_engine(database_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        # A deferred constraint trigger runs at commit: a commit that takes 0.4 s.
+        conn.execute(sa.text("CREATE TABLE slow_commit (id int)"))
+        conn.execute(
+            sa.text(
+                "CREATE FUNCTION slow_commit_wait() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN PERFORM pg_sleep(0.4); RETURN NULL; END $$"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "CREATE CONSTRAINT TRIGGER slow_commit_wait AFTER INSERT ON slow_commit "
+                "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit_wait()"
+            )
+        )
+    admin.dispose()
+    arrived: dict[str, float] = {}
+    for name in ("handle_COMMAND_COMPLETE", "handle_READY_FOR_QUERY"):
+        real = getattr(pg8000.core.CoreConnection, name)
+
+        def timed(self: Any, data: Any, context: Any, real: Any = real, name: str = name) -> Any:
+            arrived[name] = time.monotonic()
+            return real(self, data, context)
+
+        monkeypatch.setattr(pg8000.core.CoreConnection, name, timed)
+    relay = create_engine(DatabaseSettings(url=database_url, sslmode="disable"), autocommit=True)
+    with relay.connect() as conn:
+        ids = conn.execute(
+            sa.text("INSERT INTO slow_commit SELECT CAST(:n AS int) RETURNING id"), {"n": 7}
+        ).scalars()
+        assert list(ids) == [7]
+    relay.dispose()
+    waited_for_commit = arrived["handle_READY_FOR_QUERY"] - arrived["handle_COMMAND_COMPLETE"]
+    assert waited_for_commit > 0.3
 
 
 def test_a_connection_dropped_while_idle_is_replaced_before_use(

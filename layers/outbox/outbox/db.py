@@ -249,6 +249,7 @@ _PG8000_INTERNALS = (
     "PARSE",
     "BIND",
     "EXECUTE_MSG",
+    "FLUSH_MSG",
     "SYNC_MSG",
 )
 _CONNECTION_INTERNALS = (
@@ -268,8 +269,12 @@ def _execute_in_one_round_trip(dbapi_connection: Any, connection_record: Any) ->
     train that ends with one Sync (what libpq's PQexecParams sends): the
     server answers in order, the row description before the rows, and an error
     at any step skips to the Sync, so pg8000's reader takes the answers exactly
-    as before. Still the unnamed statement (no prepared state to pin a
-    connection behind RDS Proxy), a third of the waiting. Only for this
+    as before. A Flush after Execute (as pg8000's own last exchange has) sends
+    the rows before the commit at Sync waits for its WAL flush: the client
+    decodes them meanwhile instead of after (without it, a claim on an idle
+    machine took a tenth longer than pg8000's three exchanges). Still the
+    unnamed statement (no prepared state to pin a connection behind RDS
+    Proxy), a third of the waiting. Only for this
     engine's connections; COPY streams keep pg8000's own path."""
     import pg8000.core as core
 
@@ -308,6 +313,7 @@ def _execute_in_one_round_trip(dbapi_connection: Any, connection_record: Any) ->
         conn._send_message(core.BIND, bind)
         core._write(conn._sock, describe_portal)
         core._write(conn._sock, core.EXECUTE_MSG)
+        core._write(conn._sock, core.FLUSH_MSG)
         core._write(conn._sock, core.SYNC_MSG)
         core._flush(conn._sock)
         conn.handle_messages(context)
