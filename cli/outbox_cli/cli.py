@@ -99,7 +99,9 @@ class CommandError(click.ClickException):
 
     ``kind`` names the class of error for programs (the JSON ``error.kind``):
     bad_argument, not_found, conflict, confirmation_required, aborted,
-    config, schema_missing, database_unavailable, database, failed."""
+    config, schema_missing, database_unavailable (no server answered),
+    database_login_refused (the server refused the user or its password),
+    database_missing (the server has no such database), database, failed."""
 
     exit_code = 1
 
@@ -219,6 +221,13 @@ def database(*, autocommit: bool = False) -> Iterator[sa.Engine]:
         yield engine
     except sa.exc.DBAPIError as exc:
         message = _db_message(exc)
+        sqlstate = _sqlstate(exc)
+        # The server answered and refused the session: the network is fine,
+        # the credentials or the database name are not.
+        if sqlstate.startswith("28"):
+            fail(f"the database refused the login: {message}", 1, "database_login_refused")
+        if sqlstate == "3D000":
+            fail(f"no such database: {message}", 1, "database_missing")
         if "outbox_message" in message and "does not exist" in message:
             fail(
                 "the outbox tables do not exist yet: run `outbox migrate` first",
@@ -234,18 +243,30 @@ def database(*, autocommit: bool = False) -> Iterator[sa.Engine]:
         engine.dispose()
 
 
-def _server_reported(exc: sa.exc.DBAPIError) -> bool:
-    """The server answered with an error (pg8000 carries its fields in a dict);
-    the engine still discards such a connection, but the database was reached."""
+def _server_fields(exc: sa.exc.DBAPIError) -> dict[str, Any] | None:
+    """The fields of the server's error response (pg8000 passes them as its
+    exception's argument: 'C' the SQLSTATE, 'M' the message), or None when the
+    error is the driver's own (no server answered)."""
     args: tuple[Any, ...] = getattr(exc.orig, "args", ())
-    return bool(args) and isinstance(args[0], dict)
+    return args[0] if args and isinstance(args[0], dict) else None
+
+
+def _server_reported(exc: sa.exc.DBAPIError) -> bool:
+    """The server answered with an error; the engine still discards such a
+    connection, but the database was reached."""
+    return _server_fields(exc) is not None
+
+
+def _sqlstate(exc: sa.exc.DBAPIError) -> str:
+    """The server's SQLSTATE, '' when no server answered."""
+    return str((_server_fields(exc) or {}).get("C") or "")
 
 
 def _db_message(exc: sa.exc.DBAPIError) -> str:
-    """The server's message (pg8000 carries it in a dict), on one line."""
-    args = getattr(exc.orig, "args", ())
-    if args and isinstance(args[0], dict) and args[0].get("M"):
-        return str(args[0]["M"])
+    """The server's message, else the driver's, on one line."""
+    fields = _server_fields(exc)
+    if fields and fields.get("M"):
+        return str(fields["M"])
     return (str(exc.orig) or type(exc.orig).__name__).splitlines()[0]
 
 

@@ -4,6 +4,7 @@ change, and that bad arguments or unknown ids change nothing."""
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 import pytest
@@ -398,6 +399,48 @@ def test_commands_without_a_database_or_schema_say_so(database_url: str, engine:
     one_error_line(runner.invoke(cli, ["list"], env={"DATABASE_URL": missing}), "does not exist")
     unknown_command = runner.invoke(cli, ["lsit"], env={"DATABASE_URL": database_url})
     one_error_line(unknown_command, "No such command")
+
+
+def _refusal(database_url: str, **parts: Any) -> tuple[Result, dict[str, Any]]:
+    """``outbox list`` against the test server with parts of its URL replaced:
+    the error line, and the JSON error of the same command."""
+    url = sa.engine.make_url(database_url).set(**parts)
+    env = {"DATABASE_URL": url.render_as_string(hide_password=False)}
+    runner = CliRunner()
+    text = runner.invoke(cli, ["list"], env=env)
+    as_json = runner.invoke(cli, ["list", "--json"], env=env)
+    assert as_json.exit_code == 1 and as_json.stderr == "", as_json.output
+    error: dict[str, Any] = json.loads(as_json.stdout)["error"]
+    return text, error
+
+
+def test_a_login_the_server_refuses_is_not_an_unreachable_database(database_url: str) -> None:
+    # The server answered, so "cannot reach" would send the operator to the network.
+    text, error = _refusal(database_url, username="outbox_no_such_role", password="s3cret-pw")
+    expected = 'the database refused the login: role "outbox_no_such_role" does not exist'
+    one_error_line(text, expected)
+    assert text.exit_code == 1
+    assert error == {"kind": "database_login_refused", "message": expected}
+    for output in (text.output, json.dumps(error)):
+        assert "s3cret-pw" not in output and "postgresql" not in output
+
+
+def test_a_database_the_server_does_not_have_is_named_as_missing(database_url: str) -> None:
+    text, error = _refusal(database_url, database="outbox_no_such_database")
+    expected = 'no such database: database "outbox_no_such_database" does not exist'
+    one_error_line(text, expected)
+    assert text.exit_code == 1
+    assert error == {"kind": "database_missing", "message": expected}
+
+
+def test_a_server_that_does_not_answer_is_unreachable(database_url: str) -> None:
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    text, error = _refusal(database_url, host="127.0.0.1", port=port)
+    one_error_line(text, "cannot reach the database: ")
+    assert error["kind"] == "database_unavailable"
+    assert error["message"].startswith("cannot reach the database: ")
 
 
 def test_durations() -> None:
