@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -42,10 +43,25 @@ def emit_json(value: Any) -> None:
     click.echo(json.dumps(jsonable(value), indent=2, ensure_ascii=False))
 
 
+# Wider than any row can be (a whole payload in ``show`` is at most 256 KiB):
+# the width of output that goes to no terminal and asks for none.
+UNBOUNDED_WIDTH = 1 << 20
+
+
 def console() -> Any:
+    """Where tables go. On a terminal, or with ``COLUMNS``, at that width (at
+    least 100, so that ids and times fit beside some free text) and free text
+    folds to it. Piped or redirected (a file, CI, grep), rich would assume 80
+    columns and fold every row; there a table is as wide as its widest row, so
+    a row is one line."""
     from rich.console import Console
 
-    return Console(highlight=False, emoji=False, soft_wrap=False, width=max(100, Console().width))
+    sized = Console()
+    if sized.is_terminal or os.environ.get("COLUMNS", "").isdigit():
+        width = max(100, sized.width)  # rich reads COLUMNS itself
+    else:
+        width = UNBOUNDED_WIDTH
+    return Console(highlight=False, emoji=False, soft_wrap=False, width=width)
 
 
 def when(value: dt.datetime | None) -> str:

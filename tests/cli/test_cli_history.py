@@ -131,6 +131,34 @@ def test_history_lists_a_recipients_attempts_newest_first_after_the_messages_are
     assert table.exit_code == 0 and "(pruned)" in table.stdout and "delivered" in table.stdout
 
 
+def test_history_rows_stay_on_one_line_without_a_terminal(
+    run: Any, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Piped or redirected, each attempt is one line, long provider ids included."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    provider_id = "0100018f-" + "e" * 120
+    with engine.begin() as conn:
+        sent = [outbox.enqueue(conn, "email", EMAIL) for _ in range(3)]
+    settle_due(engine, "delivered", provider_id=provider_id)
+    result = run("history", "--recipient", EMAIL["to"][0])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    title, header, rule, *rows = lines
+    assert title.strip() == "attempts, newest first (3)" and set(rule.strip()) == {"─"}
+    assert header.split() == [
+        "finished",
+        "channel",
+        "message_id",
+        "attempt",
+        "outcome",
+        "error",
+        "provider_message_id",
+        "message_status",
+    ]
+    assert [int(row.split()[3]) for row in rows] == sorted(sent, reverse=True)
+    assert all(provider_id in row and row.split()[-1] == "delivered" for row in rows)
+
+
 def test_history_refuses_bad_arguments(run: Any) -> None:
     assert "--recipient" in error_line(run("history", "--recipient", " "))
     assert "pigeon" in error_line(run("history", "--recipient", "a@b.c", "--channel", "pigeon"))

@@ -1,13 +1,15 @@
 """The CLI is safe and consistent: --version and --database-url, a dry run and
 a confirmation before any change chosen by a filter (refused without a
 terminal unless --yes), one JSON convention including errors, and a list that
-pages, filters by key and keeps every timestamp on one line."""
+pages, filters by key, keeps every timestamp on one line and, without a
+terminal, every row."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -252,15 +254,53 @@ def test_list_finds_by_dedupe_and_ordering_key_and_shows_the_due_time(
     assert due_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S") in text
 
 
-def test_list_tables_never_wrap_inside_a_timestamp(run: Any, engine: sa.Engine) -> None:
-    """Long free text folds in its own column; every time stays whole on one line."""
+def list_rows(text: str, ids: Sequence[str]) -> dict[str, str]:
+    """The line of ``outbox list``'s table that starts with each of ``ids``;
+    asserts that the table has no other lines (a folded row would add some)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    header, rule, *rows = lines
+    assert header.split()[0] == "id" and header.split()[-1] == "last_error", text
+    assert set(rule.strip()) == {"─"}, text
+    by_id = {line.split()[0]: line for line in rows}
+    assert sorted(by_id) == sorted(ids) and len(rows) == len(ids), text
+    return by_id
+
+
+def test_list_rows_stay_on_one_line_without_a_terminal(
+    run: Any, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Piped or redirected, a table is as wide as its widest row: each row is
+    one line that grep finds whole, however long its free text."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    failed = seed(engine, 3)
+    error = "MessageRejected: " + "a very long provider error " * 8
+    settle_all(engine, "failed", error=error)
+    key = "customer-" + "7" * 120
+    held = seed(engine, 2, ordering_key=key, delay=60)
+    result = run("list")
+    assert result.exit_code == 0, result.output
+    rows = list_rows(result.stdout, [str(i) for i in failed + held])
+    for i in failed:
+        assert error.strip() in rows[str(i)]
+    for i in held:
+        assert key in rows[str(i)]
+        assert len(re.findall(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", rows[str(i)])) == 2  # due, created
+    assert max(len(line) for line in result.stdout.splitlines()) > 300  # no fold at 80 or 100
+
+
+def test_list_tables_fold_free_text_to_columns_but_never_a_timestamp(
+    run: Any, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A width asked for with COLUMNS holds: long free text folds in its own
+    column; every time stays whole on one line."""
+    monkeypatch.setenv("COLUMNS", "120")
     seed(engine, 3)
     settle_all(engine, "failed", error="MessageRejected: " + "a very long provider error " * 8)
     seed(engine, 2, ordering_key="customer-" + "7" * 120, delay=60)
     text = run("list").stdout
     stamps = re.findall(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", text)
     assert len(stamps) == 3 + 2 * 2, text  # created for all, due for the pending ones
-    assert max(len(line) for line in text.splitlines()) <= 100
+    assert max(len(line) for line in text.splitlines()) <= 120
 
 
 def test_channel_filters_accept_a_channel_present_only_in_the_database(
