@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Self
 
 import sqlalchemy as sa
 
@@ -15,6 +16,10 @@ from .policy import BACKOFF_SQL, EXHAUSTED_SQL, EXPIRED_PREFIX, Backoff
 
 @dataclass(frozen=True)
 class Backlog:
+    """Backlog figures of the whole outbox (``backlog``), and the record that
+    ``ChannelBacklog`` extends for one channel. ``held`` is counted for the
+    whole outbox only (0 in a channel's figures)."""
+
     pending: int
     due: int
     oldest_due_age_seconds: float
@@ -22,6 +27,29 @@ class Backlog:
     expired_claims: int
     dead: int
     held: int = 0
+
+    @classmethod
+    def _of(cls, row: sa.Row[Any], **more: Any) -> Self:
+        """The figures from a row of a backlog statement (both name them alike)."""
+        return cls(
+            pending=row.pending,
+            due=row.due,
+            oldest_due_age_seconds=float(row.oldest_due_age),
+            claimed=row.claimed,
+            expired_claims=row.expired_claims,
+            **more,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChannelBacklog(Backlog):
+    """One channel's backlog figures (``channel_backlog``). A subclass rather
+    than an optional ``channel`` on ``Backlog``: a channel's figures always
+    name their channel (the reaper's per-channel metrics need it), and the
+    whole outbox's figures (the reaper's result) carry no channel fields."""
+
+    channel: str
+    paused: bool
 
 
 LEASE_EXPIRED_ERROR = "lease expired: the sender did not settle in time"
@@ -310,15 +338,7 @@ def backlog(conn: sa.Connection) -> Backlog:
     row = conn.execute(_BACKLOG).one()
     dead = conn.execute(_DEAD_COUNT).scalar_one()
     held = held_count(conn)
-    return Backlog(
-        pending=row.pending,
-        due=row.due,
-        oldest_due_age_seconds=float(row.oldest_due_age),
-        claimed=row.claimed,
-        expired_claims=row.expired_claims,
-        dead=dead,
-        held=held,
-    )
+    return Backlog._of(row, dead=dead, held=held)
 
 
 def held_count(conn: sa.Connection) -> int:
@@ -352,31 +372,10 @@ _CHANNEL_BACKLOG = statement(
 )
 
 
-@dataclass(frozen=True)
-class ChannelBacklog:
-    channel: str
-    pending: int
-    due: int
-    oldest_due_age_seconds: float
-    claimed: int
-    expired_claims: int
-    dead: int
-    paused: bool
-
-
 def channel_backlog(conn: sa.Connection) -> list[ChannelBacklog]:
     """Backlog figures per channel (one grouped statement): every channel with
     pending, claimed or dead rows, and every paused channel even without rows."""
     return [
-        ChannelBacklog(
-            channel=r.channel,
-            pending=r.pending,
-            due=r.due,
-            oldest_due_age_seconds=float(r.oldest_due_age),
-            claimed=r.claimed,
-            expired_claims=r.expired_claims,
-            dead=r.dead,
-            paused=r.paused,
-        )
+        ChannelBacklog._of(r, dead=r.dead, channel=r.channel, paused=r.paused)
         for r in conn.execute(_CHANNEL_BACKLOG).all()
     ]
