@@ -67,9 +67,11 @@ def test_the_shortest_text_past_a_count_limit_is_walked_and_refused(
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(alphabet="ab[{}]\"", max_size=5),
-    lambda children: st.lists(children, max_size=40)
-    | st.dictionaries(st.text(max_size=3), children, max_size=40),
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='ab[{}]"', max_size=5),
+    lambda children: (
+        st.lists(children, max_size=40)
+        | st.dictionaries(st.text(max_size=3), children, max_size=40)
+    ),
     max_leaves=2_000,
 )
 
