@@ -25,6 +25,7 @@ stops when the last one finds nothing left to claim.
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing as mp
 import time
@@ -347,6 +348,9 @@ def _worker(kind: str, url: str, batch: int, ready: Any, go: Any, out: Any) -> N
         common.quiet_process()
         RoundTrips.install()
         step, close = STEPPERS[kind](url, batch)
+        # What the relay's functions do at the end of their cold start
+        # (runtime.cold_start_done), done for every kind alike.
+        gc.freeze()
         ready.put(True)
         go.wait()
         # Warm-up happened before the barrier: the connection, imports, the

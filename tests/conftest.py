@@ -7,6 +7,7 @@ The database is ``DATABASE_URL`` when set, else the local Postgres on
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 import os
 import socket
@@ -152,6 +153,14 @@ def aws() -> Iterator[None]:
 
     with mock_aws():
         yield
+
+
+@pytest.fixture(autouse=True)
+def _collectable_heap() -> Iterator[None]:
+    """A handler built by a test froze the heap at its "cold start"
+    (runtime.cold_start_done): give what the test made back to the collector."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(autouse=True)

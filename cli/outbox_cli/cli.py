@@ -852,10 +852,12 @@ def worker(
         stop.set()
 
     from outbox import observability
+    from outbox.runtime import cold_start_done
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         with observability.suspended(), database(autocommit=True) as engine:
+            cold_start_done()  # what the setup made lives as long as the worker
             report = Worker(
                 engine,
                 settings,
