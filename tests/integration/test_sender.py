@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
+import pytest
 import sqlalchemy as sa
 
 import outbox
 from outbox import sender, store
-from outbox.channels import Outcome
+from outbox.channels import Deadline, Message, Outcome
 from outbox.handoff import HandOff
 from support import (
     LambdaContext,
@@ -390,3 +393,69 @@ def test_a_forked_process_sends_with_threads_of_its_own(engine: sa.Engine) -> No
     proc.start()
     proc.join(timeout=10)
     assert proc.exitcode == 0 and out.get(timeout=1) == 42
+
+
+class ThreadRecordingChannel(ScriptedChannel):
+    """Records which send thread made each call and how many ran at once."""
+
+    def __init__(self, seconds_per_call: float = 0.0) -> None:
+        super().__init__()
+        self.seconds_per_call = seconds_per_call
+        self.threads: list[str] = []
+        self.in_flight = self.most_in_flight = 0
+        self._lock = threading.Lock()
+
+    def send(self, message: Message, deadline: Deadline) -> Outcome:
+        with self._lock:
+            self.threads.append(threading.current_thread().name)
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        time.sleep(self.seconds_per_call)
+        with self._lock:
+            self.in_flight -= 1
+        return super().send(message, deadline)
+
+
+def test_a_channel_whose_calls_come_back_at_once_sends_its_next_batch_on_one_thread(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sender, "_calls_were_fast", {})
+    channel = install_channel(ThreadRecordingChannel())
+    enqueue(engine, 20)
+    send(engine, claim(engine), send_concurrency=8)  # its calls are not known yet
+    assert sender._calls_were_fast == {"scripted": True}
+    channel.threads.clear()
+    enqueue(engine, 20)
+    report = send(engine, claim(engine), send_concurrency=8)
+    assert report.statuses == {"delivered": 20}
+    assert len(set(channel.threads)) == 1
+
+
+def test_a_fast_channel_that_turns_slow_has_every_send_thread_again(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sender, "_calls_were_fast", {"scripted": True})
+    channel = install_channel(ThreadRecordingChannel(seconds_per_call=0.05))
+    enqueue(engine, 8)
+    report = send(engine, claim(engine), send_concurrency=8)
+    assert report.statuses == {"delivered": 8}
+    # the first slow call brought the other threads in
+    assert channel.most_in_flight >= 2 and len(set(channel.threads)) >= 2
+    assert sender._calls_were_fast == {"scripted": False}
+    channel.threads.clear()
+    channel.most_in_flight = 0
+    enqueue(engine, 8)
+    send(engine, claim(engine), send_concurrency=8)
+    assert len(set(channel.threads)) >= 2  # a slow channel starts on all of them
+
+
+def test_tasks_added_after_a_batch_ended_never_start() -> None:
+    ran: list[int] = []
+    threads = sender._SendThreads(2, "countdown")
+    tasks = threads.start(lambda: ran.append(1), 1)
+    assert tasks.wait(5)
+    threads.add(tasks, lambda: ran.append(2), 1)
+    assert tasks.wait(0)
+    time.sleep(0.05)  # a task wrongly queued would have run by now
+    assert ran == [1]
+    threads.retire()

@@ -51,6 +51,14 @@ _STOPPED = Outcome(AttemptOutcome.NOT_STARTED, error=STOPPING)
 # before any was answered (or when every one hangs) this, or a twentieth of the
 # function's timeout when that is shorter (a short-lived test deployment).
 MIN_CALL_SECONDS = 0.5
+# A channel whose every call of its last batch came back within this starts
+# the next on one send thread: waking SEND_CONCURRENCY threads for calls of
+# microseconds cost more than the calls did (bench/README.md). The other
+# threads join as soon as a call has run this long, so a provider that turns
+# slow costs the batch at most this much.
+FAST_CALL_SECONDS = 0.001
+_calls_were_fast: dict[str, bool] = {}  # by channel name
+_FOREVER = float("inf")
 # Metric name per settled status or outcome.
 _METRIC = {
     "delivered": "Delivered",
@@ -271,7 +279,9 @@ def _send_all(
 
     Each send thread takes rows one after another from a shared queue: one task
     per thread rather than one future per row, which cost a lock, a condition
-    and a queue hand-over per message."""
+    and a queue hand-over per message. A channel whose calls all came back
+    within ``FAST_CALL_SECONDS`` last time starts on one thread, and the others
+    join as soon as a call runs that long."""
     # Even one row goes through the pool: only a waiting caller can give up
     # on a provider call that hangs past its deadline.
     pool = _pool(concurrency)
@@ -300,8 +310,21 @@ def _send_all(
                 if answered and result[1] is not None:  # a provider call was made
                     slowest = max(slowest or 0.0, result[1] / 1000)
 
-    latest = max(d.remaining() for d in set(deadlines.values()))
-    pool.run(drain, min(concurrency, len(rows)), timeout=latest)
+    wanted = min(concurrency, len(rows))
+    narrow = wanted > 1 and _calls_were_fast.get(channel.name, False)
+    tasks = pool.start(drain, 1 if narrow else wanted)
+    ends = time.monotonic() + max(d.remaining() for d in set(deadlines.values()))
+    while not tasks.wait(min(ends - time.monotonic(), FAST_CALL_SECONDS if narrow else _FOREVER)):
+        now = time.monotonic()
+        if now >= ends:
+            break
+        with lock:
+            slow = bool(queue) and any(
+                now - began >= FAST_CALL_SECONDS for began in running.values()
+            )
+        if slow:
+            pool.add(tasks, drain, wanted - 1)
+            narrow = False
     with lock:
         closed = True  # a thread still sending takes no further row
         stuck = bool(running)
@@ -315,6 +338,7 @@ def _send_all(
                     else (Outcome.retry(DEADLINE_EXCEEDED), int((now - began) * 1000))
                 )
         outcome = dict(results)
+        _calls_were_fast[channel.name] = slowest is not None and slowest < FAST_CALL_SECONDS
     if stuck:
         # Do not wait for calls stuck past their deadline (they hold no claim
         # now), and do not let them occupy the threads of the next batch.
@@ -333,7 +357,7 @@ class _SendThreads:
     def __init__(self, size: int, name_prefix: str = "send") -> None:
         self.size = size
         self.retired = False
-        self._tasks: queue.SimpleQueue[tuple[Callable[[], None], threading.Semaphore] | None] = (
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], None], _Countdown] | None] = (
             queue.SimpleQueue()
         )
         for n in range(size):
@@ -341,28 +365,71 @@ class _SendThreads:
 
     def _serve(self) -> None:
         while (item := self._tasks.get()) is not None:
-            task, done = item
+            task, tasks = item
             try:
                 task()
             except BaseException:  # a task's own failure must not kill the thread
                 log.exception("send task failed")
             finally:
-                done.release()
+                tasks.task_done()
+
+    def start(self, task: Callable[[], None], copies: int) -> _Countdown:
+        """Run ``copies`` of ``task`` side by side; the countdown says when all ended."""
+        tasks = _Countdown(copies)
+        for _ in range(copies):
+            self._tasks.put((task, tasks))
+        return tasks
+
+    def add(self, tasks: _Countdown, task: Callable[[], None], copies: int) -> None:
+        """``copies`` more of ``task`` under the same countdown, unless all of
+        its tasks have ended already (then there is nothing left to share)."""
+        if tasks.add(copies):
+            for _ in range(copies):
+                self._tasks.put((task, tasks))
 
     def run(self, task: Callable[[], None], copies: int, timeout: float) -> bool:
-        """Run ``copies`` of ``task`` side by side; wait at most ``timeout``
-        seconds for all of them. False: some were still running."""
-        done = threading.Semaphore(0)
-        for _ in range(copies):
-            self._tasks.put((task, done))
-        ends = time.monotonic() + timeout
-        return all(done.acquire(timeout=max(0.0, ends - time.monotonic())) for _ in range(copies))
+        """``start``, then wait at most ``timeout`` seconds for all the copies.
+        False: some were still running."""
+        return self.start(task, copies).wait(timeout)
 
     def retire(self) -> None:
         """Each thread ends once it is done with what it runs now."""
         self.retired = True
         for _ in range(self.size):
             self._tasks.put(None)
+
+
+class _Countdown:
+    """The tasks of one batch: done when the last of them has ended. Its caller
+    waits on one lock, where a Semaphore woke it once for every task."""
+
+    def __init__(self, tasks: int) -> None:
+        self._left = tasks
+        self._count = threading.Lock()
+        self._ended = threading.Lock()
+        if tasks > 0:
+            self._ended.acquire()
+
+    def add(self, tasks: int) -> bool:
+        """Count ``tasks`` more; False (nothing counted) once all have ended."""
+        with self._count:
+            if self._left == 0:
+                return False
+            self._left += tasks
+            return True
+
+    def task_done(self) -> None:
+        with self._count:
+            self._left -= 1
+            if self._left == 0:
+                self._ended.release()
+
+    def wait(self, timeout: float) -> bool:
+        """True once every task has ended; False after ``timeout`` seconds."""
+        if self._ended.acquire(timeout=max(0.0, timeout)):
+            self._ended.release()  # any later wait sees it ended too
+            return True
+        return False
 
 
 # The send threads outlive a batch: a warm Lambda (or a worker) reuses them
