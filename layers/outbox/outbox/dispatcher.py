@@ -141,8 +141,9 @@ def dispatch_once(
         return report
     count_by_channel("Claimed", claims)
 
-    routable = [c for c in claims if invoker.can_route(c.channel)]
-    unroutable = [c for c in claims if not invoker.can_route(c.channel)]
+    routes = {channel: invoker.can_route(channel) for channel in {c.channel for c in claims}}
+    routable = [c for c in claims if routes[c.channel]]
+    unroutable = [c for c in claims if not routes[c.channel]]
     if unroutable:
         # Bad data in one row fails that row, not the batch (docs/design.md, invariant 6).
         with engine.begin() as conn:
@@ -175,7 +176,9 @@ def dispatch_once(
         len(h.claims) for h in (*failed, *throttled)
     )
     returned_ids = {c.id for h in (*failed, *throttled) for c in h.claims}
-    count_by_channel("HandedOff", [c for c in routable if c.id not in returned_ids])
+    count_by_channel(
+        "HandedOff", [c for c in routable if c.id not in returned_ids] if returned_ids else routable
+    )
     for channel in {h.channel for h in throttled}:
         cooling[channel] = time.monotonic() + THROTTLE_RETRY_DELAY_SECONDS
     for returned, reason, delay, metric in (
