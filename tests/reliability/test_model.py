@@ -225,11 +225,12 @@ class OutboxModel(RuleBasedStateMachine):
         assert [m.id for m in loaded] == expected
         for m in loaded:
             r = self.rows[m.id]
-            # The receipt returns the token as text (it only goes back into fences).
+            # The claim and the receipt return the token as text (it only goes
+            # into the event and back into fences).
             assert (m.attempt, m.max_attempts, m.claim_token) == (
                 r.attempts + 1,
                 r.limit,
-                str(r.token),
+                r.token,
             )
             r.received = True
 
@@ -386,7 +387,8 @@ class OutboxModel(RuleBasedStateMachine):
         with self.engine.connect() as conn:
             rows = conn.execute(
                 sa.text(
-                    "SELECT m.id, m.status, m.attempts, m.deferrals, m.claim_token, "
+                    "SELECT m.id, m.status, m.attempts, m.deferrals, "
+                    "CAST(m.claim_token AS text) AS claim_token, "
                     "m.status = 'claimed' AND m.received_at IS NOT NULL AS received, "
                     "m.settled_at IS NOT NULL AS settled, "
                     "(SELECT count(*) FROM outbox_attempt a WHERE a.message_id = m.id) "

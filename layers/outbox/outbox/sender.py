@@ -297,22 +297,30 @@ def _send_all(
 
     slowest: float | None = None  # of the calls answered so far, in seconds
 
+    def take() -> store.ClaimedMessage | None:
+        # under the lock: the next row, marked as running, or None when done
+        if closed or not queue:
+            return None
+        row = queue.popleft()
+        running[row.id] = time.monotonic()
+        return row
+
     def drain() -> None:
         nonlocal slowest
-        while True:
-            with lock:
-                if closed or not queue:
-                    return
-                row = queue.popleft()
-                running[row.id] = time.monotonic()
-                enough = floor if slowest is None else slowest
+        with lock:
+            row = take()
+        while row is not None:
+            enough = floor if slowest is None else slowest
             result = _send_one(channel, row, deadlines[row.id], stop, enough)
-            with lock:
-                running.pop(row.id, None)
+            with lock:  # the row's result and the next row, in one hold of the lock
+                del running[row.id]
                 # A row given up at its deadline keeps that outcome.
                 answered = results.setdefault(row.id, result) is result
                 if answered and result[1] is not None:  # a provider call was made
-                    slowest = max(slowest or 0.0, result[1] / 1000)
+                    seconds = result[1] / 1000
+                    if slowest is None or seconds > slowest:
+                        slowest = seconds
+                row = take()
 
     wanted = min(concurrency, len(rows))
     narrow = wanted > 1 and _calls_were_fast.get(channel.name, False)

@@ -27,7 +27,9 @@ class Claim(NamedTuple):
 
     id: int
     channel: str
-    # A UUID from the claim; its canonical text in a sender (HandOff.from_event).
+    # The token's canonical text: it only goes into the hand-off event and back
+    # into fenced statements, which cast it (a uuid.UUID parsed from every row
+    # and printed again cost more than the rest of the claim's Python).
     claim_token: uuid.UUID | str
     attempt: int
 
@@ -129,7 +131,7 @@ _CLAIM = f"""
     RETURNING {{returning}}
 """
 _CHANNEL_FILTER = "AND m.channel = ANY(CAST(:channels AS text[]))"
-_CLAIMED = "m.id, m.channel, m.claim_token, m.attempts + 1 AS attempt"
+_CLAIMED = "m.id, m.channel, CAST(m.claim_token AS text) AS claim_token, m.attempts + 1 AS attempt"
 _CLAIM_ALL = statement(_CLAIM.format(channel_filter="", received_at="NULL", returning=_CLAIMED))
 _CLAIM_CHANNELS = statement(
     _CLAIM.format(channel_filter=_CHANNEL_FILTER, received_at="NULL", returning=_CLAIMED)
