@@ -177,7 +177,13 @@ def test_every_function_of_the_template_runs_with_the_shipped_env_file(
     # The sample events carry fixed claim tokens: they reach the function, which
     # finds nothing it owns (id 1 is claimed under another token) and sends nothing.
     for name in ("EmailFunction", "SmsFunction", "PushFunction", "WebhookFunction"):
-        assert results[name] == {"received": 1, "owned": 0, "lease_lost": [1], "statuses": {}}
+        assert results[name] == {
+            "received": 1,
+            "owned": 0,
+            "lease_lost": [1],
+            "duplicates": [],
+            "statuses": {},
+        }
     for name in ("EventBridgeFunction", "SqsFunction"):
         assert results[name]["owned"] == 0 and results[name]["statuses"] == {}
     # The sample bounce names an SES message id no email of this database has.
@@ -224,6 +230,7 @@ def test_invoke_claim_hands_a_live_claim_to_the_channel_function(
         "received": 2,
         "owned": 2,
         "lease_lost": [],
+        "duplicates": [],
         "statuses": {"delivered": 2},
     }
     assert "claimed 2 email message(s)" in result.stderr

@@ -62,7 +62,15 @@ def test_enqueue_dispatch_send_delivered_and_visible_in_moto(
 
     report = dispatcher_fn.handler({"execution_id": "exec-1"}, LambdaContext(3, "dispatcher"))
     assert report["claimed"] == 1 and report["handed_off"] == 1
-    assert results == [{"received": 1, "owned": 1, "lease_lost": [], "statuses": {"delivered": 1}}]
+    assert results == [
+        {
+            "received": 1,
+            "owned": 1,
+            "lease_lost": [],
+            "duplicates": [],
+            "statuses": {"delivered": 1},
+        }
+    ]
 
     with engine.connect() as conn:
         r, history = row(conn, mid), attempts(conn, mid)

@@ -97,7 +97,9 @@ def test_two_senders_handed_the_same_event_at_once_call_the_provider_once(
             t.join()
         assert sorted(channel.calls) == ids  # each message reached the provider once
         assert sorted(r.owned for r in reports) == [0, 5]
-        assert sorted(len(r.lease_lost) for r in reports) == [0, 5]
+        # the twin that found the receipt taken says so: a duplicate, not a lost lease
+        assert sorted(len(r.duplicates) for r in reports) == [0, 5]
+        assert [r.lease_lost for r in reports] == [[], []]
         with engine.connect() as conn:
             for i in ids:
                 assert row(conn, i).status == "delivered"
@@ -168,7 +170,7 @@ def test_a_replay_while_the_first_sender_is_still_sending_finds_nothing(
     claims = claim(engine)
     receive(engine, claims)  # the first sender took it and is calling the provider
     report = run_sender(engine, HandOff("scripted", tuple(claims)).to_event())
-    assert (report.owned, report.lease_lost) == (0, [mid])
+    assert (report.owned, report.duplicates, report.lease_lost) == (0, [mid], [])
     with engine.connect() as conn:
         assert row(conn, mid).status == "claimed"
 
@@ -263,3 +265,38 @@ def test_the_lambda_invoker_makes_one_attempt(invoke_endpoint: list[str]) -> Non
     with pytest.raises(Exception):  # noqa: B017 - botocore's ClientError for the 500
         invoker.hand_off(HandOff("scripted", (claim,)))
     assert len(invoke_endpoint) == 1
+
+
+def test_a_duplicated_hand_off_is_counted_as_one_not_as_a_lost_lease(
+    engine: sa.Engine, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """What an operator is told: the same event delivered twice is expected now
+    and then (INFO, `DuplicateHandOff`); a claim that is over (a token the
+    database no longer holds) is a lost lease (WARNING, `LeaseLost`)."""
+    import json
+
+    from outbox import observability
+
+    observability.flush_metrics()
+    capsys.readouterr()
+    (mid,) = enqueue(engine)
+    claims = claim(engine)
+    receive(engine, claims)  # the first delivery of the event is sending it
+    (other,) = enqueue(engine)
+    stale = store.Claim(other, "scripted", str(uuid.uuid4()), 1)  # not its claim
+    with caplog.at_level("INFO", logger="outbox"):
+        report = run_sender(engine, HandOff("scripted", (*claims, stale)).to_event())
+    assert (report.owned, report.duplicates, report.lease_lost) == (0, [mid], [other])
+    observability.flush_metrics()
+    records = [
+        json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line
+    ]
+    counted = {
+        name: r[name] for r in records for name in ("DuplicateHandOff", "LeaseLost") if name in r
+    }
+    assert counted == {"DuplicateHandOff": [1.0], "LeaseLost": [1.0]}
+    levels = {r.getMessage(): r.levelname for r in caplog.records if "skipped" in r.getMessage()}
+    assert levels == {
+        "claims already taken by another delivery of this hand-off; skipped": "INFO",
+        "claims no longer held (settled, reaped or claimed again); skipped": "WARNING",
+    }

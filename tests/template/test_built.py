@@ -473,6 +473,7 @@ def test_email_function_delivers_its_event_through_ses(
         "received": 1,
         "owned": 1,
         "lease_lost": [],
+        "duplicates": [],
         "statuses": {"delivered": 1},
     }
     with engine.connect() as conn:
@@ -541,7 +542,13 @@ def test_channel_function_refuses_claims_it_does_not_hold(
     if out.get("error") == "ValidationError" and "unknown channel" in out.get("message", ""):
         pytest.skip(f"the built layer has no {channel!r} channel yet: {out['message']}")
     ids = [m["id"] for m in event["messages"]]
-    assert result_of(out) == {"received": len(ids), "owned": 0, "lease_lost": ids, "statuses": {}}
+    assert result_of(out) == {
+        "received": len(ids),
+        "owned": 0,
+        "lease_lost": ids,
+        "duplicates": [],
+        "statuses": {},
+    }
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM outbox_message")).scalar_one() == 0
 

@@ -98,6 +98,7 @@ class Runtime:
             "received": report.received,
             "owned": report.owned,
             "lease_lost": report.lease_lost,
+            "duplicates": report.duplicates,
             "statuses": dict(report.statuses),
         }
 

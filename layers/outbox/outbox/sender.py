@@ -77,6 +77,8 @@ class SendReport:
     received: int = 0
     owned: int = 0
     lease_lost: list[int] = field(default_factory=list)
+    # claims another sender took under the same claim: a duplicated event
+    duplicates: list[int] = field(default_factory=list)
     statuses: Counter[str] = field(default_factory=Counter)
 
 
@@ -138,14 +140,27 @@ def run(
         )
     report.owned = len(rows)
     owned = {r.id for r in rows}
-    not_owned = [c.id for c in handoff.claims if c.id not in owned]
+    not_owned = [c for c in handoff.claims if c.id not in owned]
     if not_owned:
-        # Settled already, reaped, re-claimed by another dispatcher, or taken
-        # by another sender handed the same event (a duplicate): not ours to
-        # send. Touch nothing.
-        report.lease_lost.extend(not_owned)
-        count("LeaseLost", len(not_owned), channel=handoff.channel)
-        log.warning("claims not held or already taken; skipped", extra={"message_ids": not_owned})
+        # Not ours to send; touch nothing. Either another sender took them
+        # under this very claim (the event came twice: expected, now and then),
+        # or the claim is over (settled, reaped, claimed again): say which.
+        with engine.begin() as conn:
+            twin = store.received_elsewhere(conn, handoff.channel, not_owned)
+        report.duplicates.extend(c.id for c in not_owned if c.id in twin)
+        report.lease_lost.extend(c.id for c in not_owned if c.id not in twin)
+        if report.duplicates:
+            count("DuplicateHandOff", len(report.duplicates), channel=handoff.channel)
+            log.info(
+                "claims already taken by another delivery of this hand-off; skipped",
+                extra={"message_ids": report.duplicates},
+            )
+        if report.lease_lost:
+            count("LeaseLost", len(report.lease_lost), channel=handoff.channel)
+            log.warning(
+                "claims no longer held (settled, reaped or claimed again); skipped",
+                extra={"message_ids": report.lease_lost},
+            )
     if not rows:
         return report
     return send_then_settle(

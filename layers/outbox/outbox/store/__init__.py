@@ -54,6 +54,7 @@ from .delivery import (
     claim,
     claim_and_receive,
     receive_claimed,
+    received_elsewhere,
     release,
     settle,
 )
@@ -170,6 +171,7 @@ __all__ = [
     "prune_settled_before",
     "reap_expired",
     "receive_claimed",
+    "received_elsewhere",
     "recipient_history",
     "record_feedback",
     "redrive",

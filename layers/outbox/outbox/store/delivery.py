@@ -318,6 +318,36 @@ def receive_claimed(
     return _claimed_messages(rows)
 
 
+_RECEIVED_ELSEWHERE = statement(
+    """
+    SELECT m.id
+    FROM outbox_message AS m
+    JOIN unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
+      ON m.id = h.id AND m.claim_token = h.token
+    WHERE m.status = 'claimed' AND m.channel = :channel AND m.received_at IS NOT NULL
+    """
+)
+
+
+def received_elsewhere(conn: sa.Connection, channel: str, claims: Iterable[Held]) -> set[int]:
+    """Of claims whose receipt this sender did not get, those another sender
+    holds under the very same claim: the same hand-off delivered twice (Lambda's
+    async events are at least once), not a lost lease. A duplicate that comes
+    after its twin settled finds the claim over, and reads as a lost lease."""
+    pairs = list(dict.fromkeys((c.id, c.claim_token) for c in claims))
+    if not pairs:
+        return set()
+    rows = conn.execute(
+        _RECEIVED_ELSEWHERE,
+        {
+            "ids": array_literal(i for i, _ in pairs),
+            "tokens": array_literal(t for _, t in pairs),
+            "channel": channel,
+        },
+    )
+    return {r.id for r in rows}
+
+
 def _claimed_messages(rows: Sequence[sa.Row[Any]]) -> list[ClaimedMessage]:
     # The receipts' columns are ClaimedMessage's fields, in order (lease_left
     # is float8 in both statements): each row is taken as it is.
