@@ -82,3 +82,15 @@ def test_quick_run_writes_well_formed_cells(
     assert latency["delivered"] > 0 and latency["p50_ms"] > 0
     assert {c["handler"] for c in by_name["coldstart"]} >= {"dispatcher", "email", "reaper"}
     assert all(c["import_s"] > 0 for c in by_name["coldstart"])
+
+
+def test_the_ab_harness_runs_each_variant_from_its_own_tree(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ab = importlib.import_module("bench.ab")
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    root = str(Path(__file__).resolve().parents[2])
+    variants = [f"relay={root}:relay", f"protocol={root}:protocol"]
+    assert ab.main(["--rounds", "1", "--rows", "200", *variants]) == 0
+    out = capsys.readouterr().out
+    assert "relay " in out and "protocol " in out and "of the first" in out
