@@ -114,7 +114,6 @@ def test_the_rows_of_a_statement_arrive_before_its_commit(
                 "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit_wait()"
             )
         )
-    admin.dispose()
     arrived: dict[str, float] = {}
     for name in ("handle_COMMAND_COMPLETE", "handle_READY_FOR_QUERY"):
         real = getattr(pg8000.core.CoreConnection, name)
@@ -125,12 +124,18 @@ def test_the_rows_of_a_statement_arrive_before_its_commit(
 
         monkeypatch.setattr(pg8000.core.CoreConnection, name, timed)
     relay = create_engine(DatabaseSettings(url=database_url, sslmode="disable"), autocommit=True)
-    with relay.connect() as conn:
-        ids = conn.execute(
-            sa.text("INSERT INTO slow_commit SELECT CAST(:n AS int) RETURNING id"), {"n": 7}
-        ).scalars()
-        assert list(ids) == [7]
-    relay.dispose()
+    try:
+        with relay.connect() as conn:
+            ids = conn.execute(
+                sa.text("INSERT INTO slow_commit SELECT CAST(:n AS int) RETURNING id"), {"n": 7}
+            ).scalars()
+            assert list(ids) == [7]
+    finally:
+        relay.dispose()
+        with admin.connect() as conn:
+            conn.execute(sa.text("DROP TABLE slow_commit"))
+            conn.execute(sa.text("DROP FUNCTION slow_commit_wait()"))
+        admin.dispose()
     waited_for_commit = arrived["handle_READY_FOR_QUERY"] - arrived["handle_COMMAND_COMPLETE"]
     assert waited_for_commit > 0.3
 
