@@ -286,3 +286,18 @@ def test_a_row_no_call_was_started_for_never_spends_deferrals_or_attempts(
     assert max(due_in) <= 0.0  # due again at once: another invocation may have the time
     assert {(a.outcome, a.attempt) for a in history} == {("not_started", 1)}
     assert len(history) == rounds
+
+
+def test_a_deferral_counted_as_an_attempt_is_reported_as_a_retry(engine: sa.Engine) -> None:
+    """The sender's report, log line and metrics say what the attempt row says."""
+    install_channel(ScriptedChannel(answers=[Outcome.deferred("throttled", 1)] * 3))
+    (mid,) = enqueue(engine)
+    policy = {"max_deferrals": 1, "backoff_base_seconds": 100, "backoff_cap_seconds": 100}
+    reports = []
+    for _ in range(2):
+        reports.append(send(engine, claim(engine), **policy))
+        make_due(engine)
+    with engine.connect() as conn:
+        history = attempts(conn, mid)
+    assert [a.outcome for a in history] == ["deferred", "retry"]
+    assert [dict(r.statuses) for r in reports] == [{"deferred": 1}, {"pending": 1}]

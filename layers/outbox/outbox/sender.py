@@ -243,9 +243,9 @@ def _settle(
     report: SendReport,
 ) -> SendReport:
     with engine.begin() as conn:
-        statuses = store.settle(conn, settlements, backoff)
+        settled = store.settle_with_outcomes(conn, settlements, backoff)
 
-    lost = sorted(owned - set(statuses))
+    lost = sorted(owned - set(settled))
     if lost:
         report.lease_lost.extend(lost)
         count("LeaseLost", len(lost), channel=channel_name)
@@ -254,11 +254,12 @@ def _settle(
     ids_by_status: dict[str, list[int]] = {}
     errors: dict[int, str] = {}
     for s in settlements:
-        status = statuses.get(s.id)
-        if status is None:
+        row = settled.get(s.id)
+        if row is None:
             continue
-        # pending after a deferral or a row not started: say which
-        key = s.outcome if status == "pending" and s.outcome in _NOT_COUNTED else status
+        # pending after a deferral or a row not started: say which (a deferral
+        # past the limit was counted as a retry: pending, like one)
+        key = row.outcome if row.status == "pending" and row.outcome in _NOT_COUNTED else row.status
         ids_by_status.setdefault(key, []).append(s.id)
         if s.error:
             errors[s.id] = s.error
@@ -278,7 +279,7 @@ def _settle(
         count(_METRIC[key], n, channel=channel_name)
     timings(  # the provider calls made (a row not started or refused took none)
         "SendMilliseconds",
-        [s.duration_ms for s in settlements if s.duration_ms is not None and s.id in statuses],
+        [s.duration_ms for s in settlements if s.duration_ms is not None and s.id in settled],
         channel=channel_name,
     )
     return report

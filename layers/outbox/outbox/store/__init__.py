@@ -49,6 +49,7 @@ from .delivery import (
     Claim,
     ClaimedMessage,
     Held,
+    Settled,
     Settlement,
     channel_load,
     claim,
@@ -57,6 +58,7 @@ from .delivery import (
     received_elsewhere,
     release,
     settle,
+    settle_with_outcomes,
 )
 from .enqueue import (
     Enqueued,
@@ -137,6 +139,7 @@ __all__ = [
     "OutcomeEvent",
     "PausedChannel",
     "Reaped",
+    "Settled",
     "Settlement",
     "array_literal",
     "attempt_history",
@@ -179,6 +182,7 @@ __all__ = [
     "resume_channel",
     "set_delivered_outcome_events",
     "settle",
+    "settle_with_outcomes",
     "statuses_of",
     "take_outcome_events",
 ]

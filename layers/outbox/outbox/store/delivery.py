@@ -434,9 +434,17 @@ _SETTLE = statement(
                provider_id, claimed_at, duration_ms, channel, recipient_fingerprints
         FROM settled
     )
-    SELECT id, status FROM settled
+    SELECT id, status, outcome FROM settled
     """
 )
+
+
+class Settled(NamedTuple):
+    """What the settle wrote for one row: its new status, and the outcome as
+    counted (a deferral past the deferral limit is a ``retry``)."""
+
+    status: str
+    outcome: str
 
 
 def settle(
@@ -448,6 +456,13 @@ def settle(
     from the result had its lease taken, and nothing was written for it. Each
     delay is bounded first (``bounded_delay``): a bad one affects its row only.
     """
+    return {i: s.status for i, s in settle_with_outcomes(conn, settlements, backoff).items()}
+
+
+def settle_with_outcomes(
+    conn: sa.Connection, settlements: Sequence[Settlement], backoff: Backoff
+) -> dict[int, Settled]:
+    """``settle``, with the outcome each row was counted with."""
     if not settlements:
         return {}
     unknown = {s.outcome for s in settlements} - set(SETTLE_OUTCOMES)
@@ -474,4 +489,4 @@ def settle(
             **backoff.params(),
         },
     ).all()
-    return {r.id: r.status for r in rows}
+    return {r.id: Settled(r.status, r.outcome) for r in rows}
