@@ -158,7 +158,7 @@ def _protocol_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
             ],
             separators=(",", ":"),
         )
-        conn.run(settle_sql, settlements=settlements, **backoff)
+        conn.run(settle_sql, settlements=settlements, rows=len(rows), **backoff)
         statements[0] += 2
         return len(claimed)
 

@@ -192,3 +192,40 @@ def test_a_burst_on_a_table_analyzed_idle_is_claimed_by_id(engine: sa.Engine) ->
     text = json.dumps(plan)
     assert '"Index Name": "outbox_message_pkey"' in text, text
     assert "outbox_message_due_by_channel" not in text, text
+
+
+def test_a_small_settle_on_a_small_table_reads_rows_by_their_key(engine: sa.Engine) -> None:
+    """The planner guesses 100 rows for any set-returning function; told the
+    batch's size, a settle of 32 rows against a table of 2,000 (a fresh or a
+    well-pruned outbox) looks them up by id instead of scanning the table."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                # payloads of an email's size: 2,000 rows are some 200 pages
+                "INSERT INTO outbox_message (channel, payload, available_at) "
+                "SELECT 'email', jsonb_build_object('text', repeat('x', 600)), "
+                "now() - interval '1 second' FROM generate_series(1, 2000)"
+            )
+        )
+        claims = store.claim(conn, 32, 120)
+        conn.execute(sa.text("ANALYZE outbox_message"))
+        document = json.dumps(
+            [[c.id, c.claim_token, "delivered", None, None, None, 1] for c in claims]
+        )
+        backoff = store.Backoff(30, 1800, 8)
+        plan = conn.execute(
+            sa.text("EXPLAIN (FORMAT JSON) " + store.delivery._SETTLE.text),
+            {"settlements": document, "rows": len(claims), "max_deferrals": 20, **backoff.params()},
+        ).scalar_one()
+    text = json.dumps(plan)
+    assert '"Index Name": "outbox_message_pkey"' in text, text
+    scans = [
+        node
+        for node in _plan_nodes(plan[0]["Plan"])
+        if node["Node Type"] == "Seq Scan" and node.get("Relation Name") == "outbox_message"
+    ]
+    assert scans == [], text
+
+
+def _plan_nodes(node: dict) -> list[dict]:
+    return [node, *(n for child in node.get("Plans", []) for n in _plan_nodes(child))]

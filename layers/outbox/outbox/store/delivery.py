@@ -364,6 +364,10 @@ _SETTLE = statement(
                e->>3 AS error, e->>4 AS provider_id, CAST(e->>5 AS float8) AS delay_s,
                CAST(e->>6 AS int) AS duration_ms
         FROM jsonb_array_elements(CAST(:settlements AS jsonb)) AS e
+        -- the batch's size, for the planner (it guesses 100 rows for any
+        -- set-returning function): without it, a small batch against a small
+        -- table (a fresh or a well-pruned outbox) scanned the whole table
+        LIMIT :rows
     ),
     classified AS (
         -- A deferral past the row's deferral limit counts an attempt, like a retry.
@@ -485,6 +489,7 @@ def settle_with_outcomes(
                     for s in settlements
                 ]
             ),
+            "rows": len(settlements),
             "max_deferrals": backoff.max_deferrals,
             **backoff.params(),
         },
