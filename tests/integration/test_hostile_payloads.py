@@ -209,3 +209,33 @@ def test_a_server_error_keeps_the_pool_and_the_next_statement_answers(database_u
             assert conn.execute(sa.text("SELECT 7")).scalar_one() == 7
     finally:
         relay_engine.dispose()
+
+
+def test_a_row_far_past_the_size_limit_never_reaches_the_sender(engine: sa.Engine) -> None:
+    """Its text stays in the database: the receipt (and the worker's claim)
+    returns none for it, so no sender holds megabytes for one row (a Lambda
+    of 512 MB could run out of memory and fail its whole event, each time).
+    5 MB of one character compresses on disk to a few kilobytes."""
+    install_channel(ScriptedChannel())
+    with engine.begin() as conn:
+        (small,) = outbox.enqueue_many(conn, [{"channel": "scripted", "payload": {"n": 1}}])
+    huge = insert_raw(engine, "scripted", json.dumps({"n": 3, "pad": "x" * 5_000_000}))
+    with engine.begin() as conn:
+        on_disk = conn.execute(
+            sa.text("SELECT pg_column_size(payload) FROM outbox_message WHERE id = :i"),
+            {"i": huge},
+        ).scalar_one()
+        assert on_disk < 100_000  # compressed: the size on disk alone would not tell
+        claims = store.claim(conn, 10, 120)
+        received = {m.id: m.payload for m in store.receive_claimed(conn, "scripted", claims, 3)}
+    assert received[huge] is None
+    assert json.loads(received[small]) == {"n": 1}
+    with engine.begin() as conn:  # the worker's claim takes its receipt the same way
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_message SET status = 'pending', claim_token = NULL, "
+                "claimed_at = NULL, lease_expires_at = NULL, received_at = NULL"
+            )
+        )
+        taken = {m.id: m.payload for m in store.claim_and_receive(conn, 10, 120, 3)}
+    assert taken[huge] is None and taken[small] is not None

@@ -109,10 +109,13 @@ def _within_limits_by_its_text(text: str | bytes) -> bool:
     return text.count(b"{") + text.count(b"[") <= MAX_DEPTH
 
 
-def decode(text: str | bytes) -> Any:
+def decode(text: str | bytes | None) -> Any:
     """A stored payload, read as text, decoded and checked; a row that cannot
     be decoded, or is far past the size limit (written past the producer),
-    raises ValidationError for that row alone."""
+    raises ValidationError for that row alone. None: a text the receipt left
+    in the database, far past the limit."""
+    if text is None:
+        raise ValidationError("payload", f"is over the {MAX_PAYLOAD_BYTES // 1024} KiB limit")
     size = len(text)
     if size > MAX_STORED_BYTES // 4 and isinstance(text, str):
         size = len(text.encode())  # only a long text can have too many bytes

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Protocol
 
 import sqlalchemy as sa
 
+from ..payloads import MAX_STORED_BYTES
 from ..states import SETTLE_OUTCOMES
 from ._sql import array_literal, json_document, statement
 from .policy import BACKOFF_SQL, DEADLINE_SQL, EXHAUSTED_SQL, EXPIRED_PREFIX, Backoff, bounded_delay
@@ -42,8 +43,9 @@ class ClaimedMessage(NamedTuple):
     id: int
     channel: str
     # The stored JSON as text: the sender decodes each row by itself
-    # (``payloads.decode``), so one undecodable row fails alone.
-    payload: str
+    # (``payloads.decode``), so one undecodable row fails alone. None: far
+    # past the size limit, left in the database (``_PAYLOAD_TEXT``).
+    payload: str | None
     attempt: int
     max_attempts: int
     # As text: it only goes back into the fenced statements, which cast it;
@@ -139,7 +141,18 @@ _CLAIM_CHANNELS = statement(
 # The claim of a process that sends its rows itself (``outbox worker``): the
 # same compare-and-set, with the receipt taken in the same statement and the
 # payloads returned, so no hand-off and no second statement before the sends.
-_RECEIVED = """m.id, m.channel, CAST(m.payload AS text) AS payload, m.attempts + 1 AS attempt,
+# A receipt's payload: its stored text, or NULL when that text is far past the
+# size limit (written past the producer, by raw SQL): the sender fails such a
+# row alone, and no sender ever holds megabytes for one row. The size on disk
+# (pg_column_size: the value's header, nothing decompressed) lets every
+# ordinary payload through at once; only one over 2 KiB there is measured as
+# text. Compression (pglz, lz4) shrinks a value at most some 255 times and
+# jsonb's text is at most 6 times its binary form (an escaped control
+# character), so what passes unmeasured stays under 3 MB.
+_PAYLOAD_TEXT = f"""CASE WHEN pg_column_size(m.payload) > {MAX_STORED_BYTES // 256}
+        AND octet_length(CAST(m.payload AS text)) > {MAX_STORED_BYTES}
+    THEN NULL ELSE CAST(m.payload AS text) END AS payload"""
+_RECEIVED = f"""m.id, m.channel, {_PAYLOAD_TEXT}, m.attempts + 1 AS attempt,
     COALESCE(m.max_attempts, :default_max) AS max_attempts,
     CAST(m.claim_token AS text) AS claim_token, m.dedupe_key, m.ordering_key,
     CAST(:lease_seconds AS float8) AS lease_left"""
@@ -279,14 +292,14 @@ def release(
 # first is re-checked by the second after the first commits (READ COMMITTED),
 # when ``received_at`` is no longer NULL.
 _RECEIVE_CLAIMED = statement(
-    """
+    f"""
     UPDATE outbox_message AS m
     SET received_at = now()
     FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
     WHERE m.id = h.id AND m.claim_token = h.token
       AND m.status = 'claimed' AND m.channel = :channel AND m.lease_expires_at > now()
       AND m.received_at IS NULL
-    RETURNING m.id, m.channel, CAST(m.payload AS text) AS payload, m.attempts + 1 AS attempt,
+    RETURNING m.id, m.channel, {_PAYLOAD_TEXT}, m.attempts + 1 AS attempt,
               COALESCE(m.max_attempts, :default_max) AS max_attempts,
               CAST(m.claim_token AS text) AS claim_token, m.dedupe_key, m.ordering_key,
               EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8 AS lease_left
