@@ -280,7 +280,10 @@ def install_wrappers(
     """Wrap the store's fenced writes: tell the audit trigger which token each
     writer holds, record lost leases and abandoned calls, and host the kill
     points inside the settle. Returns a function that undoes the wrapping."""
-    original_settle, original_release = store.settle, store.release
+    # The sender settles through settle_with_outcomes, the dispatcher (its
+    # unroutable rows) through settle: both go through the faults below.
+    original_settle, original_release = store.settle_with_outcomes, store.release
+    original_statuses_only = store.settle
     original_receive = store.receive_claimed
 
     def writer(conn: sa.Connection, pairs: Sequence[tuple[int, Any]]) -> None:
@@ -293,7 +296,9 @@ def install_wrappers(
             {"w": json.dumps({str(i): str(t) for i, t in pairs}), "local": not autocommit},
         )
 
-    def settle(conn: sa.Connection, settlements: Sequence[store.Settlement], backoff: Any) -> Any:
+    def settle_with_outcomes(
+        conn: sa.Connection, settlements: Sequence[store.Settlement], backoff: Any
+    ) -> Any:
         pairs = [(s.id, s.claim_token) for s in settlements]
         stall = killer is not None and killer.hit(STALL, pairs)
         if killer is not None and not stall and killer.chance(STALL_RATE):
@@ -317,6 +322,10 @@ def install_wrappers(
             killer.hit("mid_settle", pairs)  # the UPDATE ran, the COMMIT never comes
         return result
 
+    def settle(conn: sa.Connection, settlements: Sequence[store.Settlement], backoff: Any) -> Any:
+        settled = settle_with_outcomes(conn, settlements, backoff)
+        return {i: row.status for i, row in settled.items()}
+
     def release(conn: sa.Connection, claims: Any, reason: str, delay_seconds: float = 0) -> Any:
         held = list(claims)
         writer(conn, [(c.id, c.claim_token) for c in held])
@@ -331,13 +340,15 @@ def install_wrappers(
         return rows
 
     store.settle, store.release, store.receive_claimed = settle, release, receive_claimed  # type: ignore[assignment]
+    store.settle_with_outcomes = settle_with_outcomes  # type: ignore[assignment]
 
     def undo() -> None:
         store.settle, store.release, store.receive_claimed = (  # type: ignore[assignment]
-            original_settle,
+            original_statuses_only,
             original_release,
             original_receive,
         )
+        store.settle_with_outcomes = original_settle  # type: ignore[assignment]
 
     return undo
 

@@ -485,7 +485,7 @@ def run(
     provider.armed = True
     provider.outage_until = started + outage_seconds
     sender._pool = sim.pool_for_this_thread  # type: ignore[assignment]
-    real_settle = store.settle
+    real_settle = store.settle_with_outcomes  # the sender's settle
 
     def settle_unless_killed(*args: Any, **kwargs: Any) -> Any:
         """A process killed during its sends dies here, before its settle."""
@@ -495,7 +495,7 @@ def run(
             raise SimulatedKill(point)
         return real_settle(*args, **kwargs)
 
-    store.settle = settle_unless_killed  # type: ignore[assignment]
+    store.settle_with_outcomes = settle_unless_killed  # type: ignore[assignment]
     threads = [
         threading.Thread(target=_dispatch_loop, args=(sim,), name="sim-dispatcher", daemon=True),
         threading.Thread(target=_reap_loop, args=(sim,), name="sim-reaper", daemon=True),
@@ -517,7 +517,7 @@ def run(
         for function in sim.functions.values():
             function.join()
         sender._pool = sim.original_pool  # type: ignore[method-assign]
-        store.settle = real_settle  # type: ignore[assignment]
+        store.settle_with_outcomes = real_settle  # type: ignore[assignment]
     return check(engine, sim, ids, started)
 
 
