@@ -115,12 +115,7 @@ def test_the_claim_reads_the_due_index_in_claim_order_with_one_channel(engine: s
     costed the claim as a walk of every pending row (JIT-compiled above
     100,000, 20 ms a claim) or sorted them all instead of reading the due index."""
     with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "INSERT INTO outbox_message (channel, payload, available_at) "
-                "SELECT 'email', '{}', now() - interval '1 second' FROM generate_series(1, 20000)"
-            )
-        )
+        insert_due(conn, 20000)
         conn.execute(sa.text("ANALYZE outbox_message"))
         for statement, params in (
             (store.delivery._CLAIM_ALL, {}),
@@ -179,12 +174,7 @@ def test_a_burst_on_a_table_analyzed_idle_is_claimed_by_id(engine: sa.Engine) ->
             )
         )
         conn.execute(sa.text("ANALYZE outbox_message"))
-        conn.execute(
-            sa.text(
-                "INSERT INTO outbox_message (channel, payload, available_at) "
-                "SELECT 'email', '{}', now() - interval '1 second' FROM generate_series(1, 2000)"
-            )
-        )
+        insert_due(conn, 2000)
         plan = conn.execute(
             sa.text("EXPLAIN (FORMAT JSON) " + store.delivery._CLAIM_ALL.text),
             {"batch_size": 100, "lease_seconds": 120.0, "default_ttl": 86400.0},
@@ -199,14 +189,8 @@ def test_a_small_settle_on_a_small_table_reads_rows_by_their_key(engine: sa.Engi
     batch's size, a settle of 32 rows against a table of 2,000 (a fresh or a
     well-pruned outbox) looks them up by id instead of scanning the table."""
     with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                # payloads of an email's size: 2,000 rows are some 200 pages
-                "INSERT INTO outbox_message (channel, payload, available_at) "
-                "SELECT 'email', jsonb_build_object('text', repeat('x', 600)), "
-                "now() - interval '1 second' FROM generate_series(1, 2000)"
-            )
-        )
+        # payloads of an email's size: 2,000 rows are some 200 pages
+        insert_due(conn, 2000, payload="jsonb_build_object('text', repeat('x', 600))")
         claims = store.claim(conn, 32, 120)
         conn.execute(sa.text("ANALYZE outbox_message"))
         document = json.dumps(
@@ -225,6 +209,17 @@ def test_a_small_settle_on_a_small_table_reads_rows_by_their_key(engine: sa.Engi
         if node["Node Type"] == "Seq Scan" and node.get("Relation Name") == "outbox_message"
     ]
     assert scans == [], text
+
+
+def insert_due(conn: sa.Connection, rows: int, payload: str = "'{}'") -> None:
+    """``rows`` due email rows, in one statement (``payload``: an SQL expression)."""
+    conn.execute(
+        sa.text(
+            "INSERT INTO outbox_message (channel, payload, available_at) "
+            f"SELECT 'email', {payload}, now() - interval '1 second' "
+            f"FROM generate_series(1, {int(rows)})"
+        )
+    )
 
 
 def _plan_nodes(node: dict) -> list[dict]:

@@ -176,9 +176,7 @@ def dispatch_once(
         len(h.claims) for h in (*failed, *throttled)
     )
     returned_ids = {c.id for h in (*failed, *throttled) for c in h.claims}
-    count_by_channel(
-        "HandedOff", [c for c in routable if c.id not in returned_ids] if returned_ids else routable
-    )
+    count_by_channel("HandedOff", [c for c in routable if c.id not in returned_ids])
     for channel in {h.channel for h in throttled}:
         cooling[channel] = time.monotonic() + THROTTLE_RETRY_DELAY_SECONDS
     for returned, reason, delay, metric in (

@@ -316,14 +316,13 @@ def receive_claimed(
     """Take the receipt of the claims this sender may send, once: a row missing
     here is not ours (settled, reaped, claimed again) or already taken by another
     sender. A claim listed twice counts once. Ordered by id."""
-    pairs = list(dict.fromkeys((c.id, c.claim_token) for c in claims))
-    if not pairs:
+    fence = _fence_arrays(claims)
+    if fence is None:
         return []
     rows = conn.execute(
         _RECEIVE_CLAIMED,
         {
-            "ids": array_literal(i for i, _ in pairs),
-            "tokens": array_literal(t for _, t in pairs),
+            **fence,
             "channel": channel,
             "default_max": default_max_attempts,
         },
@@ -347,18 +346,22 @@ def received_elsewhere(conn: sa.Connection, channel: str, claims: Iterable[Held]
     holds under the very same claim: the same hand-off delivered twice (Lambda's
     async events are at least once), not a lost lease. A duplicate that comes
     after its twin settled finds the claim over, and reads as a lost lease."""
+    fence = _fence_arrays(claims)
+    if fence is None:
+        return set()
+    return {r.id for r in conn.execute(_RECEIVED_ELSEWHERE, {**fence, "channel": channel})}
+
+
+def _fence_arrays(claims: Iterable[Held]) -> dict[str, str] | None:
+    """The distinct (id, token) pairs of ``claims`` as the ``ids`` and
+    ``tokens`` arrays the receipt statements unnest; None for no claim."""
     pairs = list(dict.fromkeys((c.id, c.claim_token) for c in claims))
     if not pairs:
-        return set()
-    rows = conn.execute(
-        _RECEIVED_ELSEWHERE,
-        {
-            "ids": array_literal(i for i, _ in pairs),
-            "tokens": array_literal(t for _, t in pairs),
-            "channel": channel,
-        },
-    )
-    return {r.id for r in rows}
+        return None
+    return {
+        "ids": array_literal(i for i, _ in pairs),
+        "tokens": array_literal(t for _, t in pairs),
+    }
 
 
 def _claimed_messages(rows: Sequence[sa.Row[Any]]) -> list[ClaimedMessage]:
