@@ -12,8 +12,8 @@ How it keeps that promise:
 * After the commit, never before it. SQLAlchemy's ``commit`` event runs just
   *before* the DBAPI commit, so it only hands a ticket (the connection and its
   transaction) to the thread, which sends once the connection has left that
-  transaction by committing it. A transaction that rolls back (before or after
-  a failed COMMIT) cancels its ticket. An ORM ``Session`` commits through the
+  transaction by committing it. A COMMIT that fails cancels its ticket, and a
+  transaction that rolls back never makes one. An ORM ``Session`` commits through the
   same Core connection, so it takes the same path; a savepoint's release is not
   a commit and waits for the outer one. On an AUTOCOMMIT connection the row is
   committed by its own statement, so the nudge is asked for at once.
@@ -98,7 +98,7 @@ class _Ticket:
         if self.connection is None:
             return True
         # The connection drops its transaction only when the COMMIT succeeded;
-        # a failed one stays until the rollback, which cancels the ticket first.
+        # a failed one cancels the ticket first (_on_error).
         if self.connection.get_transaction() is not self.transaction:
             return True
         return None
@@ -142,6 +142,12 @@ class Nudger:
     # --- the thread ------------------------------------------------------------
 
     def _run(self) -> None:
+        # The client first: a process that exits right after its commit can no
+        # longer import what a client needs once the interpreter is shutting down.
+        try:
+            self._client()
+        except Exception:  # noqa: BLE001, S110 (the first nudge reports it)
+            pass
         while True:
             self._wanted.wait()
             with self._lock:
@@ -177,20 +183,24 @@ class Nudger:
 
     def _invoke(self) -> None:
         try:
-            client = self.client or self._own_client or self._make_client()
+            client = self._client()
             client.invoke(FunctionName=self.function, InvocationType="Event", Payload=NUDGE)
         except Exception as exc:  # noqa: BLE001 (a nudge never fails the producer)
             self._failed(exc)
         else:
             self.sent += 1
 
-    def _make_client(self) -> Any:
-        # Imported here, in the thread: producers without the setting never load boto3.
-        import boto3
+    def _client(self) -> Any:
+        if self.client is not None or self._own_client is not None:
+            return self.client or self._own_client
+        # Imported here, in the thread: producers without the setting never load
+        # it. botocore rather than boto3: the client is the same, and boto3 would
+        # also load its S3 transfer manager for nothing.
+        import botocore.session
         from botocore.config import Config
 
         region = self.function.split(":")[3] if self.function.startswith("arn:") else None
-        self._own_client = boto3.client(
+        self._own_client = botocore.session.get_session().create_client(
             "lambda",
             region_name=region,
             config=Config(
@@ -206,7 +216,13 @@ class Nudger:
         code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
         if code in _THROTTLED:
             logger.debug("outbox wake: Lambda throttled the nudge to %s", self.function)
-        elif code in _MISCONFIGURED or isinstance(exc, ImportError):
+        elif isinstance(exc, ImportError):
+            self._warn_once(
+                "no botocore",
+                "outbox wake: OUTBOX_DISPATCHER_FUNCTION is set but boto3 is not installed "
+                "(pip install boto3); messages go out on the dispatcher's schedule",
+            )
+        elif code in _MISCONFIGURED:
             self._warn_once(
                 "misconfigured",
                 "outbox wake: cannot invoke the dispatcher %r (%s); messages still go out "
@@ -239,6 +255,7 @@ _state_lock = threading.Lock()
 _nudger: Nudger | None = _UNSET  # _UNSET: read OUTBOX_DISPATCHER_FUNCTION on first use
 # Connections we listen on, and the transaction of each that enqueued.
 _listening: weakref.WeakSet[sa.Connection] = weakref.WeakSet()
+_error_listening: weakref.WeakSet[sa.Dialect] = weakref.WeakSet()
 _armed: weakref.WeakKeyDictionary[sa.Connection, Any] = weakref.WeakKeyDictionary()
 _committing: weakref.WeakKeyDictionary[sa.Connection, _Ticket] = weakref.WeakKeyDictionary()
 
@@ -306,8 +323,12 @@ def arm(conn: sa.Connection) -> None:
         return  # this transaction has enqueued before
     if conn not in _listening:
         event.listen(conn, "commit", _on_commit)
-        event.listen(conn, "rollback", _on_rollback)
         _listening.add(conn)
+        dialect = conn.dialect
+        if dialect not in _error_listening:
+            # SQLAlchemy takes this hook per dialect (per engine), not per connection.
+            event.listen(dialect, "handle_error", _on_error)
+            _error_listening.add(dialect)
     _armed[conn] = transaction
 
 
@@ -322,11 +343,15 @@ def _on_commit(conn: sa.Connection) -> None:
     nudger.submit(ticket)
 
 
-def _on_rollback(conn: sa.Connection) -> None:
-    _armed.pop(conn, None)
-    ticket = _committing.pop(conn, None)
-    if ticket is not None and ticket.transaction is conn.get_transaction():
-        ticket.cancelled = True  # its COMMIT failed
+def _on_error(context: sa.engine.ExceptionContext) -> None:
+    # A COMMIT that fails (a deferred constraint, a serialization failure, a
+    # lost connection) raises through here while the connection still holds
+    # the transaction; a rolled-back one needs nothing: its transaction will
+    # never be the one a commit event sees.
+    conn = context.connection
+    ticket = None if conn is None else _committing.pop(conn, None)
+    if conn is not None and ticket is not None and ticket.transaction is conn.get_transaction():
+        ticket.cancelled = True
 
 
 def _after_fork_in_child() -> None:
