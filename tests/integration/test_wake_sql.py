@@ -64,11 +64,10 @@ $$;
 
 @pytest.fixture(scope="module")
 def wake_db(server_url: str) -> Iterator[sa.Engine]:
-    from outbox_cli import devdb
-
     from outbox import migrate
     from outbox.config import DatabaseSettings
     from outbox.db import create_engine
+    from outbox_cli import devdb
 
     name = f"outbox_wake_{uuid.uuid4().hex[:10]}"
     url = devdb.recreate_database(server_url, name)
@@ -101,16 +100,18 @@ def calls(engine: sa.Engine) -> int:
     with engine.connect() as conn:
         return int(
             conn.execute(
-                sa.text("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM aws_lambda.calls")
+                sa.text(
+                    "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM aws_lambda.calls"
+                )
             ).scalar_one()
         )
 
 
 def enqueue_sql(conn: sa.Connection, n: int = 1) -> None:
     for _ in range(n):
-        conn.execute(sa.text("SELECT outbox_enqueue('email', CAST(:p AS jsonb))"), {"p": EMAIL_JSON})
-
-
+        conn.execute(
+            sa.text("SELECT outbox_enqueue('email', CAST(:p AS jsonb))"), {"p": EMAIL_JSON}
+        )
 
 
 def test_it_invokes_the_dispatcher_once_after_a_committed_batch(db: sa.Engine) -> None:
@@ -194,7 +195,10 @@ def test_without_configuration_nothing_is_invoked(db: sa.Engine) -> None:
 
 
 def test_configure_refuses_what_is_not_a_function(db: sa.Engine) -> None:
-    with pytest.raises(sa.exc.DBAPIError, match="not a Lambda function name or ARN"), db.begin() as conn:
+    with (
+        pytest.raises(sa.exc.DBAPIError, match="not a Lambda function name or ARN"),
+        db.begin() as conn,
+    ):
         conn.execute(sa.text("SELECT outbox_wake_configure('x; DROP TABLE outbox_message')"))
 
 
@@ -223,9 +227,11 @@ def test_the_script_refuses_a_database_without_the_extension(server_url: str) ->
     try:
         with engine.begin() as conn:
             conn.exec_driver_sql("CREATE TABLE outbox_message (id bigint)")
-        with pytest.raises(sa.exc.DBAPIError, match="CREATE EXTENSION aws_lambda CASCADE"):
-            with engine.begin() as conn:
-                conn.exec_driver_sql(SCRIPT.read_text())
+        with (
+            pytest.raises(sa.exc.DBAPIError, match="CREATE EXTENSION aws_lambda CASCADE"),
+            engine.begin() as conn,
+        ):
+            conn.exec_driver_sql(SCRIPT.read_text())
     finally:
         engine.dispose()
         devdb.drop_database(server_url, name)

@@ -36,6 +36,7 @@ Pure standard library and SQLAlchemy Core: ``outbox.producer`` imports it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
@@ -125,9 +126,7 @@ class Nudger:
         with self._lock:
             self._tickets.append(ticket)
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="outbox-wake", daemon=True
-                )
+                self._thread = threading.Thread(target=self._run, name="outbox-wake", daemon=True)
                 self._thread.start()
         self._wanted.set()
 
@@ -144,10 +143,8 @@ class Nudger:
     def _run(self) -> None:
         # The client first: a process that exits right after its commit can no
         # longer import what a client needs once the interpreter is shutting down.
-        try:
+        with contextlib.suppress(Exception):  # the first nudge reports it
             self._client()
-        except Exception:  # noqa: BLE001, S110 (the first nudge reports it)
-            pass
         while True:
             self._wanted.wait()
             with self._lock:
@@ -185,7 +182,7 @@ class Nudger:
         try:
             client = self._client()
             client.invoke(FunctionName=self.function, InvocationType="Event", Payload=NUDGE)
-        except Exception as exc:  # noqa: BLE001 (a nudge never fails the producer)
+        except Exception as exc:  # a nudge never fails the producer
             self._failed(exc)
         else:
             self.sent += 1
