@@ -20,7 +20,7 @@ How it keeps that promise:
 * Coalesced. One thread per process sends at most one Invoke at a time and at
   most one every ``MIN_INTERVAL_SECONDS``; every commit in between shares the
   next one. A burst of thousands of enqueues makes a handful of calls.
-* Off the hot path. ``enqueue`` adds one listener per connection and a
+* Off the hot path. ``enqueue`` adds a listener once per engine and a
   dictionary write per transaction; boto3 is imported by the thread, only when
   the setting is on (``import outbox`` stays light).
 * Bad settings are loud once: a function Lambda does not know or may not be
@@ -251,8 +251,8 @@ _UNSET: Any = object()
 _state_lock = threading.Lock()
 _nudger: Nudger | None = _UNSET  # _UNSET: read OUTBOX_DISPATCHER_FUNCTION on first use
 # Connections we listen on, and the transaction of each that enqueued.
+_engines: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
 _listening: weakref.WeakSet[sa.Connection] = weakref.WeakSet()
-_error_listening: weakref.WeakSet[sa.Dialect] = weakref.WeakSet()
 _armed: weakref.WeakKeyDictionary[sa.Connection, Any] = weakref.WeakKeyDictionary()
 _committing: weakref.WeakKeyDictionary[sa.Connection, _Ticket] = weakref.WeakKeyDictionary()
 
@@ -319,21 +319,32 @@ def arm(conn: sa.Connection) -> None:
     if _armed.get(conn) is transaction:
         return  # this transaction has enqueued before
     if conn not in _listening:
-        event.listen(conn, "commit", _on_commit)
-        _listening.add(conn)
-        dialect = conn.dialect
-        if dialect not in _error_listening:
-            # SQLAlchemy takes this hook per dialect (per engine), not per connection.
-            event.listen(dialect, "handle_error", _on_error)
-            _error_listening.add(dialect)
+        _listen(conn)
     _armed[conn] = transaction
+
+
+def _listen(conn: sa.Connection) -> None:
+    """Hear ``conn``'s commits and errors. Once per engine: the connections it
+    makes from then on hear the engine's listener (adding one costs more than
+    an enqueue's statement); a connection made before that gets its own."""
+    engine = conn.engine
+    if engine not in _engines:
+        event.listen(engine, "commit", _on_commit)
+        # SQLAlchemy takes this hook per dialect (per engine), not per connection.
+        event.listen(engine, "handle_error", _on_error)
+        _engines.add(engine)
+    if _on_commit not in list(conn.dispatch.commit):
+        event.listen(conn, "commit", _on_commit)
+    _listening.add(conn)
 
 
 def _on_commit(conn: sa.Connection) -> None:
     # Before the DBAPI commit: the ticket waits in the thread until it is done.
     transaction = _armed.pop(conn, None)
+    if transaction is None or transaction is not conn.get_transaction():
+        return  # this transaction enqueued nothing
     nudger = current()
-    if transaction is None or nudger is None or transaction is not conn.get_transaction():
+    if nudger is None:
         return
     ticket = _Ticket(conn, transaction)
     _committing[conn] = ticket
