@@ -239,7 +239,9 @@ def test_an_autocommit_connection_nudges_at_once(fake_lambda: FakeLambda) -> Non
         assert fake_lambda.calls[0].visible == 1
 
 
-def test_one_listener_per_engine_and_one_nudge_per_transaction_at_most(fake_lambda: FakeLambda) -> None:
+def test_one_listener_per_engine_and_one_nudge_per_transaction_at_most(
+    fake_lambda: FakeLambda,
+) -> None:
     engine = fake_lambda.engine
     for _ in range(3):
         with engine.begin() as conn:
