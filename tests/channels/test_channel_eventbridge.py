@@ -215,8 +215,6 @@ def test_the_channel_refuses_to_put_a_forged_event_even_unvalidated() -> None:
     # answers queued: any PutEvents call would raise instead of returning.
     client = boto3.client("events", region_name=REGION)
     with Stubber(client):
-        outcome = EventBridgeChannel(client).send(
-            Message(1, "eventbridge", FORGED, 1), Deadline(5)
-        )
+        outcome = EventBridgeChannel(client).send(Message(1, "eventbridge", FORGED, 1), Deadline(5))
     assert outcome.kind == "failed"
     assert outcome.error is not None and "outcome events" in outcome.error

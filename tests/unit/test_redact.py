@@ -43,7 +43,9 @@ def test_real_diagnostic_codes_keep_their_codes_and_lose_names(raw: str, clean: 
 
 
 def test_a_custom_channel_reason_is_bounded_and_one_line() -> None:
-    reason = "gateway said: code 482913 for +1 (415) 555-2671\n\x1b]52;c;ZXZpbA==\x07" + "x" * 10_000
+    reason = (
+        "gateway said: code 482913 for +1 (415) 555-2671\n\x1b]52;c;ZXZpbA==\x07" + "x" * 10_000
+    )
     cleaned = scrub(reason)
     assert len(cleaned) <= 200 and cleaned.endswith("…")
     assert "482913" not in cleaned and "2671" not in cleaned
@@ -54,11 +56,17 @@ def test_a_custom_channel_reason_is_bounded_and_one_line() -> None:
 
 WORDS = st.sampled_from(
     [
-        "smtp;", "550", "5.1.1", "4.2.2", "452", "User", "unknown", "mailbox", "full",
-        "Recipient", "address", "rejected:", "for", "to", "(", ")", ":", ";", "-", "...",
+        "smtp;", "User", "unknown", "mailbox", "full", "Recipient", "address",
+        "rejected:", "for", "to", "(", ")", ":", ";", "-", "...", "Try", "later",
     ]
 )  # fmt: skip
-TEXT = st.lists(WORDS, max_size=6).map(" ".join)
+# A reply code, maybe with its enhanced status code, as SMTP servers write them:
+# "550 5.1.1 user unknown".
+CODES = st.sampled_from(["550", "452", "421", "554", "250"]).flatmap(
+    lambda reply: st.sampled_from([reply, f"{reply} {reply[0]}.1.1", f"{reply} {reply[0]}.7.0"])
+)
+SEGMENT = st.one_of(WORDS, st.tuples(CODES, WORDS).map(" ".join))
+TEXT = st.lists(SEGMENT, max_size=6).map(" ".join)
 LOCAL = st.from_regex(r"[a-z][a-z0-9._+-]{2,18}[a-z0-9]", fullmatch=True)
 LABEL = st.from_regex(r"[a-z][a-z0-9-]{1,10}[a-z]", fullmatch=True)
 NAME = st.from_regex(r"[A-Z][a-z]{2,9}", fullmatch=True)
@@ -70,7 +78,7 @@ ADDRESS_SPELLINGS = [
     "{l}[at]{d}",
     "{l}%40{d}",
     "{l}&#64;{d}",
-    "{l}＠{d}",
+    "{l}\uff20{d}",  # a full-width at sign
     "<{l}@{d}>",
     "mailto:{l}@{d}",
     "{n1} {n2} <{l}@{d}>",

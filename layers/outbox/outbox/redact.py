@@ -19,7 +19,7 @@ and replaces what may name a person:
 * control characters -> a space, so the text stays one line.
 
 The result is bounded (``limit`` characters) and so is the work: only the
-first ``4 × limit`` characters are read.
+first ``2 * limit`` characters are read.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ import re
 
 ERROR_MAX_CHARS = 200
 
-_AT = r"(?:@|＠|%40|&\#0*64;|&\#x0*40;|\s*[\(\[\{]\s*at\s*[\)\]\}]\s*)"
+_AT = r"(?:@|\uff20|%40|&\#0*64;|&\#x0*40;|\s*[\(\[\{]\s*at\s*[\)\]\}]\s*)"
 _DOT = r"(?:\.|\s*[\(\[\{]\s*dot\s*[\)\]\}]\s*)"
 _LOCAL = r"(?:\"[^\"\r\n]{0,128}\"|[A-Za-z0-9!#$&'*+/=?^_`{|}~.%-]{1,128})"
 _DOMAIN = rf"(?:\[[0-9A-Fa-f:.]{{1,64}}\]|[A-Za-z0-9-]{{1,63}}(?:{_DOT}[A-Za-z0-9-]{{1,63}})*)"
 _ADDRESS = rf"{_LOCAL}{_AT}{_DOMAIN}"
+_KEY_CHAR = r"[A-Za-z0-9_+/=-]"  # of a key or a signed link: letters, digits, base64
 _STEPS: tuple[tuple[re.Pattern[str], str], ...] = (
     # control characters first: nothing below may be split or hidden by them
     (re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]"), " "),
@@ -46,12 +47,19 @@ _STEPS: tuple[tuple[re.Pattern[str], str], ...] = (
         "<address>",
     ),
     (re.compile(rf"(?:mailto:)?{_ADDRESS}", re.IGNORECASE), "<address>"),
-    (re.compile(r"(?<![\w<])(?=[A-Za-z0-9_+/=-]*\d)(?=[A-Za-z0-9_+/=-]*[A-Za-z])[A-Za-z0-9_+/=-]{24,}"), "<token>"),
+    (
+        re.compile(rf"(?<![\w<])(?={_KEY_CHAR}*\d)(?={_KEY_CHAR}*[A-Za-z]){_KEY_CHAR}{{24,}}"),
+        "<token>",
+    ),
 )
-# A run of digits with separators is a number; SMTP codes at its head (a
-# reply code such as 550, an enhanced status code such as 5.1.1) are kept, the
-# rest is judged by its digits.
-_NUMBER = re.compile(r"(?<!\w)\+?\(?\d[\d\s().\-/]*\d\)?(?!\w)|\d{5,}")
+_ADDRESS_STEPS = {_STEPS[2][0], _STEPS[3][0]}
+_ADDRESS_HINT = re.compile(_AT)
+
+# A number: groups of digits joined by one separator each (a space, a dot, a
+# dash, a slash, parentheses), as phone numbers are written. SMTP codes at its
+# head (a reply code such as 550, an enhanced status code such as 5.1.1) are
+# kept; the rest is judged by its digits.
+_NUMBER = re.compile(r"\+?\(?\d+(?:(?:[ ./-]|\) ?)\(?\d+)*\)?")
 _SMTP_CODES = (re.compile(r"[245][0-5]\d"), re.compile(r"[245]\.\d{1,3}\.\d{1,3}"))
 _MIN_PHONE_DIGITS = 7
 _CODE_DIGITS = re.compile(r"\d{5,}")  # one-time codes, account numbers
@@ -60,8 +68,10 @@ _CODE_DIGITS = re.compile(r"\d{5,}")  # one-time codes, account numbers
 def scrub(text: str, limit: int = ERROR_MAX_CHARS) -> str:
     """``text`` without addresses, numbers, URLs or tokens, on one line, at
     most ``limit`` characters (an ellipsis says it was cut)."""
-    text = text[: limit * 4]
+    text = text[: limit * 2]
     for pattern, replacement in _STEPS:
+        if pattern in _ADDRESS_STEPS and not _ADDRESS_HINT.search(text):
+            continue  # no at sign in any spelling: no address to look for
         text = pattern.sub(replacement, text)
     text = " ".join(_NUMBER.sub(_number, text).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
