@@ -72,6 +72,8 @@ LABEL = st.from_regex(r"[a-z][a-z0-9-]{1,10}[a-z]", fullmatch=True)
 NAME = st.from_regex(r"[A-Z][a-z]{2,9}", fullmatch=True)
 ADDRESS_SPELLINGS = [
     "{l}@{d}",
+    "{l} @ {d}",
+    "{l}\u200b@\u200e{d}",  # zero-width space, left-to-right mark
     '"{l}"@{d}',
     "{l}(at){d}",
     "{l} (at) {d}",

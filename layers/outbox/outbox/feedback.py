@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 # SES event types this function records; every other SES event type (Send,
 # Open, Click, DeliveryDelay, ...) is counted as ignored.
 _RECORDED_TYPES = {"Bounce", "Complaint", "Delivery"}
-_REASON_MAX_CHARS = 300
 # Bounds on what is parsed. SNS refuses messages over 256 KiB, SES notices
 # nest six levels deep and a message has at most 50 recipients: anything past
 # these is not from SES, and is refused before it costs more.
@@ -239,8 +238,9 @@ def _complaint_kind(complaint: Mapping[str, Any]) -> str:
 
 
 def _clean(text: str) -> str:
-    """The one scrubber (``outbox.redact``): no addresses or numbers, one line, bounded."""
-    return scrub(text, _REASON_MAX_CHARS)
+    """The one scrubber (``outbox.redact``): no addresses or numbers, one line,
+    as long as any error the relay stores."""
+    return scrub(text)
 
 
 def _word(value: Any, default: str) -> str:

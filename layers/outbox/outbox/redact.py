@@ -16,7 +16,8 @@ and replaces what may name a person:
   (one-time codes, account numbers) -> ``<number>``;
 * URLs (their paths and queries carry tokens and names) -> ``<url>``;
 * long tokens of letters and digits (keys, signed links) -> ``<token>``;
-* control characters -> a space, so the text stays one line.
+* control characters -> a space, so the text stays one line; zero-width and
+  text-direction characters are dropped.
 
 The result is bounded (``limit`` characters) and so is the work: only the
 first ``2 * limit`` characters are read.
@@ -28,32 +29,32 @@ import re
 
 ERROR_MAX_CHARS = 200
 
-_AT = r"(?:@|\uff20|%40|&\#0*64;|&\#x0*40;|\s*[\(\[\{]\s*at\s*[\)\]\}]\s*)"
+_AT = r"\s*(?:@|\uff20|%40|&\#0*64;|&\#x0*40;|[\(\[\{]\s*at\s*[\)\]\}])\s*"
 _DOT = r"(?:\.|\s*[\(\[\{]\s*dot\s*[\)\]\}]\s*)"
 _LOCAL = r"(?:\"[^\"\r\n]{0,128}\"|[A-Za-z0-9!#$&'*+/=?^_`{|}~.%-]{1,128})"
 _DOMAIN = rf"(?:\[[0-9A-Fa-f:.]{{1,64}}\]|[A-Za-z0-9-]{{1,63}}(?:{_DOT}[A-Za-z0-9-]{{1,63}})*)"
 _ADDRESS = rf"{_LOCAL}{_AT}{_DOMAIN}"
 _KEY_CHAR = r"[A-Za-z0-9_+/=-]"  # of a key or a signed link: letters, digits, base64
+# A display name (quoted, or up to four capitalised words) and its
+# angle-bracketed address; then any address on its own.
+_NAMED_ADDRESS = re.compile(
+    rf"(?:\"[^\"\r\n]{{0,128}}\"\s*|(?:[A-Z][\w'.-]*\s+){{1,4}})?<\s*(?:mailto:)?{_ADDRESS}\s*>"
+)
+_BARE_ADDRESS = re.compile(rf"(?:mailto:)?{_ADDRESS}", re.IGNORECASE)
+_ADDRESS_HINT = re.compile(_AT)  # no at sign in any spelling: no address to look for
 _STEPS: tuple[tuple[re.Pattern[str], str], ...] = (
-    # control characters first: nothing below may be split or hidden by them
+    # invisible and control characters first: nothing below may be split or
+    # hidden by them (zero-width and direction marks go, the others are spaces)
+    (re.compile(r"[\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]"), ""),
     (re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]"), " "),
     (re.compile(r"\b[a-z][a-z0-9+.-]{1,15}://\S+", re.IGNORECASE), "<url>"),
-    # a display name (quoted, or up to four capitalised words) and its
-    # angle-bracketed address; then any bracketed address on its own
-    (
-        re.compile(
-            rf"(?:\"[^\"\r\n]{{0,128}}\"\s*|(?:[A-Z][\w'.-]*\s+){{1,4}})?<\s*(?:mailto:)?{_ADDRESS}\s*>"
-        ),
-        "<address>",
-    ),
-    (re.compile(rf"(?:mailto:)?{_ADDRESS}", re.IGNORECASE), "<address>"),
+    (_NAMED_ADDRESS, "<address>"),
+    (_BARE_ADDRESS, "<address>"),
     (
         re.compile(rf"(?<![\w<])(?={_KEY_CHAR}*\d)(?={_KEY_CHAR}*[A-Za-z]){_KEY_CHAR}{{24,}}"),
         "<token>",
     ),
 )
-_ADDRESS_STEPS = {_STEPS[2][0], _STEPS[3][0]}
-_ADDRESS_HINT = re.compile(_AT)
 
 # A number: groups of digits joined by one separator each (a space, a dot, a
 # dash, a slash, parentheses), as phone numbers are written. SMTP codes at its
@@ -70,8 +71,8 @@ def scrub(text: str, limit: int = ERROR_MAX_CHARS) -> str:
     most ``limit`` characters (an ellipsis says it was cut)."""
     text = text[: limit * 2]
     for pattern, replacement in _STEPS:
-        if pattern in _ADDRESS_STEPS and not _ADDRESS_HINT.search(text):
-            continue  # no at sign in any spelling: no address to look for
+        if pattern in (_NAMED_ADDRESS, _BARE_ADDRESS) and not _ADDRESS_HINT.search(text):
+            continue
         text = pattern.sub(replacement, text)
     text = " ".join(_NUMBER.sub(_number, text).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,5 +1,6 @@
-"""Provider feedback (SES bounce, complaint and delivery events): recorded
-once per event, and ``delivered -> bounced | complained``."""
+"""Provider feedback (SES bounce, complaint and delivery events): matched by
+message id and recipient, recorded once per notice's content, and
+``delivered -> bounced | complained`` once every recipient bounced or complained."""
 
 from __future__ import annotations
 
