@@ -74,7 +74,11 @@ _RECORD_FEEDBACK = statement(
         JOIN outbox_message AS m
           ON m.provider_message_id = i.provider_id AND m.channel = 'email'
         JOIN LATERAL (
-            SELECT a.recipient_fingerprints FROM outbox_attempt AS a
+            -- an attempt written before the send log (revision 0006) has no
+            -- fingerprints: the message's, computed at enqueue, are the same
+            SELECT COALESCE(a.recipient_fingerprints, m.recipient_fingerprints)
+                       AS recipient_fingerprints
+            FROM outbox_attempt AS a
             WHERE a.message_id = m.id AND a.outcome = 'delivered'
             ORDER BY a.id DESC LIMIT 1
         ) AS sent ON i.fp = ANY(sent.recipient_fingerprints)
