@@ -11,12 +11,15 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import test_least_privilege
 
 import outbox
 from outbox import feedback, store
 from support import EMAIL, LambdaContext, attempts, row
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
+# The fixture of a relay login user's engine, shared with the least-privilege tests.
+relay_user = test_least_privilege.relay_user
 
 
 def sample(name: str) -> dict[str, Any]:
@@ -422,5 +425,17 @@ def test_two_recipients_bouncing_in_concurrent_invocations_move_the_message(
         t.join()
     assert sum(r.recorded["bounced"] for r in reports) == 2
     assert sum(r.moved["bounced"] for r in reports) == 1
+    with engine.connect() as conn:
+        assert row(conn, mid).status == "bounced"
+
+
+def test_the_feedback_statements_run_as_the_relay_user(
+    engine: sa.Engine, relay_user: sa.Engine
+) -> None:
+    """The feedback function logs in as a relay user: its lock, the recipient's
+    fingerprint and the record need no more than the relay role's grants."""
+    mid = delivered_email(engine, "ses-least")
+    report = feedback.handle(relay_user, bounce_for("ses-least", RECIPIENT))
+    assert report.moved == {"bounced": 1}
     with engine.connect() as conn:
         assert row(conn, mid).status == "bounced"
