@@ -383,3 +383,19 @@ def test_outcome_events_carry_scrubbed_errors_and_keys_only_when_asked(
         assert len(detail["last_error"]) <= 200
         assert detail["provider_message_id"] is None  # free text, not a provider's token
     assert find_leaks(default) == []
+
+
+def test_a_custom_channels_provider_id_stays_off_the_bus() -> None:
+    import dataclasses
+    from datetime import UTC, datetime
+
+    from outbox import outcomes
+
+    custom = store.OutcomeEvent(
+        1, 7, "memo", "failed", 1, None, "15551234567", "k", "o", datetime.now(UTC)
+    )
+    sqs = dataclasses.replace(
+        custom, channel="sqs", provider_message_id="b6f0b8a4-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
+    )
+    assert outcomes.detail(custom)["provider_message_id"] is None
+    assert outcomes.detail(sqs)["provider_message_id"] == sqs.provider_message_id

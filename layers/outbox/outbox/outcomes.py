@@ -29,7 +29,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import store
+from . import channels, store
 from .channels import aws
 from .config import OutcomeEventSettings
 from .redact import scrub_optional
@@ -47,8 +47,9 @@ DETAIL_TYPES = {
 }
 # The detail's shape; 2 since the error is scrubbed and the keys opt-in (CHANGELOG).
 DETAIL_VERSION = 2
-# A provider's message id goes on the bus only when it is a plain token (what
-# SES, SNS and EventBridge return); a custom channel's free text does not.
+# A provider's message id goes on the bus only from a built-in channel (AWS's
+# ids, the relay's own) and only when it is a plain token: a custom channel's
+# id is its own free text, which may be anything.
 _PROVIDER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+=-]{0,199}")
 PUT_EVENTS_MAX_ENTRIES = 10
 BATCH_SIZE = 100
@@ -76,7 +77,11 @@ def detail(event: store.OutcomeEvent, include_keys: bool = False) -> dict[str, A
         "attempts": event.attempts,
         "last_error": scrub_optional(event.last_error),
         "provider_message_id": (
-            provider_id if provider_id and _PROVIDER_ID.fullmatch(provider_id) else None
+            provider_id
+            if event.channel in channels.BUILT_IN
+            and provider_id
+            and _PROVIDER_ID.fullmatch(provider_id)
+            else None
         ),
         "occurred_at": event.occurred_at.isoformat(),
     }
