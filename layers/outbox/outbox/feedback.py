@@ -167,29 +167,27 @@ def from_notification(notification: Any) -> list[store.Feedback] | None:
         raise TypeError("not an object")
     _check_depth(notification)
     # Event publishing says eventType; identity notifications say notificationType.
-    kind = notification.get("eventType") or notification["notificationType"]
+    event_type = notification.get("eventType") or notification["notificationType"]
     message_id = _bounded(notification["mail"]["messageId"], _ID_MAX_CHARS)
-    if not isinstance(kind, str):
+    if not isinstance(event_type, str):
         raise Unrecognized("no event type")
-    if kind not in _RECORDED_TYPES:
+    if event_type not in _RECORDED_TYPES:
         return None
-    if kind == "Bounce":
+    if event_type == "Bounce":
         bounce = notification["bounce"]
         permanent = bounce.get("bounceType") == "Permanent"
-        bounce_kind = f"{_word(bounce.get('bounceType'), 'Undetermined')}/" + _word(
-            bounce.get("bounceSubType"), "?"
-        )
+        kind = _bounce_kind(bounce)
         return [
             store.Feedback(
                 provider_message_id=message_id,
                 outcome="bounced" if permanent else "transient_bounce",
                 recipient=_address(r.get("emailAddress")),
-                kind=bounce_kind,
-                reason=bounce_reason(bounce, r),
+                kind=kind,
+                reason=bounce_reason(kind, r),
             )
             for r in _recipients(bounce.get("bouncedRecipients"))
         ]
-    if kind == "Complaint":
+    if event_type == "Complaint":
         complaint = notification["complaint"]
         return [
             store.Feedback(
@@ -216,16 +214,20 @@ def from_notification(notification: Any) -> list[store.Feedback] | None:
     ]
 
 
-def bounce_reason(bounce: Mapping[str, Any], recipient: Mapping[str, Any]) -> str:
+def bounce_reason(kind: str, recipient: Mapping[str, Any]) -> str:
     """``bounced: Permanent/General, 5.1.1 smtp; 550 5.1.1 user unknown``: the
-    bounce's type and this recipient's status and diagnostic code, scrubbed."""
-    kind = f"{_word(bounce.get('bounceType'), 'Undetermined')}/" + _word(
-        bounce.get("bounceSubType"), "?"
-    )
+    bounce's type and subtype and this recipient's status and diagnostic code,
+    scrubbed."""
     detail = " ".join(
         recipient[k] for k in ("status", "diagnosticCode") if isinstance(recipient.get(k), str)
     )
     return _clean(f"bounced: {kind}" + (f", {detail}" if detail else ""))
+
+
+def _bounce_kind(bounce: Mapping[str, Any]) -> str:
+    """``Permanent/General``: the bounce's type and subtype."""
+    kind = _word(bounce.get("bounceType"), "Undetermined")
+    return f"{kind}/{_word(bounce.get('bounceSubType'), '?')}"
 
 
 def complaint_reason(complaint: Mapping[str, Any]) -> str:
