@@ -179,8 +179,8 @@ def settings_table(template: dict[str, Any], settings: Iterable[Setting[Any]] = 
 
 
 def parameters_table(template: dict[str, Any]) -> str:
-    """The template's parameters that feed no variable directly (they shape the
-    stack: network, IAM grants, reserved concurrency, alarms), with their
+    """The template's parameters that no variable takes as its value (they shape
+    the stack: network, IAM grants, reserved concurrency, alarms), with their
     defaults and descriptions."""
     fed = {p for s in sources(template).values() for p in s.parameters}
     rows = ["| template parameter | default | meaning |", "|---|---|---|"]

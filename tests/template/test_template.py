@@ -682,16 +682,18 @@ def parameter_column_violations(
     """The configuration reference's "template parameter" column against the
     template: each parameter a row names feeds a variable of that row, each
     parameter that feeds a variable (by !Ref or inside a !Sub) is named in its
-    row, and ``unused`` (the table of parameters that set no variable) lists
-    exactly the others."""
+    row, and ``unused`` (the table of the other parameters) lists exactly those
+    that no variable takes as its value."""
     params = template["Parameters"]
     fed_by: dict[str, set[str]] = {}
+    taken_as_is: set[str] = set()  # parameters some variable takes by !Ref
     for _, key, value in environment(template):
         for branch in _branches(value):
             if isinstance(branch, dict) and set(branch) == {"Fn::Join"}:
                 branch = branch["Fn::Join"][1]
             if isinstance(branch, dict) and branch.get("Ref") in params:
                 fed_by.setdefault(key, set()).add(branch["Ref"])
+                taken_as_is.add(branch["Ref"])
             if isinstance(branch, dict) and set(branch) == {"Fn::Sub"}:
                 named = set(re.findall(r"\$\{([A-Za-z0-9]+)\}", str(branch["Fn::Sub"])))
                 fed_by.setdefault(key, set()).update(named & set(params))
@@ -706,11 +708,10 @@ def parameter_column_violations(
     for variable, feeding in sorted(fed_by.items()):
         for param in sorted(feeding - {p for v, p in documented if v == variable}):
             found.append(f"reference: {variable}'s row does not name {param}, which feeds it")
-    feeding_any = set().union(*fed_by.values())
     for param in unused:
-        if param in feeding_any:
-            found.append(f"reference: {param} feeds a variable, not a parameter of its own")
-    for param in sorted(set(params) - feeding_any - set(unused)):
+        if param in taken_as_is:
+            found.append(f"reference: {param} is a variable's value, not a parameter of its own")
+    for param in sorted(set(params) - taken_as_is - set(unused)):
         found.append(f"reference: {param} is in neither table")
     return found
 
@@ -732,7 +733,7 @@ def test_the_configuration_reference_names_the_parameters_that_feed_each_variabl
         "reference: DatabaseName does not feed DB_PORT",
         "reference: BATCH_SIZE's row does not name BatchSize, which feeds it",
         "reference: DB_PORT's row does not name DatabasePort, which feeds it",
-        "reference: EventBusName feeds a variable, not a parameter of its own",
+        "reference: EventBusName is a variable's value, not a parameter of its own",
         "reference: SesIdentity is in neither table",
     ]
 
