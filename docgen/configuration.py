@@ -132,7 +132,9 @@ def template_cell(setting: Setting[Any], source: Source | None, template: dict[s
         parts.append("built from " + _code(source.built_from))
     if source.pseudo:
         parts.append(
-            ", ".join("the stack's name" if p == "AWS::StackName" else f"`{p}`" for p in source.pseudo)
+            ", ".join(
+                "the stack's name" if p == "AWS::StackName" else f"`{p}`" for p in source.pseudo
+            )
         )
     if source.resources:
         parts.append("the stack's own resources")
@@ -171,9 +173,10 @@ def settings_table(template: dict[str, Any], settings: Iterable[Setting[Any]] = 
         "|---|---|---|---|",
     ]
     for setting in settings:
+        how = template_cell(setting, found.get(setting.name), template)
         rows.append(
-            f"| `{setting.name}` | {_cell(template_cell(setting, found.get(setting.name), template))}"
-            f" | {_cell(default_cell(setting))} | {_cell(setting.meaning)} |"
+            f"| `{setting.name}` | {_cell(how)} | {_cell(default_cell(setting))}"
+            f" | {_cell(setting.meaning)} |"
         )
     return "\n".join(rows) + "\n"
 

@@ -52,7 +52,9 @@ def test_a_new_or_changed_setting_appears_without_editing_a_page(
     template: dict[str, Any],
 ) -> None:
     extra = table.Int(name="NEW_SETTING", default=1, low=0, high=2, meaning="just declared")
-    changed = [dataclasses.replace(s, default=50) if s.name == "BATCH_SIZE" else s for s in SETTINGS]
+    changed = [
+        dataclasses.replace(s, default=50) if s.name == "BATCH_SIZE" else s for s in SETTINGS
+    ]
     text = configuration.settings_table(template, [*changed, extra])
     assert reference_violations(text, [*changed, extra]) == []
     rows = {r.variables: r for r in configuration_rows(text)}
@@ -86,7 +88,9 @@ def test_the_checker_catches_a_table_out_of_step(template: dict[str, Any]) -> No
 def test_the_template_column_says_how_the_template_sets_each_variable(
     template: dict[str, Any],
 ) -> None:
-    rows = {r.variables: r.parameter for r in configuration_rows(configuration.settings_table(template))}
+    rows = {
+        r.variables: r.parameter for r in configuration_rows(configuration.settings_table(template))
+    }
     assert rows[("DB_SECRET_ARN",)] == (
         "`DatabaseSecretArn`, `MigrateDatabaseSecretArn` (`DatabaseAuth=secret`)"
     )

@@ -42,7 +42,7 @@ def test_every_marked_block_is_run_by_a_test() -> None:
 def test_the_markers_are_found_as_written(tmp_path: Any) -> None:
     page = tmp_path / "page.md"
     page.write_text(
-        "text\n\n<!-- test: one -->\n```python title=\"x\"\nprint(1)\n```\n\n"
+        'text\n\n<!-- test: one -->\n```python title="x"\nprint(1)\n```\n\n'
         "```sh\nnot marked\n```\n<!-- test: two -->\n```sql\nSELECT 1;\nSELECT 2;\n```\n"
     )
     blocks = doc_blocks(page)

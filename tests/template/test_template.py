@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from cfnlint.decode import cfn_yaml
 
+from docgen import configuration
 from outbox.errors import ConfigError
 from outbox.settings import SETTINGS, DaysOrNever, Number, Setting
-from docgen import configuration
 from support import ConfigurationRow, configuration_rows
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -240,7 +240,6 @@ def test_booleans_are_true_or_false_in_any_case() -> None:
         assert relay_reads({**BASE, variable: "False"})[variable] is False
 
 
-
 def test_the_commands_batch_size_option_has_the_settings_bounds() -> None:
     import click
 
