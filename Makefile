@@ -40,9 +40,10 @@ test: lint typecheck docs pytest sam-check
 
 # The documentation site (mkdocs.yml) into site/. Strict: a broken link or
 # anchor, or a generated page that fails, fails the build. `mkdocs serve` (in
-# the venv) serves it while you edit.
+# the venv) serves it while you edit. Not --quiet: it hides the warnings that
+# --strict turns into a failure, and the build then passes.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 lint: $(STAMP) requirements-check
 	$(BIN)/ruff check .
