@@ -181,6 +181,35 @@ def settings_table(template: dict[str, Any], settings: Iterable[Setting[Any]] = 
     return "\n".join(rows) + "\n"
 
 
+def _mentions(node: Any, param: str) -> bool:
+    """Whether a template node refers to ``param`` (!Ref, or ${param} in a !Sub)."""
+    if isinstance(node, dict):
+        if node.get("Ref") == param:
+            return True
+        return any(_mentions(v, param) for v in node.values())
+    if isinstance(node, list):
+        return any(_mentions(v, param) for v in node)
+    return isinstance(node, str) and "${" + param + "}" in node
+
+
+def _used_by(template: dict[str, Any], param: str) -> str:
+    """What a parameter without a description sets, read from where it is used."""
+    reserved = [
+        name
+        for name, resource in template["Resources"].items()
+        if resource.get("Properties", {}).get("ReservedConcurrentExecutions") == {"Ref": param}
+    ]
+    if reserved:
+        return "reserved concurrency of " + _code(reserved)
+    places = [
+        f"{name} ({', '.join(key for key, v in section.items() if _mentions(v, param))})"
+        for name, section in [("Globals", template.get("Globals", {}).get("Function", {}))]
+        if _mentions(section, param)
+    ]
+    places += [f"`{n}`" for n, r in template["Resources"].items() if _mentions(r, param)]
+    return "used by " + ", ".join(places) if places else ""
+
+
 def parameters_table(template: dict[str, Any]) -> str:
     """The template's parameters that no variable takes as its value (they shape
     the stack: network, IAM grants, reserved concurrency, alarms), with their
@@ -192,5 +221,6 @@ def parameters_table(template: dict[str, Any]) -> str:
             continue
         default = param.get("Default")
         shown = f"`{default}`" if default not in (None, "") else "empty"
-        rows.append(f"| `{name}` | {_cell(shown)} | {_cell(str(param.get('Description', '')))} |")
+        meaning = str(param.get("Description") or _used_by(template, name))
+        rows.append(f"| `{name}` | {_cell(shown)} | {_cell(meaning)} |")
     return "\n".join(rows) + "\n"

@@ -113,3 +113,14 @@ def test_the_page_asks_for_both_generated_tables() -> None:
     page = (DOCS / "reference" / "configuration.md").read_text()
     assert "<!-- generated: settings -->" in page
     assert "<!-- generated: parameters -->" in page
+
+
+def test_every_other_parameter_says_what_it_sets(template: dict[str, Any]) -> None:
+    rows = {
+        line.split("`")[1]: line.rsplit("|", 2)[1].strip()
+        for line in configuration.parameters_table(template).splitlines()[2:]
+    }
+    assert [name for name, meaning in rows.items() if not meaning] == []
+    assert rows["EmailConcurrency"] == "reserved concurrency of `EmailFunction`"
+    assert rows["LogRetentionDays"] == "used by `RelayLogGroup`"
+    assert "BatchSize" not in rows  # a variable's value: in the settings table
