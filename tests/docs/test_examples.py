@@ -100,3 +100,9 @@ def test_the_custom_channel_example_registers_its_channel() -> None:
     channel = namespace["SlackChannel"]()
     assert channel.name == "slack"
     assert "slack" in channels.names()
+
+
+def test_the_readmes_producer_example_is_the_one_the_tests_run() -> None:
+    readme = (DOCS.parent / "README.md").read_text()
+    example = readme.split("```python\n", 1)[1].split("\n```", 1)[0] + "\n"
+    assert example == doc_blocks(DOCS / "how-to" / "producing.md")["producer"].code
