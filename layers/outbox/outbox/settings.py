@@ -2,9 +2,10 @@
 default, bounds and meaning.
 
 ``outbox.config`` builds its settings objects from these declarations, the
-channels read their own through them, and tests check the parsers,
-``template.yaml`` and the README's Configuration table against them: a name,
-a default or a bound is written here and nowhere else.
+channels read their own through them, tests check the parsers and
+``template.yaml`` against them, and the docs site's configuration reference is
+generated from them (docgen/configuration.py): a name, a default or a bound is
+written here and nowhere else.
 
 Reading is strict. An unset or blank variable takes the default; anything
 else must parse and fall inside the bounds, or ``ConfigError`` names the
@@ -65,7 +66,7 @@ class Setting(Generic[T]):
         raise NotImplementedError
 
     def document(self, value: T) -> str:
-        """``value`` as the README's Configuration table writes it ("" for none)."""
+        """``value`` as the configuration reference writes it ("" for none)."""
         if value is None:
             return ""
         return str(value)
