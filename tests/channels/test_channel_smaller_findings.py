@@ -40,7 +40,12 @@ EVENT = {"source": "shop", "detail_type": "OrderShipped", "detail": {"order": 1}
 AWS_CHANNELS: list[tuple[Any, str, str, dict[str, Any]]] = [
     (lambda c: EmailChannel(c, check_suppression=False), "sesv2", "send_email", EMAIL),
     (lambda c: EmailChannel(c), "sesv2", "get_suppressed_destination", EMAIL),
-    (SmsChannel, "sns", "check_if_phone_number_is_opted_out", {"to": "+15555550100", "message": "m"}),
+    (
+        SmsChannel,
+        "sns",
+        "check_if_phone_number_is_opted_out",
+        {"to": "+15555550100", "message": "m"},
+    ),
     (PushChannel, "sns", "publish", PUSH),
     (EventBridgeChannel, "events", "put_events", EVENT),
     (SqsChannel, "sqs", "send_message", SQS),
@@ -74,7 +79,9 @@ def test_ses_throttling_exception_counts_no_attempt(engine: sa.Engine, aws: None
     again, no attempt counted, a deferral recorded."""
     client = boto3.client("sesv2", region_name=REGION)
     stub = Stubber(client)
-    stub.add_client_error("send_email", service_error_code="ThrottlingException", http_status_code=400)
+    stub.add_client_error(
+        "send_email", service_error_code="ThrottlingException", http_status_code=400
+    )
     with stub:
         message_id, report = deliver(
             engine, "email", EMAIL, channel=EmailChannel(client, check_suppression=False)
@@ -133,7 +140,7 @@ def test_a_send_that_returns_something_else_is_a_retry_too(engine: sa.Engine) ->
             return "ok"  # type: ignore[return-value]
 
     channel = ReturnsText(name="texty")
-    message_id, report = deliver(engine, "texty", {"n": 1}, channel=channel)
+    message_id, _ = deliver(engine, "texty", {"n": 1}, channel=channel)
     row, _ = settled(engine, message_id)
     assert (row.status, row.attempts) == ("pending", 1)
     assert row.last_error == "channel returned str, not an Outcome"
@@ -208,7 +215,7 @@ def test_a_non_ascii_path_and_query_are_sent_percent_encoded(
     )
     with receiver() as rx:
         url = rx.url("/ok/café/日本?q=✓&x=%41")
-        message_id, report = deliver(
+        message_id, _ = deliver(
             engine, "webhook", {"url": url, "event_type": "t", "body": {}}, channel=channel
         )
     row, attempts = settled(engine, message_id)
@@ -231,10 +238,9 @@ def test_the_ssrf_guard_is_unchanged_for_a_non_ascii_path() -> None:
 
 
 def test_a_url_that_is_not_valid_unicode_is_refused_at_enqueue(engine: sa.Engine) -> None:
-    with engine.begin() as conn, pytest.raises(ValidationError, match="payload.url"):
+    with engine.begin() as conn, pytest.raises(ValidationError, match=r"payload\.url"):
         outbox.enqueue(
             conn,
             "webhook",
             {"url": "https://hooks.example.com/\udcff", "event_type": "t", "body": {}},
         )
-

@@ -138,9 +138,7 @@ def test_json_keeps_every_hostile_value_exact_and_escaped(run: Any, engine: sa.E
     )
 
 
-def test_on_a_real_terminal_only_rich_styles_reach_it(
-    engine: sa.Engine, database_url: str
-) -> None:
+def test_on_a_real_terminal_only_rich_styles_reach_it(engine: sa.Engine, database_url: str) -> None:
     """`outbox show` and `list` on a pseudo-terminal of 120 columns: Rich styles
     its tables there (SGR sequences); nothing else from the data gets through."""
     message_id = seed_hostile(engine)

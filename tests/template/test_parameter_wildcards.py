@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from cfnlint.decode import cfn_yaml
-
 from test_template import TEMPLATE, _plain
 
 SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:outbox/db-AbCdEf"
