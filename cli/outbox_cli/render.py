@@ -48,7 +48,7 @@ _ESCAPE_SEQUENCE = re.compile(
     r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
     r"|\x1b[ -/]*[0-~]?"
 )
-_LINE_BREAK = re.compile(r"\r\n|[\r\n]")
+_LINE_BREAK = re.compile(r"\r\n|[\r\n\x85\u2028\u2029]")
 # What is left to drop: C0 controls (tab and line breaks are replaced before),
 # DEL, C1, and the bidi marks, overrides and isolates that reorder a line.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")

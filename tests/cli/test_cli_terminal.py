@@ -195,6 +195,7 @@ def on_a_terminal(args: list[str], database_url: str, columns: int) -> tuple[str
         ("\u202eabc\u202c\u2067d\u2069\u200f", "abcd"),
         ("tab\there", "tab here"),
         ("line\r\nbreak", "line\u2424break"),
+        ("a\u2028b\x85c", "a\u2424b\u2424c"),  # Unicode's line and next-line separators
         ("é [b]ü[/b] 日本", "é [b]ü[/b] 日本"),
         (None, ""),
         (42, "42"),

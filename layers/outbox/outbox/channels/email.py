@@ -134,8 +134,8 @@ class EmailChannel(aws.AwsChannel):
 
 def classify(exc: BaseException) -> Outcome:
     """Paused sending waits longer; the rest is the common AWS table, whose
-    throttling test knows SES's own ``ThrottlingException`` (and
-    ``LimitExceededException``, its rate limit)."""
+    throttling test (``aws.is_throttling``) knows SES's own
+    ``ThrottlingException`` as every other AWS channel's throttling codes."""
     if aws.error_codes(exc) & _PAUSED:
         return Outcome.deferred(aws.describe(exc), _PAUSED_DELAY_SECONDS)
     return aws.classify(exc, _FAILED)
