@@ -205,3 +205,16 @@ def test_inert(raw: Any, shown: str) -> None:
     from outbox_cli.render import inert
 
     assert inert(raw) == shown
+
+
+def test_status_prints_a_pause_reason_inert(run: Any, engine: sa.Engine) -> None:
+    """A pause reason is text someone typed (or wrote into the table)."""
+    seed_hostile(engine)
+    paused = run("pause", "email", "--reason", CLIPBOARD + MARKUP + BIDI)
+    assert paused.exit_code == 0, paused.output
+    result = run("status")
+    assert result.exit_code == 0, result.output
+    assert_inert(result.stdout)
+    assert "PAUSED" in result.stdout and "ZXZpbA==" not in result.stdout
+    status = json.loads(run("status", "--json").stdout)
+    assert status["paused_channels"][0]["reason"] == CLIPBOARD + MARKUP + BIDI
