@@ -382,6 +382,8 @@ def _send_all(
                 ends, cut_by_stop = now + grace, True
         if now >= ends:
             break
+        if not narrow:
+            continue  # woken only to look at the stop: every thread is sending already
         with lock:
             slow = bool(queue) and any(
                 now - began >= FAST_CALL_SECONDS for began in running.values()
