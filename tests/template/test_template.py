@@ -866,7 +866,8 @@ def test_event_files_are_what_the_triggers_send() -> None:
 
             (notification,) = feedback.notifications(event)
             parsed = feedback.from_notification(notification)
-            assert parsed is not None and parsed.provider_message_id.startswith("EXAMPLE"), name
+            assert parsed, name
+            assert all(p.provider_message_id.startswith("EXAMPLE") for p in parsed), name
         else:
             assert HandOff.from_event(event).channel == name
 

@@ -83,6 +83,7 @@ def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
             "OUTBOX_RELAY_ROLE": _RELAY_ROLE(),
             "OUTCOME_EVENT_BUS": events.bus,
             "OUTCOME_EVENTS_DELIVERED": events.include_delivered,
+            "OUTCOME_EVENTS_INCLUDE_KEYS": events.include_keys,
             "SES_CONFIGURATION_SET": email.configuration_set,
             "SES_SUPPRESSION_CHECK": email.check_suppression,
             "WEBHOOK_SECRET_ARN": webhook.default_secret_id,
@@ -237,7 +238,12 @@ def test_a_channels_setting_fails_the_cold_start_naming_it(variable: str, text: 
 
 
 def test_booleans_are_true_or_false_in_any_case() -> None:
-    for variable in ("SES_SUPPRESSION_CHECK", "WEBHOOK_ALLOW_INSECURE", "OUTCOME_EVENTS_DELIVERED"):
+    for variable in (
+        "SES_SUPPRESSION_CHECK",
+        "WEBHOOK_ALLOW_INSECURE",
+        "OUTCOME_EVENTS_DELIVERED",
+        "OUTCOME_EVENTS_INCLUDE_KEYS",
+    ):
         assert relay_reads({**BASE, variable: " TRUE "})[variable] is True
         assert relay_reads({**BASE, variable: "False"})[variable] is False
 

@@ -33,6 +33,7 @@ from .config import RelaySettings
 from .errors import ValidationError
 from .handoff import HandOff
 from .observability import count, timings
+from .redact import scrub_optional
 from .states import SEND_OUTCOMES, AttemptOutcome
 
 # Outcomes that leave a row pending without counting an attempt.
@@ -239,12 +240,14 @@ def send_then_settle(
     settlements = [
         # Settlement's fields in order: id, claim_token, outcome, error,
         # provider_message_id, delay_seconds, duration_ms (by position: a
-        # NamedTuple built by keyword costs twice as much, once a row)
+        # NamedTuple built by keyword costs twice as much, once a row). The
+        # error is a channel's text, maybe a remote server's: scrubbed and
+        # bounded before it is stored, logged or published.
         store.Settlement(
             row.id,
             row.claim_token,
             outcome.kind,
-            outcome.error,
+            scrub_optional(outcome.error),
             outcome.provider_message_id,
             outcome.delay_seconds,
             duration_ms,

@@ -474,6 +474,11 @@ OUTCOME_EVENTS_DELIVERED = Bool(
     default=False,
     meaning="also publish an outcome event per delivered message",
 )
+OUTCOME_EVENTS_INCLUDE_KEYS = Bool(
+    name="OUTCOME_EVENTS_INCLUDE_KEYS",
+    default=False,  # producer-chosen keys may name a person; the bus is shared
+    meaning="reaper: put each message's dedupe_key and ordering_key in its outcome event",
+)
 
 # Channels
 SES_CONFIGURATION_SET = Text[str | None](
