@@ -20,7 +20,7 @@ import outbox
 from outbox import channels
 from support import DOCS, doc_blocks
 
-MIGRATION = Path(outbox.__file__).parent / "migrations" / "versions" / "0004_sql_enqueue.py"
+MIGRATION = Path(outbox.__file__).parent / "migrations" / "versions" / "07_0004_sql_enqueue.py"
 VALID = {
     "email": {
         "from": "shop@example.com",

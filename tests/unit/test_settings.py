@@ -56,7 +56,7 @@ OFFLINE_AWS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
 }
-_RELAY_ROLE = importlib.import_module("outbox.migrations.versions.0003_relay_role").relay_role
+_RELAY_ROLE = importlib.import_module("outbox.migrations.versions.03_0003_relay_role").relay_role
 
 
 def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:

@@ -193,7 +193,7 @@ FUNCTIONS = [
 
 def _relay_role() -> str:
     """The relay's group role of revision 0003 (OUTBOX_RELAY_ROLE)."""
-    module = importlib.import_module("outbox.migrations.versions.0003_relay_role")
+    module = importlib.import_module("outbox.migrations.versions.03_0003_relay_role")
     return str(module.relay_role())
 
 

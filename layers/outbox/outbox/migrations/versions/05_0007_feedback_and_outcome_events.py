@@ -23,7 +23,7 @@ from alembic import op
 
 # The relay role of revision 0003: its users settle, reap and publish, so they
 # write (through the trigger) and delete outcome events.
-_relay_role = importlib.import_module("outbox.migrations.versions.0003_relay_role").relay_role
+_relay_role = importlib.import_module("outbox.migrations.versions.03_0003_relay_role").relay_role
 
 revision = "0007"
 down_revision = "0006"

@@ -18,7 +18,7 @@ branch_labels = None
 depends_on = None
 
 # The relay role's name (OUTBOX_RELAY_ROLE, checked) as revision 0003 grants it.
-relay_role = importlib.import_module("outbox.migrations.versions.0003_relay_role").relay_role
+relay_role = importlib.import_module("outbox.migrations.versions.03_0003_relay_role").relay_role
 
 
 def upgrade() -> None:
