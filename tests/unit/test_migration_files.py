@@ -29,8 +29,8 @@ def file_names() -> list[str]:
 def test_the_files_sort_in_chain_order() -> None:
     in_chain_order = [name for name, _ in chain()]
     assert file_names() == in_chain_order, (
-        "the migration files do not sort in chain order; name a new one "
-        f"<position>_<revision>_<what>.py, after {in_chain_order[-2:]}"
+        "the migration files do not sort in chain order: name each "
+        "<position>_<revision>_<what>.py, its place in the chain first (01, 02, ...)"
     )
 
 
