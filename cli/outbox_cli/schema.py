@@ -41,7 +41,8 @@ _HEADER = """\
 -- migrations (layers/outbox/outbox/migrations/versions/), in chain order.
 -- For reading (it loads into an empty database, but deployments are
 -- created and upgraded by `outbox migrate`).
--- Roles are shown with their default names (the settings OUTBOX_*_ROLE).
+-- Roles are shown with their default names (the settings OUTBOX_*_ROLE),
+-- the objects in the schema public (the migrator's first on its search_path).
 -- Rendered by pg_dump {major}.
 """
 
@@ -115,13 +116,12 @@ def dump(database_url: str) -> str:
 
 
 def normalise(dumped: str, roles: Mapping[str, str]) -> str:
-    """The dump for a reader: without what only a restore needs, names not
-    qualified by the ``public`` schema (the relay's objects go into the first
-    schema of the search path), and each role renamed as ``roles`` maps it
-    (:func:`role_defaults`)."""
+    """The dump for a reader: without what only a restore needs, and each role
+    renamed as ``roles`` maps it (:func:`role_defaults`). Names stay qualified
+    as pg_dump writes them: a function may name its schema on purpose."""
     text = _OBJECT_HEADER.sub(r"-- \g<what>", dumped)
     lines = [line for line in text.splitlines() if not _RESTORE_ONLY.match(line)]
-    text = re.sub(r"\bpublic\.", "", "\n".join(lines))
+    text = "\n".join(lines)
     text = text.replace(_UNCHECKED_BODIES, _UNCHECKED_BODIES_WHY + _UNCHECKED_BODIES, 1)
     for name, default in roles.items():
         text = re.sub(rf"\b{name}\b", default, text)

@@ -5,7 +5,8 @@
 -- migrations (layers/outbox/outbox/migrations/versions/), in chain order.
 -- For reading (it loads into an empty database, but deployments are
 -- created and upgraded by `outbox migrate`).
--- Roles are shown with their default names (the settings OUTBOX_*_ROLE).
+-- Roles are shown with their default names (the settings OUTBOX_*_ROLE),
+-- the objects in the schema public (the migrator's first on its search_path).
 -- Rendered by pg_dump 15.
 
 -- The functions come in name order, some before the ones they call: their
@@ -14,7 +15,7 @@ SET check_function_bodies = false;
 
 -- Name: outbox_addresses(text, jsonb); Type: FUNCTION
 
-CREATE FUNCTION outbox_addresses(channel text, payload jsonb) RETURNS SETOF text
+CREATE FUNCTION public.outbox_addresses(channel text, payload jsonb) RETURNS SETOF text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
         SELECT DISTINCT outbox_normalize_address(channel, a)
@@ -34,7 +35,7 @@ CREATE FUNCTION outbox_addresses(channel text, payload jsonb) RETURNS SETOF text
 
 -- Name: outbox_dedupe_identity(text, jsonb, text[]); Type: FUNCTION
 
-CREATE FUNCTION outbox_dedupe_identity(channel text, payload jsonb, addresses text[]) RETURNS text
+CREATE FUNCTION public.outbox_dedupe_identity(channel text, payload jsonb, addresses text[]) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
         SELECT CASE channel
@@ -45,7 +46,7 @@ CREATE FUNCTION outbox_dedupe_identity(channel text, payload jsonb, addresses te
 
 -- Name: outbox_enqueue(text, jsonb, text, text, integer, interval, integer, timestamp with time zone, interval, text); Type: FUNCTION
 
-CREATE FUNCTION outbox_enqueue(channel text, payload jsonb, dedupe_key text DEFAULT NULL::text, ordering_key text DEFAULT NULL::text, priority integer DEFAULT 0, delay interval DEFAULT NULL::interval, max_attempts integer DEFAULT NULL::integer, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, ttl interval DEFAULT NULL::interval, on_predecessor_failure text DEFAULT 'hold'::text) RETURNS bigint
+CREATE FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text DEFAULT NULL::text, ordering_key text DEFAULT NULL::text, priority integer DEFAULT 0, delay interval DEFAULT NULL::interval, max_attempts integer DEFAULT NULL::integer, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, ttl interval DEFAULT NULL::interval, on_predecessor_failure text DEFAULT 'hold'::text) RETURNS bigint
     LANGUAGE plpgsql
     SET search_path TO '$user', 'public'
     AS $_$
@@ -175,7 +176,7 @@ $_$;
 
 -- Name: outbox_enqueue_builtin_fields(text); Type: FUNCTION
 
-CREATE FUNCTION outbox_enqueue_builtin_fields(channel text) RETURNS TABLE(field text, kind text, required boolean)
+CREATE FUNCTION public.outbox_enqueue_builtin_fields(channel text) RETURNS TABLE(field text, kind text, required boolean)
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
     SELECT f.field, f.kind, f.required
@@ -215,7 +216,7 @@ $$;
 
 -- Name: outbox_enqueue_refuse(text, text); Type: FUNCTION
 
-CREATE FUNCTION outbox_enqueue_refuse(field text, problem text) RETURNS void
+CREATE FUNCTION public.outbox_enqueue_refuse(field text, problem text) RETURNS void
     LANGUAGE plpgsql
     AS $$
 BEGIN
@@ -226,7 +227,7 @@ $$;
 
 -- Name: outbox_fingerprint(text); Type: FUNCTION
 
-CREATE FUNCTION outbox_fingerprint(message text) RETURNS bytea
+CREATE FUNCTION public.outbox_fingerprint(message text) RETURNS bytea
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
         SELECT outbox_hmac(k.inner_pad, k.outer_pad, message) FROM outbox_fingerprint_key AS k
@@ -234,7 +235,7 @@ CREATE FUNCTION outbox_fingerprint(message text) RETURNS bytea
 
 -- Name: outbox_hmac(bytea, bytea, text); Type: FUNCTION
 
-CREATE FUNCTION outbox_hmac(inner_pad bytea, outer_pad bytea, message text) RETURNS bytea
+CREATE FUNCTION public.outbox_hmac(inner_pad bytea, outer_pad bytea, message text) RETURNS bytea
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
         SELECT sha256(outer_pad || sha256(inner_pad || convert_to(message, 'UTF8')))
@@ -242,7 +243,7 @@ CREATE FUNCTION outbox_hmac(inner_pad bytea, outer_pad bytea, message text) RETU
 
 -- Name: outbox_hmac_pad(bytea, integer); Type: FUNCTION
 
-CREATE FUNCTION outbox_hmac_pad(key bytea, pad integer) RETURNS bytea
+CREATE FUNCTION public.outbox_hmac_pad(key bytea, pad integer) RETURNS bytea
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     AS $$
         SELECT string_agg(
@@ -254,7 +255,7 @@ CREATE FUNCTION outbox_hmac_pad(key bytea, pad integer) RETURNS bytea
 
 -- Name: outbox_jsonb_list(jsonb); Type: FUNCTION
 
-CREATE FUNCTION outbox_jsonb_list(value jsonb) RETURNS jsonb
+CREATE FUNCTION public.outbox_jsonb_list(value jsonb) RETURNS jsonb
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
         SELECT CASE WHEN jsonb_typeof(value) = 'array' THEN value ELSE '[]' END
@@ -262,7 +263,7 @@ CREATE FUNCTION outbox_jsonb_list(value jsonb) RETURNS jsonb
 
 -- Name: outbox_normalize_address(text, text); Type: FUNCTION
 
-CREATE FUNCTION outbox_normalize_address(channel text, address text) RETURNS text
+CREATE FUNCTION public.outbox_normalize_address(channel text, address text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
         SELECT CASE WHEN channel = 'email' THEN lower(btrim(address)) ELSE address END
@@ -270,7 +271,7 @@ CREATE FUNCTION outbox_normalize_address(channel text, address text) RETURNS tex
 
 -- Name: outbox_payload_digest(jsonb); Type: FUNCTION
 
-CREATE FUNCTION outbox_payload_digest(payload jsonb) RETURNS bytea
+CREATE FUNCTION public.outbox_payload_digest(payload jsonb) RETURNS bytea
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
         SELECT sha256(convert_to(CAST(payload AS text), 'UTF8'))
@@ -278,7 +279,7 @@ CREATE FUNCTION outbox_payload_digest(payload jsonb) RETURNS bytea
 
 -- Name: outbox_recipient_fingerprint(text, jsonb); Type: FUNCTION
 
-CREATE FUNCTION outbox_recipient_fingerprint(channel text, payload jsonb) RETURNS bytea
+CREATE FUNCTION public.outbox_recipient_fingerprint(channel text, payload jsonb) RETURNS bytea
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
         SELECT outbox_hmac(k.inner_pad, k.outer_pad, outbox_dedupe_identity(channel, payload,
@@ -288,7 +289,7 @@ CREATE FUNCTION outbox_recipient_fingerprint(channel text, payload jsonb) RETURN
 
 -- Name: outbox_recipient_fingerprints(text, jsonb); Type: FUNCTION
 
-CREATE FUNCTION outbox_recipient_fingerprints(channel text, payload jsonb) RETURNS bytea[]
+CREATE FUNCTION public.outbox_recipient_fingerprints(channel text, payload jsonb) RETURNS bytea[]
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
         SELECT ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a)
@@ -298,7 +299,7 @@ CREATE FUNCTION outbox_recipient_fingerprints(channel text, payload jsonb) RETUR
 
 -- Name: outbox_recipients(text, jsonb); Type: FUNCTION
 
-CREATE FUNCTION outbox_recipients(channel text, payload jsonb) RETURNS text[]
+CREATE FUNCTION public.outbox_recipients(channel text, payload jsonb) RETURNS text[]
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
         SELECT ARRAY(SELECT a FROM outbox_addresses(channel, payload) AS a ORDER BY a)
@@ -306,7 +307,7 @@ CREATE FUNCTION outbox_recipients(channel text, payload jsonb) RETURNS text[]
 
 -- Name: outbox_record_outcome_event(); Type: FUNCTION
 
-CREATE FUNCTION outbox_record_outcome_event() RETURNS trigger
+CREATE FUNCTION public.outbox_record_outcome_event() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
         BEGIN
@@ -320,7 +321,7 @@ CREATE FUNCTION outbox_record_outcome_event() RETURNS trigger
 
 -- Name: outbox_take_dedupe_key(text, text, jsonb, bigint); Type: FUNCTION
 
-CREATE FUNCTION outbox_take_dedupe_key(p_channel text, p_dedupe_key text, p_payload jsonb, p_new_id bigint) RETURNS bigint
+CREATE FUNCTION public.outbox_take_dedupe_key(p_channel text, p_dedupe_key text, p_payload jsonb, p_new_id bigint) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
     DECLARE
@@ -358,7 +359,7 @@ CREATE FUNCTION outbox_take_dedupe_key(p_channel text, p_dedupe_key text, p_payl
 
 -- Name: outbox_attempt; Type: TABLE
 
-CREATE TABLE outbox_attempt (
+CREATE TABLE public.outbox_attempt (
     id bigint NOT NULL,
     message_id bigint NOT NULL,
     attempt integer NOT NULL,
@@ -376,8 +377,8 @@ CREATE TABLE outbox_attempt (
 
 -- Name: outbox_attempt_id_seq; Type: SEQUENCE
 
-ALTER TABLE outbox_attempt ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME outbox_attempt_id_seq
+ALTER TABLE public.outbox_attempt ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.outbox_attempt_id_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
@@ -387,7 +388,7 @@ ALTER TABLE outbox_attempt ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
 
 -- Name: outbox_channel_pause; Type: TABLE
 
-CREATE TABLE outbox_channel_pause (
+CREATE TABLE public.outbox_channel_pause (
     channel text NOT NULL,
     reason text,
     paused_at timestamp with time zone DEFAULT now() NOT NULL,
@@ -396,7 +397,7 @@ CREATE TABLE outbox_channel_pause (
 
 -- Name: outbox_dedupe; Type: TABLE
 
-CREATE TABLE outbox_dedupe (
+CREATE TABLE public.outbox_dedupe (
     channel text NOT NULL,
     dedupe_key text NOT NULL,
     recipient_fingerprint bytea NOT NULL,
@@ -407,18 +408,18 @@ CREATE TABLE outbox_dedupe (
 
 -- Name: outbox_fingerprint_key; Type: TABLE
 
-CREATE TABLE outbox_fingerprint_key (
+CREATE TABLE public.outbox_fingerprint_key (
     singleton boolean DEFAULT true NOT NULL,
     key bytea NOT NULL,
-    inner_pad bytea GENERATED ALWAYS AS (outbox_hmac_pad(key, 54)) STORED,
-    outer_pad bytea GENERATED ALWAYS AS (outbox_hmac_pad(key, 92)) STORED,
+    inner_pad bytea GENERATED ALWAYS AS (public.outbox_hmac_pad(key, 54)) STORED,
+    outer_pad bytea GENERATED ALWAYS AS (public.outbox_hmac_pad(key, 92)) STORED,
     CONSTRAINT outbox_fingerprint_key_key_check CHECK ((length(key) = 32)),
     CONSTRAINT outbox_fingerprint_key_singleton_check CHECK (singleton)
 );
 
 -- Name: outbox_message; Type: TABLE
 
-CREATE TABLE outbox_message (
+CREATE TABLE public.outbox_message (
     id bigint NOT NULL,
     channel text NOT NULL,
     payload jsonb NOT NULL,
@@ -456,8 +457,8 @@ WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000',
 
 -- Name: outbox_message_id_seq; Type: SEQUENCE
 
-ALTER TABLE outbox_message ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME outbox_message_id_seq
+ALTER TABLE public.outbox_message ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.outbox_message_id_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
@@ -467,7 +468,7 @@ ALTER TABLE outbox_message ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
 
 -- Name: outbox_outcome_event; Type: TABLE
 
-CREATE TABLE outbox_outcome_event (
+CREATE TABLE public.outbox_outcome_event (
     id bigint NOT NULL,
     message_id bigint NOT NULL,
     channel text NOT NULL,
@@ -485,8 +486,8 @@ CREATE TABLE outbox_outcome_event (
 
 -- Name: outbox_outcome_event_id_seq; Type: SEQUENCE
 
-ALTER TABLE outbox_outcome_event ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME outbox_outcome_event_id_seq
+ALTER TABLE public.outbox_outcome_event ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.outbox_outcome_event_id_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
@@ -496,120 +497,120 @@ ALTER TABLE outbox_outcome_event ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTIT
 
 -- Name: outbox_attempt outbox_attempt_pkey; Type: CONSTRAINT
 
-ALTER TABLE ONLY outbox_attempt
+ALTER TABLE ONLY public.outbox_attempt
     ADD CONSTRAINT outbox_attempt_pkey PRIMARY KEY (id);
 
 -- Name: outbox_channel_pause outbox_channel_pause_pkey; Type: CONSTRAINT
 
-ALTER TABLE ONLY outbox_channel_pause
+ALTER TABLE ONLY public.outbox_channel_pause
     ADD CONSTRAINT outbox_channel_pause_pkey PRIMARY KEY (channel);
 
 -- Name: outbox_dedupe outbox_dedupe_pkey; Type: CONSTRAINT
 
-ALTER TABLE ONLY outbox_dedupe
+ALTER TABLE ONLY public.outbox_dedupe
     ADD CONSTRAINT outbox_dedupe_pkey PRIMARY KEY (channel, dedupe_key, recipient_fingerprint);
 
 -- Name: outbox_fingerprint_key outbox_fingerprint_key_pkey; Type: CONSTRAINT
 
-ALTER TABLE ONLY outbox_fingerprint_key
+ALTER TABLE ONLY public.outbox_fingerprint_key
     ADD CONSTRAINT outbox_fingerprint_key_pkey PRIMARY KEY (singleton);
 
 -- Name: outbox_message outbox_message_pkey; Type: CONSTRAINT
 
-ALTER TABLE ONLY outbox_message
+ALTER TABLE ONLY public.outbox_message
     ADD CONSTRAINT outbox_message_pkey PRIMARY KEY (id);
 
 -- Name: outbox_outcome_event outbox_outcome_event_pkey; Type: CONSTRAINT
 
-ALTER TABLE ONLY outbox_outcome_event
+ALTER TABLE ONLY public.outbox_outcome_event
     ADD CONSTRAINT outbox_outcome_event_pkey PRIMARY KEY (id);
 
 -- Name: outbox_attempt_feedback; Type: INDEX
 
-CREATE UNIQUE INDEX outbox_attempt_feedback ON outbox_attempt USING btree (message_id, feedback_id) WHERE (feedback_id IS NOT NULL);
+CREATE UNIQUE INDEX outbox_attempt_feedback ON public.outbox_attempt USING btree (message_id, feedback_id) WHERE (feedback_id IS NOT NULL);
 
 -- Name: outbox_attempt_finished; Type: INDEX
 
-CREATE INDEX outbox_attempt_finished ON outbox_attempt USING btree (finished_at);
+CREATE INDEX outbox_attempt_finished ON public.outbox_attempt USING btree (finished_at);
 
 -- Name: outbox_attempt_message; Type: INDEX
 
-CREATE INDEX outbox_attempt_message ON outbox_attempt USING btree (message_id, id);
+CREATE INDEX outbox_attempt_message ON public.outbox_attempt USING btree (message_id, id);
 
 -- Name: outbox_attempt_recipient; Type: INDEX
 
-CREATE INDEX outbox_attempt_recipient ON outbox_attempt USING gin (recipient_fingerprints);
+CREATE INDEX outbox_attempt_recipient ON public.outbox_attempt USING gin (recipient_fingerprints);
 
 -- Name: outbox_dedupe_created; Type: INDEX
 
-CREATE INDEX outbox_dedupe_created ON outbox_dedupe USING btree (created_at);
+CREATE INDEX outbox_dedupe_created ON public.outbox_dedupe USING btree (created_at);
 
 -- Name: outbox_message_due; Type: INDEX
 
-CREATE INDEX outbox_message_due ON outbox_message USING btree (priority DESC, available_at, id) WHERE (status = 'pending'::text);
+CREATE INDEX outbox_message_due ON public.outbox_message USING btree (priority DESC, available_at, id) WHERE (status = 'pending'::text);
 
 -- Name: outbox_message_due_by_channel; Type: INDEX
 
-CREATE INDEX outbox_message_due_by_channel ON outbox_message USING btree (channel, priority DESC, available_at, id) WHERE (status = 'pending'::text);
+CREATE INDEX outbox_message_due_by_channel ON public.outbox_message USING btree (channel, priority DESC, available_at, id) WHERE (status = 'pending'::text);
 
 -- Name: outbox_message_email_provider_id; Type: INDEX
 
-CREATE INDEX outbox_message_email_provider_id ON outbox_message USING btree (provider_message_id) WHERE ((channel = 'email'::text) AND (provider_message_id IS NOT NULL));
+CREATE INDEX outbox_message_email_provider_id ON public.outbox_message USING btree (provider_message_id) WHERE ((channel = 'email'::text) AND (provider_message_id IS NOT NULL));
 
 -- Name: outbox_message_expiry; Type: INDEX
 
-CREATE INDEX outbox_message_expiry ON outbox_message USING btree (expires_at) WHERE ((status = 'pending'::text) AND (expires_at IS NOT NULL));
+CREATE INDEX outbox_message_expiry ON public.outbox_message USING btree (expires_at) WHERE ((status = 'pending'::text) AND (expires_at IS NOT NULL));
 
 -- Name: outbox_message_lease; Type: INDEX
 
-CREATE INDEX outbox_message_lease ON outbox_message USING btree (lease_expires_at) WHERE (status = 'claimed'::text);
+CREATE INDEX outbox_message_lease ON public.outbox_message USING btree (lease_expires_at) WHERE (status = 'claimed'::text);
 
 -- Name: outbox_message_ordering; Type: INDEX
 
-CREATE INDEX outbox_message_ordering ON outbox_message USING btree (ordering_key, id) WHERE ((ordering_key IS NOT NULL) AND (status = ANY (ARRAY['pending'::text, 'claimed'::text, 'failed'::text, 'dead'::text, 'expired'::text])));
+CREATE INDEX outbox_message_ordering ON public.outbox_message USING btree (ordering_key, id) WHERE ((ordering_key IS NOT NULL) AND (status = ANY (ARRAY['pending'::text, 'claimed'::text, 'failed'::text, 'dead'::text, 'expired'::text])));
 
 -- Name: outbox_message_settled; Type: INDEX
 
-CREATE INDEX outbox_message_settled ON outbox_message USING btree (status, settled_at) WHERE (settled_at IS NOT NULL);
+CREATE INDEX outbox_message_settled ON public.outbox_message USING btree (status, settled_at) WHERE (settled_at IS NOT NULL);
 
 -- Name: outbox_outcome_event_due; Type: INDEX
 
-CREATE INDEX outbox_outcome_event_due ON outbox_outcome_event USING btree (publish_after, id);
+CREATE INDEX outbox_outcome_event_due ON public.outbox_outcome_event USING btree (publish_after, id);
 
 -- Name: outbox_message outbox_message_delivered_event; Type: TRIGGER
 
-CREATE TRIGGER outbox_message_delivered_event AFTER UPDATE OF status ON outbox_message FOR EACH ROW WHEN (((new.status = 'delivered'::text) AND (old.status IS DISTINCT FROM 'delivered'::text))) EXECUTE FUNCTION outbox_record_outcome_event();
+CREATE TRIGGER outbox_message_delivered_event AFTER UPDATE OF status ON public.outbox_message FOR EACH ROW WHEN (((new.status = 'delivered'::text) AND (old.status IS DISTINCT FROM 'delivered'::text))) EXECUTE FUNCTION public.outbox_record_outcome_event();
 
-ALTER TABLE outbox_message DISABLE TRIGGER outbox_message_delivered_event;
+ALTER TABLE public.outbox_message DISABLE TRIGGER outbox_message_delivered_event;
 
 -- Name: outbox_message outbox_message_outcome_event; Type: TRIGGER
 
-CREATE TRIGGER outbox_message_outcome_event AFTER UPDATE OF status ON outbox_message FOR EACH ROW WHEN (((new.status IS DISTINCT FROM old.status) AND (new.status = ANY (ARRAY['failed'::text, 'dead'::text, 'expired'::text, 'bounced'::text, 'complained'::text])))) EXECUTE FUNCTION outbox_record_outcome_event();
+CREATE TRIGGER outbox_message_outcome_event AFTER UPDATE OF status ON public.outbox_message FOR EACH ROW WHEN (((new.status IS DISTINCT FROM old.status) AND (new.status = ANY (ARRAY['failed'::text, 'dead'::text, 'expired'::text, 'bounced'::text, 'complained'::text])))) EXECUTE FUNCTION public.outbox_record_outcome_event();
 
 -- Name: TABLE outbox_attempt; Type: ACL
 
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE outbox_attempt TO outbox_relay;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_attempt TO outbox_relay;
 
 -- Name: TABLE outbox_channel_pause; Type: ACL
 
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE outbox_channel_pause TO outbox_relay;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_channel_pause TO outbox_relay;
 
 -- Name: TABLE outbox_dedupe; Type: ACL
 
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE outbox_dedupe TO outbox_relay;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_dedupe TO outbox_relay;
 
 -- Name: TABLE outbox_fingerprint_key; Type: ACL
 
-GRANT SELECT ON TABLE outbox_fingerprint_key TO outbox_relay;
+GRANT SELECT ON TABLE public.outbox_fingerprint_key TO outbox_relay;
 
 -- Name: TABLE outbox_message; Type: ACL
 
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE outbox_message TO outbox_relay;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_message TO outbox_relay;
 
 -- Name: SEQUENCE outbox_message_id_seq; Type: ACL
 
-GRANT USAGE ON SEQUENCE outbox_message_id_seq TO outbox_relay;
+GRANT USAGE ON SEQUENCE public.outbox_message_id_seq TO outbox_relay;
 
 -- Name: TABLE outbox_outcome_event; Type: ACL
 
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE outbox_outcome_event TO outbox_relay;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_outcome_event TO outbox_relay;
