@@ -11,6 +11,7 @@ from pathlib import Path
 from alembic.script import ScriptDirectory
 
 import outbox
+from outbox.migrations import revision_module
 
 MIGRATIONS = Path(outbox.__file__).parent / "migrations"
 FILE_NAME = re.compile(r"^(?P<position>\d{2})_(?P<revision>[0-9a-z]+)_[a-z0-9_]+\.py$")
@@ -42,3 +43,8 @@ def test_each_file_is_named_for_its_position_and_revision() -> None:
             f"{name} is revision {revision}, number {position} in the chain: "
             f"name it {position:02d}_{revision}_<what>.py"
         )
+
+
+def test_a_migration_reuses_another_by_its_revision_id() -> None:
+    for _, revision in chain():
+        assert revision_module(revision).revision == revision
