@@ -29,6 +29,7 @@ from outbox.config import DatabaseSettings, OutcomeEventSettings, RelaySettings
 from outbox.migrations import revision_module
 from outbox.runtime import Runtime
 from outbox.settings import SETTINGS, Setting
+from outbox.worker import Worker
 
 SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:outbox/db-AbCdEf"
 BASE = {"DATABASE_URL": "postgresql://postgres@127.0.0.1/test"}
@@ -91,6 +92,7 @@ def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
             "WEBHOOK_ALLOW_INSECURE": webhook.allow_insecure,
             "EVENT_BUS_NAME": EventBridgeChannel(client=object()).event_bus,
             "PROVIDER_READ_TIMEOUT_SECONDS": aws.client("events").meta.config.read_timeout,
+            "WORKER_STOP_GRACE_SECONDS": Worker(engine=None, settings=relay).stop_grace_seconds,  # type: ignore[arg-type]
             # observability reads these two at import, with the setting itself
             "POWERTOOLS_SERVICE_NAME": table.POWERTOOLS_SERVICE_NAME.read(os.environ),
             "POWERTOOLS_METRICS_NAMESPACE": table.POWERTOOLS_METRICS_NAMESPACE.read(os.environ),

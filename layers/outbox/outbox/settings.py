@@ -419,6 +419,15 @@ SETTLE_MARGIN_SECONDS = Float(
     meaning="stop starting sends this long before the lease or the Lambda ends",
     in_template=False,
 )
+WORKER_STOP_GRACE_SECONDS = Float(
+    name="WORKER_STOP_GRACE_SECONDS",
+    default=10.0,
+    low=0.0,
+    high=900.0,
+    meaning="outbox worker: after SIGTERM, how long provider calls already running may "
+    "take; then they are given up and settled as retries, and the worker exits",
+    in_template=False,  # only `outbox worker` reads it
+)
 DISPATCH_BUDGET_SECONDS = Float(
     name="DISPATCH_BUDGET_SECONDS",
     default=50.0,
