@@ -13,7 +13,7 @@ WHEELHOUSE_REQUIREMENTS := 'sqlalchemy>=2.0,<2.2' 'fastjsonschema>=2.19,<3' 'pg8
 	'click>=8.1' 'rich>=13' 'alembic>=1.13,<2'
 WHEELHOUSE := $(VENV)/wheelhouse/.complete-$(shell echo "$(WHEELHOUSE_REQUIREMENTS)" | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck pytest sam-check bench clean venv requirements requirements-check wheel docs
+.PHONY: run test lint typecheck pytest sam-check bench clean venv requirements requirements-check wheel docs schema
 
 venv: $(STAMP) $(WHEELHOUSE)
 
@@ -68,6 +68,12 @@ requirements-check: $(STAMP)
 	diff -u $(LAYER_REQUIREMENTS) "$$tmp/requirements.txt" || \
 	{ echo "$(LAYER_REQUIREMENTS) is out of step with pyproject.toml: run make requirements"; \
 	  rm -rf "$$tmp"; exit 1; }; rm -rf "$$tmp"
+
+# layers/outbox/outbox/store/schema.sql, the head schema for a reader, from the
+# migration chain (migrated into a throwaway database, then pg_dump). Run it
+# after adding a migration; tests/integration/test_schema_sql.py checks it.
+schema: $(STAMP)
+	$(BIN)/python -m outbox_cli.schema
 
 # The distribution (wheel and sdist) in dist/.
 wheel: $(STAMP)

@@ -11,7 +11,6 @@ table (expecting nothing) and on a doctored copy
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -27,6 +26,7 @@ from outbox.channels.email import EmailChannel
 from outbox.channels.eventbridge import EventBridgeChannel
 from outbox.channels.webhook import WebhookChannel
 from outbox.config import DatabaseSettings, OutcomeEventSettings, RelaySettings
+from outbox.migrations import revision_module
 from outbox.runtime import Runtime
 from outbox.settings import SETTINGS, Setting
 from outbox.worker import Worker
@@ -57,7 +57,7 @@ OFFLINE_AWS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
 }
-_RELAY_ROLE = importlib.import_module("outbox.migrations.versions.0003_relay_role").relay_role
+_RELAY_ROLE = revision_module("0003").relay_role
 
 
 def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
