@@ -287,6 +287,32 @@ def test_a_burst_of_transactions_is_coalesced(fake_lambda: FakeLambda) -> None:
     assert fake_lambda.calls[-1].visible == 10_000  # the last commit was covered
 
 
+def test_producer_threads_share_the_nudger(fake_lambda: FakeLambda) -> None:
+    """A web server's worker threads enqueue at once: every commit is covered,
+    no thread sees an error, and the nudges stay one per interval."""
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            for _ in range(25):
+                with fake_lambda.engine.begin() as conn:
+                    outbox.enqueue(conn, "email", EMAIL)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=produce) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - started
+    finish(fake_lambda)
+    assert errors == []
+    assert 1 <= len(fake_lambda.calls) <= 2 + elapsed / wake.MIN_INTERVAL_SECONDS
+    assert fake_lambda.calls[-1].visible == 200
+
+
 def test_commits_during_an_interval_share_one_nudge(fake_lambda: FakeLambda) -> None:
     """With an interval longer than the burst: the first commit's nudge, then
     one for all the others."""
