@@ -13,19 +13,19 @@ How it keeps that promise:
   *before* the DBAPI commit, so it only hands a ticket (the connection and its
   transaction) to the thread, which sends once the connection has left that
   transaction by committing it. A COMMIT that fails cancels its ticket, and a
-  transaction that rolls back never makes one. An ORM ``Session`` commits through the
-  same Core connection, so it takes the same path; a savepoint's release is not
-  a commit and waits for the outer one. On an AUTOCOMMIT connection the row is
+  transaction that rolls back never makes one. An ORM ``Session`` commits
+  through the same Core connection, so it takes the same path; a savepoint's
+  release is not a commit and waits for the outer one. On an AUTOCOMMIT connection the row is
   committed by its own statement, so the nudge is asked for at once.
 * Coalesced. One thread per process sends at most one Invoke at a time and at
   most one every ``MIN_INTERVAL_SECONDS``; every commit in between shares the
   next one. A burst of thousands of enqueues makes a handful of calls.
 * Off the hot path. ``enqueue`` adds a listener once per engine and a
-  dictionary write per transaction; boto3 is imported by the thread, only when
-  the setting is on (``import outbox`` stays light).
+  dictionary write per transaction; botocore is imported by the thread, only
+  when the setting is on (``import outbox`` stays light).
 * Bad settings are loud once: a function Lambda does not know or may not be
   invoked by this producer logs one WARNING for the process; a throttle is
-  dropped quietly (the dispatcher it would have started is already busy).
+  dropped quietly (a run already going, or the schedule, finds the row).
 * Forks and exits: a forked child starts its own thread and client on its
   first commit; at exit a pending nudge is flushed for at most
   ``EXIT_FLUSH_SECONDS``.
