@@ -20,6 +20,7 @@ The names below are the whole API; every module keeps its statements private.
                           not counted: no sender ever started it)
     pending -> cancelled | expired (deliver-by time passed);
     dead | failed | expired -> pending (operator redrive)
+    cancelled -> pending (operator uncancel)
     delivered -> bounced | complained   (provider feedback)
 
 An ordering key runs one row at a time, in id order (= commit order: enqueue
@@ -55,7 +56,7 @@ from .delivery import (
     claim,
     claim_and_receive,
     receive_claimed,
-    received_elsewhere,
+    unowned_claims,
     release,
     settle,
     settle_with_outcomes,
@@ -91,6 +92,7 @@ from .operator import (
     redrive,
     resume_channel,
     statuses_of,
+    uncancel,
 )
 from .outcome_events import (
     OutcomeEvent,
@@ -174,7 +176,6 @@ __all__ = [
     "prune_settled_before",
     "reap_expired",
     "receive_claimed",
-    "received_elsewhere",
     "recipient_history",
     "record_feedback",
     "redrive",
@@ -185,4 +186,6 @@ __all__ = [
     "settle_with_outcomes",
     "statuses_of",
     "take_outcome_events",
+    "uncancel",
+    "unowned_claims",
 ]
