@@ -204,7 +204,6 @@ def database_url_option(f: F) -> F:
     )(f)
 
 
-
 @dataclass(frozen=True)
 class Options:
     """What the group's options give every command."""
@@ -438,8 +437,7 @@ def migrate(as_sql: bool, check: bool, as_json: bool) -> None:
     elif behind:
         where = f"at revision {revision}" if revision else "missing (no revision)"
         click.echo(
-            f"the schema is {where}, {len(behind)} revision(s) behind {head}: "
-            "run `outbox migrate`",
+            f"the schema is {where}, {len(behind)} revision(s) behind {head}: run `outbox migrate`",
             err=True,
         )
     else:

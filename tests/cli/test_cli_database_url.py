@@ -20,7 +20,13 @@ from outbox.errors import ConfigError
 from outbox_cli.cli import cli
 from support import EMAIL
 
-SPELLINGS = ["postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2", "postgresql+pg8000"]
+SPELLINGS = [
+    "postgresql",
+    "postgres",
+    "postgresql+psycopg",
+    "postgresql+psycopg2",
+    "postgresql+pg8000",
+]
 
 
 def spelled(database_url: str, drivername: str, **query: str) -> str:
@@ -53,8 +59,14 @@ def test_database_url_is_accepted_after_the_command(engine: sa.Engine, database_
     assert after.exit_code == before.exit_code == 0, after.output
     assert json.loads(after.stdout) == json.loads(before.stdout)
     # After the command it wins over one given before it.
-    both = run("--database-url", "postgresql://nobody@127.0.0.1:9/x", "status",
-               "--database-url", database_url, "--json")
+    both = run(
+        "--database-url",
+        "postgresql://nobody@127.0.0.1:9/x",
+        "status",
+        "--database-url",
+        database_url,
+        "--json",
+    )
     assert both.exit_code == 0, both.output
     assert "--database-url URL" in run("status", "--help").output
 
@@ -71,7 +83,9 @@ def test_an_sslmode_that_cannot_be_honoured_is_one_line(database_url: str, mode:
 
 
 def test_an_unknown_query_argument_is_refused(database_url: str) -> None:
-    result = run("status", env={"DATABASE_URL": spelled(database_url, "postgresql", gssencmode="x")})
+    result = run(
+        "status", env={"DATABASE_URL": spelled(database_url, "postgresql", gssencmode="x")}
+    )
     assert result.exit_code == 2
     assert "'gssencmode'" in result.output and "Traceback" not in result.output
 

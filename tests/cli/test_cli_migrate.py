@@ -73,21 +73,21 @@ def test_check_fails_on_an_empty_database_and_sql_prints_a_script_that_makes_the
 
 def test_sql_starts_from_the_databases_revision(empty_database: tuple[str, sa.Engine]) -> None:
     url, engine = empty_database
-    migrate.upgrade(engine, "0005")
+    migrate.upgrade(engine, "0003")
     check = outbox_cmd(url, "migrate", "--check", "--json")
     assert check.exit_code == 1
     assert json.loads(check.output) == {
-        "revision": "0005",
+        "revision": "0003",
         "head": HEAD,
-        "behind": len(migrate.pending("0005")),
+        "behind": len(migrate.pending("0003")),
     }
     printed = outbox_cmd(url, "migrate", "--sql")
     assert printed.exit_code == 0, printed.output
-    assert "CREATE TABLE outbox_message" not in printed.output  # 0001 is applied
-    assert "CREATE TABLE outbox_dedupe" in printed.output  # 0006 is not
+    assert "CREATE TABLE outbox_message" not in printed.output  # 0001 to 0003 are applied
+    assert "CREATE TABLE outbox_dedupe" in printed.output  # 0006, which comes next, is not
     # The installation's fingerprint key is drawn by the database, never printed.
     assert "INSERT INTO outbox_fingerprint_key (key) VALUES (decode(" in printed.output
-    assert migrate.current(engine) == "0005"
+    assert migrate.current(engine) == "0003"
     run_script(engine, printed.output)
     assert outbox_cmd(url, "migrate", "--check").exit_code == 0
 

@@ -413,8 +413,9 @@ def test_prune_defaults_to_the_configured_retention(database_url: str, engine: s
     assert prune(None)["count"] == 1  # the default 7 days: the 8-day-old row
     assert prune("2")["count"] == 1  # the 3-day-old row
     assert statuses(engine) == {"delivered": 1}
-    bad = runner.invoke(cli, ["prune", "--yes"], env={"DATABASE_URL": database_url,
-                                                      "RETENTION_DAYS": "soon"})
+    bad = runner.invoke(
+        cli, ["prune", "--yes"], env={"DATABASE_URL": database_url, "RETENTION_DAYS": "soon"}
+    )
     one_error_line(bad, "RETENTION_DAYS")
 
 

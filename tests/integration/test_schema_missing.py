@@ -3,6 +3,7 @@ is told to run `outbox migrate`, in one sentence without SQL."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -15,8 +16,8 @@ from outbox import migrate
 from outbox.config import DatabaseSettings
 from outbox.db import create_engine
 from outbox_cli.cli import cli
+from support import EMAIL
 
-EMAIL = {"to": ["a@example.com"], "subject": "hi", "text": "hello"}
 
 
 @pytest.fixture
@@ -76,8 +77,7 @@ def test_other_database_errors_keep_their_type(empty_database: tuple[str, sa.Eng
     "args",
     [
         ["status"],
-        ["enqueue", "--channel", "email", "--payload", '{"to": ["a@example.com"], '
-         '"subject": "hi", "text": "hello"}'],
+        ["enqueue", "--channel", "email", "--payload", json.dumps(EMAIL)],
     ],
 )
 def test_the_cli_says_run_migrate_first(

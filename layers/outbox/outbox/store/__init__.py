@@ -56,10 +56,10 @@ from .delivery import (
     claim,
     claim_and_receive,
     receive_claimed,
-    unowned_claims,
     release,
     settle,
     settle_with_outcomes,
+    unowned_claims,
 )
 from .enqueue import (
     Enqueued,
