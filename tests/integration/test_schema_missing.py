@@ -19,7 +19,6 @@ from outbox_cli.cli import cli
 from support import EMAIL
 
 
-
 @pytest.fixture
 def empty_database(server_url: str) -> Iterator[tuple[str, sa.Engine]]:
     """A database of its own with nothing of the relay's in it."""
