@@ -157,9 +157,9 @@ def run(
         )
         if report.unknown:
             log.info(
-                "no such claim: no message of this channel has these ids, so the event's "
-                "claims were never live here (events/ samples carry placeholder ids and "
-                "tokens; get a live event with `outbox invoke <Function> --claim N`); skipped",
+                "no such claim: this event's claims were never live here (events/ samples "
+                "carry placeholder claim tokens; get a live event with `outbox invoke "
+                "<Function> --claim N`); skipped",
                 extra={"message_ids": report.unknown},
             )
         if report.duplicates:

@@ -330,6 +330,17 @@ def receive_claimed(
     return _claimed_messages(rows)
 
 
+def could_be_a_claim_token(token: str) -> bool:
+    """Whether a claim could have issued ``token``: the claim draws every
+    token with gen_random_uuid(), a version-4 UUID. The sample events in
+    events/ carry placeholders of no version (00000000-0000-0000-0000-...),
+    so a sample is known for what it is without asking the database."""
+    try:
+        return uuid.UUID(token).version == 4
+    except ValueError:
+        return False
+
+
 _UNOWNED_CLAIMS = statement(
     """
     SELECT h.id,
@@ -349,8 +360,9 @@ class UnownedClaims:
     # another sender holds them under the very same claim: the same hand-off
     # delivered twice (Lambda's async events are at least once), not a lost lease
     duplicates: frozenset[int]
-    # no message of this channel has the id: the event was never a live claim
-    # here (a sample event from events/, or an event meant for another database)
+    # never a live claim here: a placeholder token no claim issues (the events/
+    # samples), or no message of this channel has the id (an event meant for
+    # another database)
     unknown: frozenset[int]
     # the rest: the claim is over (settled, reaped, claimed again); a duplicate
     # that comes after its twin settled reads as one
@@ -360,13 +372,15 @@ def unowned_claims(conn: sa.Connection, channel: str, claims: Iterable[Held]) ->
     """Of claims whose receipt this sender did not get, say why, in one
     statement; only asked when a receipt came back short, never on the way
     of a delivered hand-off."""
-    fence = _fence_arrays(claims)
+    claims = list(claims)
+    placeholders = frozenset(c.id for c in claims if not could_be_a_claim_token(c.claim_token))
+    fence = _fence_arrays(c for c in claims if c.id not in placeholders)
     if fence is None:
-        return UnownedClaims(frozenset(), frozenset())
+        return UnownedClaims(frozenset(), placeholders)
     rows = conn.execute(_UNOWNED_CLAIMS, {**fence, "channel": channel}).all()
     return UnownedClaims(
         duplicates=frozenset(r.id for r in rows if r.duplicate),
-        unknown=frozenset(r.id for r in rows if r.unknown),
+        unknown=placeholders | {r.id for r in rows if r.unknown},
     )
 
 
