@@ -1096,6 +1096,14 @@ def invoke_(
             fail(f"{spec.logical_id} failed at init: {error_type}: {message}")
         fail(f"{spec.logical_id} raised {error_type}: {message}")
     click.echo(json.dumps(_jsonable(outcome.result), indent=None if as_json else 2))
+    never_live = outcome.result.get("unknown") if isinstance(outcome.result, dict) else None
+    if never_live:  # the function logs it at INFO, below the template's log level
+        click.echo(
+            f"no such claim for id(s) {', '.join(map(str, never_live))}: the event's "
+            "claims were never live here (events/ samples carry placeholder claim tokens); "
+            f"`outbox invoke {spec.logical_id} --claim N` claims due messages for a live event",
+            err=True,
+        )
     if outcome.timed_out:
         fail(
             f"{spec.logical_id} ran {outcome.duration_seconds:.2f}s, past its "

@@ -158,6 +158,9 @@ def test_every_function_of_the_template_runs_with_the_shipped_env_file(
             quiet(result)
             assert result.stderr.startswith(f"invoking {name} (app.handler, Timeout ")
             results[name] = json.loads(result.stdout)
+            if results[name].get("unknown"):  # a sample event's placeholder claims
+                assert "no such claim for id(s) 1: " in result.stderr
+                assert f"`outbox invoke {name} --claim N`" in result.stderr
     assert [
         f"{w.category.__name__}: {w.message}"
         for w in caught
