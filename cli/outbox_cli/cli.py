@@ -108,7 +108,8 @@ class CommandError(click.ClickException):
     bad_argument, not_found, conflict, confirmation_required, aborted,
     config, schema_missing, database_unavailable (no server answered),
     database_login_refused (the server refused the user or its password),
-    database_missing (the server has no such database), database, failed."""
+    database_missing (the server has no such database), database_tls_refused
+    (TLS asked for, the server has none), database, failed."""
 
     exit_code = 1
 
@@ -259,6 +260,13 @@ def database(*, autocommit: bool = False) -> Iterator[sa.Engine]:
             fail(f"the database refused the login: {message}", 1, "database_login_refused")
         if sqlstate == "3D000":
             fail(f"no such database: {message}", 1, "database_missing")
+        if "refuses SSL" in message:  # pg8000's words: the server answered, without TLS
+            fail(
+                "the database server does not offer TLS, which the URL's sslmode asks for "
+                "(a local server without TLS: sslmode=disable)",
+                1,
+                "database_tls_refused",
+            )
         if sqlstate in UNDEFINED_OBJECT_SQLSTATES:
             fail(str(SchemaMissing()), 1, "schema_missing")
         if isinstance(exc, sa.exc.InterfaceError) or (
@@ -801,7 +809,8 @@ def uncancel(ids: tuple[int, ...], dry_run: bool, as_json: bool) -> None:
 def prune(
     older_than: float | None, statuses: tuple[str, ...], dry_run: bool, yes: bool, as_json: bool
 ) -> None:
-    """Delete terminal messages settled before the window.
+    """Delete terminal messages settled longer ago than --older-than (by
+    default RETENTION_DAYS, the window the reaper prunes by).
 
     Their attempt history stays for `outbox history` (the reaper prunes it
     after ATTEMPT_RETENTION_DAYS), and so do their dedupe keys (DEDUPE_WINDOW_DAYS).

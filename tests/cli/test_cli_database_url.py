@@ -135,3 +135,17 @@ def test_sslmode_maps_to_pg8000s_tls(tmp_path: Any) -> None:
     assert verify_ca.get_ca_certs() != []  # the sslrootcert's CA is loaded
     full = ssl_context_for(f"{base}?sslmode=verify-full&sslrootcert={ca.ca_file}")
     assert (full.verify_mode, full.check_hostname) == (ssl.CERT_REQUIRED, True)
+
+
+def test_tls_asked_of_a_server_without_it_says_so(database_url: str, engine: sa.Engine) -> None:
+    """sslmode=require really asks pg8000 for TLS: a server without it (the
+    local one here has ssl off) refuses, and the error says what to change."""
+    with engine.connect() as conn:
+        if conn.exec_driver_sql("SHOW ssl").scalar() != "off":
+            pytest.skip("this Postgres offers TLS")
+    url = spelled(database_url, "postgresql", sslmode="require")
+    result = run("status", "--json", env={"DATABASE_URL": url})
+    assert result.exit_code == 1
+    error = json.loads(result.stdout)["error"]
+    assert error["kind"] == "database_tls_refused"
+    assert "sslmode=disable" in error["message"]
