@@ -729,7 +729,7 @@ def cancel(
     yes: bool,
     as_json: bool,
 ) -> None:
-    """Cancel messages.
+    """Cancel messages (undo with `outbox uncancel`).
 
     Either IDS: pending ones, or failed, dead or expired ones holding their
     ordering key (its later messages then go); all must qualify, or nothing
