@@ -99,6 +99,9 @@ def test_parsing_keeps_everything_but_the_driver_and_the_tls_arguments() -> None
         "postgresql+pg8000://app:s3cret@db.internal:6432/orders"
     )
     assert (parsed.sslmode, parsed.sslrootcert) == ("verify-ca", "/etc/rds.pem")
+    # pg8000's own socket path (the embedded Postgres's URL) passes through.
+    socket = parse_database_url("postgresql://postgres@/db?unix_sock=/tmp/pg/.s.PGSQL.5432")
+    assert socket.url.query == {"unix_sock": "/tmp/pg/.s.PGSQL.5432"}
     with pytest.raises(ConfigError, match="DATABASE_URL: must be a postgresql"):
         parse_database_url("mysql://app@db/orders")
 

@@ -41,9 +41,11 @@ def tls_context(settings: DatabaseSettings) -> ssl.SSLContext:
 # SSL context, not URL arguments). "prefer" and "allow" are refused: they fall
 # back to plaintext when TLS fails, so an attacker in the path decides.
 URL_SSLMODES = ("disable", "require", "verify-ca", "verify-full")
-# The query arguments of a URL the relay understands; anything else would
-# reach pg8000's connect() as an unknown keyword.
+# The query arguments of a URL the relay understands: libpq's TLS ones, taken
+# out, and pg8000's unix_sock (a socket path: the embedded Postgres), passed
+# on. Anything else would reach pg8000's connect() as an unknown keyword.
 _URL_ARGUMENTS = ("sslmode", "sslrootcert")
+_PG8000_URL_ARGUMENTS = ("unix_sock",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +61,8 @@ def parse_database_url(text: str) -> ParsedUrl:
     """Any Postgres URL an application's SQLAlchemy takes (``postgresql://``,
     ``postgres://``, ``postgresql+psycopg://``, ``+psycopg2``, ``+pg8000``)
     connects with the relay's driver, pg8000; libpq's ``sslmode`` and
-    ``sslrootcert`` become its TLS settings. Raises ConfigError naming
+    ``sslrootcert`` become its TLS settings (pg8000's ``unix_sock`` passes
+    through). Raises ConfigError naming
     DATABASE_URL, never echoing the URL (it may hold a password)."""
     try:
         url = make_url(text)
@@ -72,11 +75,12 @@ def parse_database_url(text: str) -> ParsedUrl:
         raise ConfigError("DATABASE_URL", "must be a postgresql:// URL")
     if port is not None and not 1 <= port <= 65535:
         raise ConfigError("DATABASE_URL", "has a port outside 1 to 65535")
-    unknown = sorted(set(url.query) - set(_URL_ARGUMENTS))
+    understood = (*_URL_ARGUMENTS, *_PG8000_URL_ARGUMENTS)
+    unknown = sorted(set(url.query) - set(understood))
     if unknown:
         raise ConfigError(
             "DATABASE_URL",
-            f"has the query argument {unknown[0]!r}; only {' and '.join(_URL_ARGUMENTS)} "
+            f"has the query argument {unknown[0]!r}; only {', '.join(understood)} "
             "are understood",
         )
     values = {k: url.query[k] for k in _URL_ARGUMENTS if k in url.query}
