@@ -106,3 +106,17 @@ def test_sql_and_check_together_are_refused(empty_database: tuple[str, sa.Engine
     url, _ = empty_database
     result = outbox_cmd(url, "migrate", "--sql", "--check")
     assert result.exit_code == 2
+
+
+def test_a_revision_this_release_does_not_know_is_one_line(
+    empty_database: tuple[str, sa.Engine],
+) -> None:
+    url, engine = empty_database
+    migrate.upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outbox_alembic_version SET version_num = '9999'"))
+    for flag in ("--check", "--sql"):
+        result = outbox_cmd(url, "migrate", flag, "--json")
+        assert result.exit_code == 1
+        error = json.loads(result.stdout)["error"]
+        assert error["kind"] == "schema_unknown" and "9999" in error["message"]
