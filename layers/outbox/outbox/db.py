@@ -80,8 +80,7 @@ def parse_database_url(text: str) -> ParsedUrl:
     if unknown:
         raise ConfigError(
             "DATABASE_URL",
-            f"has the query argument {unknown[0]!r}; only {', '.join(understood)} "
-            "are understood",
+            f"has the query argument {unknown[0]!r}; only {', '.join(understood)} are understood",
         )
     values = {k: url.query[k] for k in _URL_ARGUMENTS if k in url.query}
     if any(not isinstance(v, str) for v in values.values()):

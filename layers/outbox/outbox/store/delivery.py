@@ -373,7 +373,7 @@ def unowned_claims(conn: sa.Connection, channel: str, claims: Iterable[Held]) ->
     statement; only asked when a receipt came back short, never on the way
     of a delivered hand-off."""
     claims = list(claims)
-    placeholders = frozenset(c.id for c in claims if not could_be_a_claim_token(c.claim_token))
+    placeholders = frozenset(c.id for c in claims if not could_be_a_claim_token(str(c.claim_token)))
     fence = _fence_arrays(c for c in claims if c.id not in placeholders)
     if fence is None:
         return UnownedClaims(frozenset(), placeholders)
