@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 import outbox
 from outbox import channels
+from support import DOCS, doc_blocks
 
 MIGRATION = Path(outbox.__file__).parent / "migrations" / "versions" / "0004_sql_enqueue.py"
 VALID = {
@@ -268,13 +269,12 @@ def test_sql_and_python_refuse_a_missing_required_field_alike(
         assert refusal(engine, channel, payload)[0] == f"payload.{field}"
 
 
-def test_the_readme_psql_example_runs(engine: sa.Engine, database_url: str) -> None:
-    """The README's psql snippet, run by psql against the test database."""
+def test_the_docs_psql_example_runs(engine: sa.Engine, database_url: str) -> None:
+    """The psql snippet of docs/how-to/producing.md, run by psql against the test database."""
     psql = shutil.which("psql")
     if psql is None:
         pytest.skip("psql is not installed")
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    snippet = readme.split("```sql\n-- psql: enqueue from SQL\n", 1)[1].split("```", 1)[0]
+    snippet = doc_blocks(DOCS / "how-to" / "producing.md")["psql-enqueue"].code
     url = sa.engine.make_url(database_url)
     if "unix_sock" in url.query:
         pytest.skip("the test database is an embedded server on a socket file")
