@@ -1084,6 +1084,7 @@ def invoke_(
             )
         else:
             event = _read_json_file(str(event_file), "event file")
+            invoke.refuse_custom_resource_event(spec, event)
     except invoke.InvokeError as exc:
         fail(str(exc), 2)
     for name, reason in sorted(spec.unresolved.items()):

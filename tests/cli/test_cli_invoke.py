@@ -337,7 +337,8 @@ def test_a_custom_resource_event_is_refused_before_anything_runs(server_url: str
             ],
             env={"DATABASE_URL": url},
         )
-        assert result.exit_code != 0
+        assert result.exit_code == 2  # refused before the banner: nothing was invoked
+        assert "invoking" not in result.stderr
         lines = [line for line in result.stderr.splitlines() if line.startswith("Error")]
         assert len(lines) == 1 and "custom-resource event" in lines[0], result.stderr
         assert "migrate-invoke.json" in lines[0] and "Traceback" not in result.output
