@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 from . import channels, payloads, store, wake
-from .errors import DedupeConflict, ValidationError
+from .errors import DedupeConflict, SchemaMissing, ValidationError
 from .payloads import MAX_PAYLOAD_BYTES
 from .states import PredecessorFailure
 from .store import Enqueued
@@ -182,12 +182,19 @@ def _redacted_errors() -> Iterator[None]:
     """The application's engine may show bound parameters in its errors (the
     payloads: phone numbers, one-time codes); an error from ``enqueue`` never
     does, whatever engine the caller built. The exception keeps its type, so
-    the caller's retry logic (a lock or serialization failure) still works."""
+    the caller's retry logic (a lock or serialization failure) still works.
+
+    An undefined table or function means the relay's schema is not there
+    (or older than this release): ``SchemaMissing`` says to migrate, without
+    the statement's text. Only the error path looks."""
     try:
         yield
     except sa.exc.StatementError as exc:
         from .db import redact
+        from .errors import UNDEFINED_OBJECT_SQLSTATES, sqlstate
 
+        if sqlstate(exc) in UNDEFINED_OBJECT_SQLSTATES:
+            raise SchemaMissing() from None
         redact(exc)
         raise
 

@@ -49,10 +49,10 @@ from .delivery import (
     claim,
     claim_and_receive,
     receive_claimed,
-    received_elsewhere,
     release,
     settle,
     settle_with_outcomes,
+    unowned_claims,
 )
 from .enqueue import (
     Enqueued,
@@ -85,6 +85,7 @@ from .operator import (
     redrive,
     resume_channel,
     statuses_of,
+    uncancel,
 )
 from .outcome_events import (
     OutcomeEvent,
@@ -168,7 +169,6 @@ __all__ = [
     "prune_settled_before",
     "reap_expired",
     "receive_claimed",
-    "received_elsewhere",
     "recipient_history",
     "record_feedback",
     "redrive",
@@ -179,4 +179,6 @@ __all__ = [
     "settle_with_outcomes",
     "statuses_of",
     "take_outcome_events",
+    "uncancel",
+    "unowned_claims",
 ]
