@@ -289,8 +289,8 @@ def enqueue(
         ttl=ttl,
         on_predecessor_failure=on_predecessor_failure,
     )
-    connection = _check_connection(conn)
     with _redacted_errors():
+        connection = _check_connection(conn)
         (result,) = store.insert_messages(connection, [message])
     if result.created:
         wake.arm(connection)  # nudge the dispatcher after the commit, if configured
