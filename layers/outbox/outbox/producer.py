@@ -23,7 +23,7 @@ import sqlalchemy as sa
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-from . import channels, payloads, store
+from . import channels, payloads, store, wake
 from .errors import DedupeConflict, SchemaMissing, ValidationError
 from .payloads import MAX_PAYLOAD_BYTES
 from .states import PredecessorFailure
@@ -290,7 +290,10 @@ def enqueue(
         on_predecessor_failure=on_predecessor_failure,
     )
     with _redacted_errors():
-        (result,) = store.insert_messages(_check_connection(conn), [message])
+        connection = _check_connection(conn)
+        (result,) = store.insert_messages(connection, [message])
+    if result.created:
+        wake.arm(connection)  # nudge the dispatcher after the commit, if configured
     return result if return_created else result.id
 
 
@@ -349,4 +352,6 @@ def enqueue_many(
             first_index=exc.first_index,
             field=f"messages[{exc.index}].dedupe_key",
         ) from None
+    if any(r.created for r in results):
+        wake.arm(connection)  # nudge the dispatcher after the commit, if configured
     return results if return_created else [r.id for r in results]
