@@ -80,7 +80,18 @@ wheel: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) $(WHEELHOUSE)
+# checkov, for tests/template/test_scanners.py. It pins boto3, packaging and
+# networkx to versions of its own, so it lives in its own venv, as the SAM CLI does.
+CHECKOV_VENV  := .tools/checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
+
+$(CHECKOV_STAMP):
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install -q --upgrade pip
+	$(CHECKOV_VENV)/bin/python -m pip install -q 'checkov>=3.2,<4'
+	touch $@
+
+pytest: $(STAMP) $(WHEELHOUSE) $(CHECKOV_STAMP)
 	$(BIN)/pytest
 
 # --- sam-check: sam validate --lint, sam build, then the built-artifact test ----

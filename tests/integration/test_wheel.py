@@ -157,3 +157,25 @@ def test_the_cli_extra_is_enough_for_the_operator_commands(
     assert enqueued.returncode == 0, enqueued.stderr
     status = run(outbox_command, "--database-url", url, "status", "--json")
     assert json.loads(status.stdout)["pending"] == 1
+
+    # The commands of the other extras are listed, explain themselves, and
+    # say in one line which extra they need instead of a traceback.
+    listed_commands = run(outbox_command, "--help").stdout
+    assert "worker" in listed_commands and "invoke" in listed_commands
+    for command in ("worker", "invoke"):
+        helped = run(outbox_command, command, "--help")
+        assert helped.returncode == 0 and "Usage: outbox " + command in helped.stdout
+    worker = run(outbox_command, "--database-url", url, "worker", "--once")
+    assert (worker.returncode, worker.stdout, worker.stderr) == (
+        1,
+        "",
+        "Error: outbox worker needs aws_lambda_powertools: pip install 'outbox-relay[worker]'\n",
+    )
+    invoked = run(outbox_command, "invoke", "EmailFunction", "events/email.json", cwd=ROOT)
+    assert (invoked.returncode, invoked.stdout, invoked.stderr) == (
+        1,
+        "",
+        "Error: outbox invoke needs yaml: pip install 'outbox-relay[local]'\n",
+    )
+    as_json = run(outbox_command, "worker", "--once", "--json")
+    assert json.loads(as_json.stdout)["error"]["kind"] == "missing_extra"
