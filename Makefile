@@ -11,11 +11,12 @@ PYPROJECT_SUM := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 RUN_STAMP := $(VENV)/.installed-run-$(PYPROJECT_SUM)
 STAMP     := $(VENV)/.installed-dev-$(PYPROJECT_SUM)
 
-# What a producer installs (SQLAlchemy, fastjsonschema, a driver) and the
-# command's extra, kept as wheels: the packaging test installs the built wheel
-# from them into fresh venvs, offline.
+# What a producer installs (SQLAlchemy, fastjsonschema, a driver), the
+# command's extra and the worker's, kept as wheels: the packaging test installs
+# the built wheel from them into fresh venvs, offline.
 WHEELHOUSE_REQUIREMENTS := 'sqlalchemy>=2.0,<2.2' 'fastjsonschema>=2.19,<3' 'pg8000>=1.31,<2' \
-	'click>=8.1' 'rich>=13' 'alembic>=1.13,<2'
+	'click>=8.1' 'rich>=13' 'alembic>=1.13,<2' \
+	'aws-lambda-powertools>=3.0,<4' 'python-dateutil>=2.8.2,<3' 'boto3>=1.34'
 WHEELHOUSE := $(VENV)/wheelhouse/.complete-$(shell echo "$(WHEELHOUSE_REQUIREMENTS)" | cksum | cut -d' ' -f1)
 
 .PHONY: run test lint typecheck pytest sam-check build bench clean venv requirements requirements-check wheel
