@@ -11,7 +11,6 @@ Apart from the runtime package ``outbox`` on purpose: the Lambda layer ships
 * ``devdb``: a Postgres for local runs and the tests.
 """
 
-
 DISTRIBUTION = "outbox-relay"
 
 

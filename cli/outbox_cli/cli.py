@@ -930,7 +930,9 @@ def invoke_(
     and print its JSON result: `sam local invoke` without Docker.
 
     The result is JSON either way; --json prints it on one line."""
-    require_extra("outbox invoke", "local", "yaml", "samtranslator", "aws_lambda_powertools", "boto3")
+    require_extra(
+        "outbox invoke", "local", "yaml", "samtranslator", "aws_lambda_powertools", "boto3"
+    )
     from . import invoke
 
     if (event_file is None) == (claim_limit is None):

@@ -142,9 +142,7 @@ def recreate_own_database(server_url: str, name: str) -> str:
                     raise
             conn.execute(sa.text(f"CREATE DATABASE {_quoted(name)}"))
             # A utility statement takes no parameters; the marker is a constant.
-            conn.execute(
-                sa.text(f"COMMENT ON DATABASE {_quoted(name)} IS '{OWN_DATABASE_MARKER}'")
-            )
+            conn.execute(sa.text(f"COMMENT ON DATABASE {_quoted(name)} IS '{OWN_DATABASE_MARKER}'"))
     finally:
         admin.dispose()
     return _database_url(server_url, name)

@@ -129,8 +129,7 @@ def load_template(path: Path) -> dict[str, Any]:
         from samtranslator.yaml_helper import intrinsics_multi_constructor
     except ImportError as exc:  # pragma: no cover - both come with the local extra
         raise InvokeError(
-            missing_extra("reading template.yaml", "local", "yaml", "samtranslator")
-            or str(exc)
+            missing_extra("reading template.yaml", "local", "yaml", "samtranslator") or str(exc)
         ) from None
 
     class Loader(yaml.SafeLoader):
