@@ -218,5 +218,5 @@ def test_the_worker_extra_runs_the_worker(
         env={**os.environ, "POWERTOOLS_LOG_LEVEL": "WARNING"},
     )
     assert worker.returncode == 0, worker.stderr[-3000:]
-    report = json.loads(worker.stdout.splitlines()[-1])
+    report = json.loads(worker.stdout[worker.stdout.index("{\n") :])  # after any log line
     assert report["batches"] == 1 and report["claimed"] == 0
