@@ -383,8 +383,8 @@ def _own_database(server_url: str) -> str:
         return devdb.recreate_own_database(server_url, DEMO_DATABASE)
     except devdb.NotOwnDatabase:
         raise SystemExit(
-            f"database {DEMO_DATABASE!r} exists and make run did not make it: left alone "
-            "(OUTBOX_LOCAL_DBNAME=<name> picks another name)"
+            f"database {DEMO_DATABASE!r} exists without make run's mark: left alone (an older "
+            "make run's? drop it yourself; or OUTBOX_LOCAL_DBNAME=<name> picks another name)"
         ) from None
     except devdb.DatabaseInUse:
         raise SystemExit(

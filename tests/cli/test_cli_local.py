@@ -251,8 +251,8 @@ def test_a_database_of_the_demos_name_that_it_did_not_make_is_left_alone(
         result = run_local({"OUTBOX_DEV_DB": "local", "OUTBOX_LOCAL_DBNAME": demo_name})
         assert result.returncode == 1
         assert result.stderr.strip() == (
-            f"database {demo_name!r} exists and make run did not make it: left alone "
-            "(OUTBOX_LOCAL_DBNAME=<name> picks another name)"
+            f"database {demo_name!r} exists without make run's mark: left alone (an older "
+            "make run's? drop it yourself; or OUTBOX_LOCAL_DBNAME=<name> picks another name)"
         )
         assert tables(url) == ["theirs"]
 
