@@ -326,7 +326,7 @@ class WebhookReceiver:
 
             Webhook(self.secret).verify(body, headers)
             return True
-        except ImportError:  # pragma: no cover - the dev extras bring standardwebhooks
+        except ImportError:  # pragma: no cover - the dev group brings standardwebhooks
             return self._verify_by_hand(body, headers)
         except Exception:
             return False
