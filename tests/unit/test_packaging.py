@@ -177,7 +177,9 @@ def test_each_missing_extra_hint_names_the_extra_that_brings_the_module() -> Non
             ):
                 _what, extra, *modules = (a.value for a in node.args)
                 calls.append((path.name, extra, modules))
-    assert len(calls) >= 6, calls  # the command, worker, invoke, make run, its Postgres, the template
+    assert len(calls) >= 6, (
+        calls
+    )  # the command, worker, invoke, make run, its Postgres, the template
     wrong = [
         (file, extra, module)
         for file, extra, modules in calls
