@@ -55,6 +55,7 @@ from outbox.states import (
     Status,
 )
 
+from . import missing_extra
 from .render import (
     emit_json,
     render_change,
@@ -132,6 +133,13 @@ def fail(message: str, code: int = 1, kind: str | None = None) -> NoReturn:
     if code == 2:
         raise BadArgument(message, kind or "bad_argument")
     raise CommandError(message, kind or "failed")
+
+
+def require_extra(what: str, extra: str, *modules: str) -> None:
+    """Stop with one line naming the extra to install when a module is missing."""
+    problem = missing_extra(what, extra, *modules)
+    if problem is not None:
+        fail(problem, 1, "missing_extra")
 
 
 def _wants_json(args: Sequence[str] | None) -> bool:
@@ -964,6 +972,7 @@ def worker(
     """
     import dataclasses
 
+    require_extra("outbox worker", "worker", "aws_lambda_powertools", "boto3")
     from outbox.config import OutcomeEventSettings, RelaySettings
     from outbox.worker import Worker
 
@@ -1054,6 +1063,9 @@ def invoke_(
     and print its JSON result: `sam local invoke` without Docker.
 
     The result is JSON either way; --json prints it on one line."""
+    require_extra(
+        "outbox invoke", "local", "yaml", "samtranslator", "aws_lambda_powertools", "boto3"
+    )
     from . import invoke
 
     if (event_file is None) == (claim_limit is None):

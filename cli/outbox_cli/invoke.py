@@ -45,6 +45,8 @@ from typing import Any
 
 from outbox.errors import OutboxError
 
+from . import missing_extra
+
 FUNCTION_TYPE = "AWS::Serverless::Function"
 LAYER_TYPE = "AWS::Serverless::LayerVersion"
 DEFAULT_TIMEOUT_SECONDS = 3
@@ -125,9 +127,9 @@ def load_template(path: Path) -> dict[str, Any]:
     try:
         import yaml
         from samtranslator.yaml_helper import intrinsics_multi_constructor
-    except ImportError:  # pragma: no cover - both come with the dev extras
+    except ImportError as exc:  # pragma: no cover - both come with the local extra
         raise InvokeError(
-            "reading template.yaml needs PyYAML and aws-sam-translator (pip install -e '.[dev]')"
+            missing_extra("reading template.yaml", "local", "yaml", "samtranslator") or str(exc)
         ) from None
 
     class Loader(yaml.SafeLoader):

@@ -45,8 +45,9 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def invoke(
-    project: Path, *args: str, event: Any = None, env: dict[str, str] | None = None
+    project: Path, *args: str, event: Any = None, env: dict[str, str | None] | None = None
 ) -> Result:
+    """``outbox invoke *args``; ``env`` adds variables, and unsets those set to None."""
     if event is not None:
         (project / "event.json").write_text(json.dumps(event))
     return CliRunner().invoke(cli, ["invoke", *args], env=env)
@@ -68,7 +69,9 @@ def test_probe_gets_handler_env_context_and_its_folder_first(project: Path) -> N
         "--env-vars",
         "env.json",
         event={"hello": "world"},
-        env={"LEASE_SECONDS": "300"},
+        # DATABASE_URL unset: the note below is about the template's parameter,
+        # whatever the shell running the tests has (`DATABASE_URL=... make test`).
+        env={"LEASE_SECONDS": "300", "DATABASE_URL": None},
     )
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
@@ -157,7 +160,7 @@ def test_handler_init_failure_names_the_setting(project: Path) -> None:
         "--env-vars",
         "env.json",
         event={},
-        env={"DATABASE_URL": None},  # type: ignore[dict-item]
+        env={"DATABASE_URL": None},
     )
     assert result.exit_code == 1
     assert "DATABASE_URL" in result.stderr and "ConfigError" in result.stdout
