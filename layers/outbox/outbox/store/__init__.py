@@ -8,6 +8,7 @@
     operator        the ``outbox`` command: reads, redrive, cancel, prune, pause
     feedback        provider feedback (SES bounces and complaints)
     outcome_events  the transitions published to EventBridge
+    wake            the dispatcher's next wake-up when it goes to sleep
     policy          the retry policy and the SQL fragments that apply it
     _sql            how statements are written and parameters encoded
 
@@ -120,6 +121,7 @@ from .upkeep import (
     prune_dedupe_keys,
     reap_expired,
 )
+from .wake import NextWake, next_wake
 
 __all__ = [
     "LEASE_EXPIRED_ERROR",
@@ -136,6 +138,7 @@ __all__ = [
     "FeedbackResult",
     "Held",
     "NewMessage",
+    "NextWake",
     "OutcomeEvent",
     "PausedChannel",
     "Reaped",
@@ -163,6 +166,7 @@ __all__ = [
     "insert_messages",
     "list_messages",
     "matching_ids",
+    "next_wake",
     "outcome_event_backlog",
     "pause_channel",
     "paused_channels",
