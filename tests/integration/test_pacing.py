@@ -28,7 +28,9 @@ def enqueue(conn: sa.Connection, **fields: Any) -> int:
 
 
 def set_row(conn: sa.Connection, message_id: int, assignments: str) -> None:
-    conn.execute(sa.text(f"UPDATE outbox_message SET {assignments} WHERE id = :id"), {"id": message_id})
+    conn.execute(
+        sa.text(f"UPDATE outbox_message SET {assignments} WHERE id = :id"), {"id": message_id}
+    )
 
 
 # --- the next-wake statement -----------------------------------------------------
@@ -114,8 +116,11 @@ def test_the_next_wake_reads_indexes_not_the_table(engine: sa.Engine) -> None:
             sa.text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.wake._NEXT_WAKE.text)
         ).scalar_one()
     text = json.dumps(plan)
-    assert not [n for n in _nodes(plan[0]["Plan"]) if n["Node Type"] == "Seq Scan"
-                and n["Relation Name"] == "outbox_message"], text
+    assert not [
+        n
+        for n in _nodes(plan[0]["Plan"])
+        if n["Node Type"] == "Seq Scan" and n["Relation Name"] == "outbox_message"
+    ], text
     for index in ("outbox_message_due", "outbox_message_lease", "outbox_message_expiry"):
         assert f'"Index Name": "{index}"' in text, (index, text)
     # Buffers, not time: a handful of index pages, not the 50,000 rows' pages.
@@ -217,7 +222,7 @@ class RecordingLambda:
     def __init__(self) -> None:
         self.invokes: list[tuple[str, dict[str, Any]]] = []
 
-    def invoke(self, FunctionName: str, InvocationType: str, Payload: bytes) -> dict[str, Any]:  # noqa: N803
+    def invoke(self, FunctionName: str, InvocationType: str, Payload: bytes) -> dict[str, Any]:
         assert InvocationType == "Event"
         self.invokes.append((FunctionName, json.loads(Payload)))
         return {"StatusCode": 202}
@@ -270,7 +275,7 @@ def test_a_sleep_run_ends_after_its_linger_and_holds_no_connection(
     engine: sa.Engine, relay_env: dict[str, str], scheduler: Any
 ) -> None:
     database = sa.engine.make_url(relay_env["DATABASE_URL"]).database or ""
-    runtime, handed = sleep_runtime(relay_env, WAKE_SCHEDULE_NAME=WAKE)
+    runtime, _ = sleep_runtime(relay_env, WAKE_SCHEDULE_NAME=WAKE)
     with engine.begin() as conn:
         for _ in range(3):
             enqueue(conn)
@@ -284,9 +289,7 @@ def test_a_sleep_run_ends_after_its_linger_and_holds_no_connection(
     assert result["ended"] == "idle"  # long before the 20 s budget
     assert not result["successor"]
     # Woken next for the delayed row (and the three leases, which end sooner).
-    assert result["wake_at"] == pacing.at_expression(
-        min(delayed_at, *_lease_ends(engine))
-    )
+    assert result["wake_at"] == pacing.at_expression(min(delayed_at, *_lease_ends(engine)))
     assert held(scheduler) == result["wake_at"]
     # The pool holds nothing while the environment is frozen.
     assert runtime.engine.pool.checkedin() == 0
@@ -307,7 +310,7 @@ def test_a_row_enqueued_during_the_linger_is_claimed_by_the_same_run(
 ) -> None:
     """A nudge that arrives before its producer's row is visible: the linger
     finds the row when it commits."""
-    runtime, handed = sleep_runtime(relay_env, IDLE_LINGER_SECONDS="5")
+    runtime, _ = sleep_runtime(relay_env, IDLE_LINGER_SECONDS="5")
     import threading
 
     def late_commit() -> None:
@@ -371,7 +374,7 @@ def test_a_sleep_run_releases_expired_leases_first(
     engine: sa.Engine, relay_env: dict[str, str]
 ) -> None:
     """Woken at a lease's end, the run releases it and hands the row off again."""
-    runtime, handed = sleep_runtime(relay_env)
+    runtime, _ = sleep_runtime(relay_env)
     with engine.begin() as conn:
         enqueue(conn)
         store.claim(conn, 10, 60)
@@ -418,8 +421,10 @@ def test_every_wake_up_event_is_accepted(event: dict[str, Any], source: str) -> 
 def test_the_sample_events_are_accepted(engine: sa.Engine, relay_env: dict[str, str]) -> None:
     from pathlib import Path
 
-    runtime, handed = sleep_runtime(relay_env, IDLE_LINGER_SECONDS="0")
+    runtime, _ = sleep_runtime(relay_env, IDLE_LINGER_SECONDS="0")
     root = Path(__file__).resolve().parents[2] / "events"
     for name in ("dispatcher", "dispatcher-nudge", "dispatcher-wake", "dispatcher-successor"):
-        result = runtime.dispatch(json.loads((root / f"{name}.json").read_text()), LambdaContext(60))
+        result = runtime.dispatch(
+            json.loads((root / f"{name}.json").read_text()), LambdaContext(60)
+        )
         assert result["ended"] == "idle", name

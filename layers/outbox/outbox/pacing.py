@@ -101,13 +101,15 @@ class WakeSchedule:
             )
         except Exception as exc:
             log.warning(
-                "could not move the wake schedule; the safety-net schedule will wake the dispatcher",
+                "could not move the wake schedule; the safety net will wake the dispatcher",
                 extra={"schedule": self.name, "error": _describe(exc)},
             )
             self.known = None
             return False
         self.known = wanted
-        log.info("wake schedule moved", extra={"schedule": self.name, "wake_at": wanted.isoformat()})
+        log.info(
+            "wake schedule moved", extra={"schedule": self.name, "wake_at": wanted.isoformat()}
+        )
         return True
 
 

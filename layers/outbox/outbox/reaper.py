@@ -151,7 +151,9 @@ def run(
         report.events_waiting, oldest_event_age = store.outcome_event_backlog(conn)
     b = report.backlog
 
-    def level(name: str, value: float, *, seconds: bool = False, channel: str | None = None) -> None:
+    def level(
+        name: str, value: float, *, seconds: bool = False, channel: str | None = None
+    ) -> None:
         # Polling, gauges go out even at zero, so alarms see data rather than
         # "missing". Sleeping, only a level that is not zero goes out: a
         # custom metric costs by the hour it has data, and an idle stack's

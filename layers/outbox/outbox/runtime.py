@@ -22,11 +22,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from . import dispatcher, pacing, reaper, sender, store
+from . import settings as declared
 from .config import DatabaseSettings, OutcomeEventSettings, RelaySettings
 from .errors import ConfigError, ValidationError
 from .handoff import Invoker, LambdaInvoker
 from .observability import logger
-from . import settings as declared
 from .settings import read_all
 
 # Leave the Lambda this long after the work to flush logs and metrics.
@@ -125,7 +125,9 @@ class Runtime:
         logger.info("dispatcher run", extra={**result, **arranged, "woken_by": source})
         return {**result, **arranged}
 
-    def _before_sleep(self, report: dispatcher.DispatchReport, own_arn: str | None) -> dict[str, Any]:
+    def _before_sleep(
+        self, report: dispatcher.DispatchReport, own_arn: str | None
+    ) -> dict[str, Any]:
         """Arrange what wakes the relay next (outbox.pacing): the successor at
         once when work is left, else the wake schedule at the next event; the
         reaper when outcome events wait."""

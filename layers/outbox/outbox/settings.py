@@ -455,8 +455,6 @@ IDLE_LINGER_SECONDS = Float(
 WAKE_SCHEDULE_NAME = Text[str](
     name="WAKE_SCHEDULE_NAME",
     default="",
-    pattern=r"[0-9a-zA-Z_.-]{1,64}",  # what EventBridge Scheduler accepts as a name
-    expected="an EventBridge Scheduler schedule name",
     meaning=(
         "sleep mode: the one-time schedule (default group) the dispatcher moves to its "
         "next wake-up; empty: none, the safety-net schedule alone"
