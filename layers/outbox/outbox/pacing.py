@@ -43,6 +43,19 @@ def at_expression(when: dt.datetime) -> str:
     return f"at({whole.strftime('%Y-%m-%dT%H:%M:%S')})"
 
 
+def scheduled_time(event: dict[str, Any]) -> dt.datetime | None:
+    """The time a wake schedule's event says it was scheduled for (its
+    ``scheduled_time``, Scheduler's ``<aws.scheduler.scheduled-time>``)."""
+    text = event.get("scheduled_time")
+    if not isinstance(text, str):
+        return None
+    try:
+        value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
 def held_time(expression: str | None) -> dt.datetime | None:
     """The time an ``at(...)`` expression holds (we always write it in UTC)."""
     match = _AT.match(expression or "")
@@ -73,17 +86,27 @@ class WakeSchedule:
             self._client = aws.client("scheduler")
         return self._client
 
-    def arrange(self, when: dt.datetime, now: dt.datetime) -> bool:
+    def arrange(
+        self, when: dt.datetime, now: dt.datetime, consumed: dt.datetime | None = None
+    ) -> bool:
         """Make the schedule fire at ``when`` unless it already fires earlier
-        and in the future; True when it was moved. ``now`` is the database's."""
+        and in the future; True when it was moved. ``now`` is the database's.
+        ``consumed``: the time of the wake-up that started this run. That time
+        has fired even when the database's clock, a little behind Scheduler's,
+        says it is still to come."""
         wanted = held_time(at_expression(when))
         assert wanted is not None
-        if self.known is not None and now < self.known <= wanted:
+        if self.known is not None and self.known != consumed and now < self.known <= wanted:
             return False
         try:
             current = self.client.get_schedule(Name=self.name, GroupName=self.group)
             held = held_time(current.get("ScheduleExpression"))
-            if held is not None and now < held <= wanted and current.get("State") == "ENABLED":
+            if (
+                held is not None
+                and held != consumed
+                and now < held <= wanted
+                and current.get("State") == "ENABLED"
+            ):
                 self.known = held
                 return False
             update = {
@@ -147,5 +170,6 @@ __all__ = [
     "at_expression",
     "held_time",
     "invoke_async",
+    "scheduled_time",
     "seconds_until",
 ]

@@ -93,7 +93,8 @@ class Runtime:
     def dispatch(self, event: Any, context: Any) -> dict[str, Any]:
         """One dispatcher run, for any of its wake-ups (the safety-net
         schedule, the wake schedule, a producer's nudge, its predecessor)."""
-        source = wake_source(scheduler_event(event))
+        event = scheduler_event(event)
+        source = wake_source(event)
         remaining = _remaining(context)
         started, budget = time.monotonic(), self.settings.dispatch_budget_seconds
 
@@ -118,7 +119,10 @@ class Runtime:
                 time_left,
                 linger=self.settings.idle_linger_seconds,
             )
-            arranged = self._before_sleep(report, getattr(context, "invoked_function_arn", None))
+            consumed = pacing.scheduled_time(event) if source == "outbox.wake" else None
+            arranged = self._before_sleep(
+                report, getattr(context, "invoked_function_arn", None), consumed
+            )
         finally:
             self.release_connections()
         result = {**asdict(report), "released_leases": released.reclaimed + released.not_started}
@@ -126,7 +130,10 @@ class Runtime:
         return {**result, **arranged}
 
     def _before_sleep(
-        self, report: dispatcher.DispatchReport, own_arn: str | None
+        self,
+        report: dispatcher.DispatchReport,
+        own_arn: str | None,
+        consumed: Any = None,
     ) -> dict[str, Any]:
         """Arrange what wakes the relay next (outbox.pacing): the successor at
         once when work is left, else the wake schedule at the next event; the
@@ -139,7 +146,7 @@ class Runtime:
                 self.lambda_client, own_arn, pacing.SUCCESSOR_EVENT
             )
         if not arranged["successor"] and wake.earliest is not None and self.wake_schedule:
-            self.wake_schedule.arrange(wake.earliest, wake.now)
+            self.wake_schedule.arrange(wake.earliest, wake.now, consumed)
             arranged["wake_at"] = pacing.at_expression(wake.earliest)
         if wake.outcome_events_due and self.outcome_events.bus and self.reaper_function:
             arranged["reaper_woken"] = pacing.invoke_async(
