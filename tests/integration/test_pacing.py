@@ -185,6 +185,22 @@ def test_a_wake_time_that_has_passed_is_replaced_by_a_later_one(scheduler: Any) 
     assert held(scheduler) == "at(2026-12-02T04:06:00)"
 
 
+def test_the_wake_up_that_started_the_run_counts_as_fired(scheduler: Any) -> None:
+    """Woken at T by a Scheduler whose clock runs a little ahead of the
+    database's: T still looks future, but it has fired, and a later time
+    must replace it (or nothing would wake the next event)."""
+    wake = pacing.WakeSchedule(WAKE, scheduler)
+    fired = NOW + dt.timedelta(seconds=30)
+    wake.arrange(fired, NOW)
+    event = {"version": 1, "source": "outbox.wake", "scheduled_time": "2026-12-02T04:00:30Z"}
+    consumed = pacing.scheduled_time(event)
+    assert consumed == fired
+    almost = fired - dt.timedelta(seconds=0.5)  # the database's clock
+    assert not wake.arrange(fired + dt.timedelta(minutes=3), almost)  # without it: kept
+    assert wake.arrange(fired + dt.timedelta(minutes=3), almost, consumed)
+    assert held(scheduler) == "at(2026-12-02T04:03:30)"
+
+
 def test_a_warm_dispatcher_does_not_ask_scheduler_for_a_later_time(scheduler: Any) -> None:
     calls: list[str] = []
 
@@ -310,14 +326,14 @@ def test_a_row_enqueued_during_the_linger_is_claimed_by_the_same_run(
 ) -> None:
     """A nudge that arrives before its producer's row is visible: the linger
     finds the row when it commits."""
-    runtime, _ = sleep_runtime(relay_env, IDLE_LINGER_SECONDS="5")
+    runtime, _ = sleep_runtime(relay_env, IDLE_LINGER_SECONDS="2")
     import threading
 
     def late_commit() -> None:
         with engine.begin() as conn:
             enqueue(conn)
 
-    timer = threading.Timer(0.5, late_commit)
+    timer = threading.Timer(0.3, late_commit)
     timer.start()
     result = runtime.dispatch({"version": 1, "source": "outbox.nudge"}, LambdaContext(60))
     timer.join()

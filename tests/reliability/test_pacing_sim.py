@@ -38,7 +38,7 @@ def assert_whole(report) -> None:  # type: ignore[no-untyped-def]
 def test_with_every_nudge_and_wake_up_on_time_each_message_goes_out_when_due(
     engine: sa.Engine, database_url: str
 ) -> None:
-    sim, report = run(engine, database_url, Faults(), seed=11)
+    _, report = run(engine, database_url, Faults(), seed=11)
     assert_whole(report)
     # Delays are met by the wake schedule (to the second it rounds up to),
     # not by polling: no run but those the nudges, the wake-ups and the
