@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -101,10 +102,14 @@ class Stack:
         self.dispatcher._invoker = CallableInvoker({common.CHANNEL: self._send})
         self.invocations: Counter[str] = Counter()
         self.seconds: Counter[str] = Counter()
+        self._one_at_a_time = threading.Lock()
 
     def _send(self, event: dict[str, Any]) -> None:
+        # One invocation at a time, as one Lambda environment runs them (the
+        # dispatcher hands off from several threads).
         wire = json.loads(json.dumps(event, separators=(",", ":")))
-        self._timed("channel", lambda: self.channel.send(common.CHANNEL, wire, _Context(30)))
+        with self._one_at_a_time:
+            self._timed("channel", lambda: self.channel.send(common.CHANNEL, wire, _Context(30)))
 
     def _timed(self, name: str, call: Any) -> Any:
         started = time.monotonic()

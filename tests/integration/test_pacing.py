@@ -165,12 +165,13 @@ NOW = dt.datetime(2026, 12, 2, 4, 0, 0, tzinfo=dt.UTC)
 def test_the_wake_schedule_moves_only_earlier(scheduler: Any) -> None:
     wake = pacing.WakeSchedule(WAKE, scheduler)
     assert wake.arrange(NOW + dt.timedelta(seconds=90.2), NOW)
-    assert held(scheduler) == "at(2026-12-02T04:01:31)"  # rounded up: never early
+    # Rounded up to the minute: Scheduler fires within the minute, never early.
+    assert held(scheduler) == "at(2026-12-02T04:02:00)"
     # A later time leaves the earlier one; a fresh process reads it first.
     assert not pacing.WakeSchedule(WAKE, scheduler).arrange(NOW + dt.timedelta(hours=1), NOW)
-    assert held(scheduler) == "at(2026-12-02T04:01:31)"
+    assert held(scheduler) == "at(2026-12-02T04:02:00)"
     assert wake.arrange(NOW + dt.timedelta(seconds=30), NOW)
-    assert held(scheduler) == "at(2026-12-02T04:00:30)"
+    assert held(scheduler) == "at(2026-12-02T04:01:00)"
     got = scheduler.get_schedule(Name=WAKE)
     assert got["Target"]["Input"] == '{"version": 1, "source": "outbox.wake"}'  # target kept
     assert got["ScheduleExpressionTimezone"] == "UTC" and got["State"] == "ENABLED"
@@ -182,7 +183,7 @@ def test_a_wake_time_that_has_passed_is_replaced_by_a_later_one(scheduler: Any) 
     # The schedule fired; the next run knows of an event further on.
     later = NOW + dt.timedelta(minutes=5)
     assert wake.arrange(later + dt.timedelta(minutes=1), later)
-    assert held(scheduler) == "at(2026-12-02T04:06:00)"
+    assert held(scheduler) == "at(2026-12-02T04:06:00)"  # 04:06 exactly: not rounded
 
 
 def test_the_wake_up_that_started_the_run_counts_as_fired(scheduler: Any) -> None:
@@ -190,15 +191,15 @@ def test_the_wake_up_that_started_the_run_counts_as_fired(scheduler: Any) -> Non
     database's: T still looks future, but it has fired, and a later time
     must replace it (or nothing would wake the next event)."""
     wake = pacing.WakeSchedule(WAKE, scheduler)
-    fired = NOW + dt.timedelta(seconds=30)
+    fired = NOW + dt.timedelta(seconds=60)
     wake.arrange(fired, NOW)
-    event = {"version": 1, "source": "outbox.wake", "scheduled_time": "2026-12-02T04:00:30Z"}
+    event = {"version": 1, "source": "outbox.wake", "scheduled_time": "2026-12-02T04:01:00Z"}
     consumed = pacing.scheduled_time(event)
     assert consumed == fired
     almost = fired - dt.timedelta(seconds=0.5)  # the database's clock
     assert not wake.arrange(fired + dt.timedelta(minutes=3), almost)  # without it: kept
     assert wake.arrange(fired + dt.timedelta(minutes=3), almost, consumed)
-    assert held(scheduler) == "at(2026-12-02T04:03:30)"
+    assert held(scheduler) == "at(2026-12-02T04:04:00)"
 
 
 def test_a_warm_dispatcher_does_not_ask_scheduler_for_a_later_time(scheduler: Any) -> None:

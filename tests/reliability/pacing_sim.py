@@ -93,6 +93,7 @@ class FakeScheduler:
         self.expression = "at(2099-12-31T23:59:59)"
         self.updates = 0
         self.fired = False  # a one-time schedule fires once per time it is given
+        self._exact: dt.datetime | None = None
 
     def get_schedule(self, Name: str, GroupName: str) -> dict[str, Any]:
         assert Name == WAKE
@@ -108,17 +109,21 @@ class FakeScheduler:
     def update_schedule(self, **kwargs: Any) -> dict[str, Any]:
         assert kwargs["Name"] == WAKE and kwargs["Target"]["RoleArn"] == "r"
         self.expression = kwargs["ScheduleExpression"]
+        self._exact = None
         self.updates += 1
         self.fired = False
         return {}
 
     def held(self) -> dt.datetime | None:
-        return pacing.held_time(self.expression)
+        return self._exact if self._exact is not None else pacing.held_time(self.expression)
 
     def shift(self, seconds: float) -> None:
+        """Simulated time moved on: the held time moves back with the stored ones
+        (exactly; the expression shows it to the second)."""
         held = self.held()
         if held is not None and held.year < 2099:
-            self.expression = pacing.at_expression(held - dt.timedelta(seconds=seconds))
+            self._exact = held - dt.timedelta(seconds=seconds)
+            self.expression = f"at({self._exact.strftime('%Y-%m-%dT%H:%M:%S')})"
 
 
 class PacingSim:

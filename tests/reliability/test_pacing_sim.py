@@ -16,10 +16,10 @@ import outbox
 from reliability.pacing_sim import CHANNEL, Faults, PacingSim, arrivals
 
 HOUR = 3600.0
-# Sent "on time": within the second the wake schedule rounds up to, plus the
-# real time the simulated runs take on a busy machine (not a timing assert:
-# the simulated minutes dwarf it, a missed wake-up costs up to ten of them).
-ON_TIME = 10.0
+# Sent "on time": within the minute the wake schedule rounds up to (Scheduler's
+# precision), plus the real time the simulated runs take on a busy machine
+# (not a timing assert: a missed wake-up would cost up to ten minutes).
+ON_TIME = 70.0
 
 
 def run(engine: sa.Engine, database_url: str, faults: Faults, seed: int, **kw: float):  # type: ignore[no-untyped-def]
@@ -40,7 +40,7 @@ def test_with_every_nudge_and_wake_up_on_time_each_message_goes_out_when_due(
 ) -> None:
     _, report = run(engine, database_url, Faults(), seed=11)
     assert_whole(report)
-    # Delays are met by the wake schedule (to the second it rounds up to),
+    # Delays are met by the wake schedule (to the minute it rounds up to),
     # not by polling: no run but those the nudges, the wake-ups and the
     # safety net started.
     # (lateness counts the run's real time too: a few seconds on a busy machine)
@@ -101,20 +101,20 @@ def test_faults_lose_nothing_and_send_nothing_twice(
 def test_a_storm_of_nudges_runs_at_most_the_reserved_concurrency(
     engine: sa.Engine, database_url: str
 ) -> None:
-    """500 messages committed at once, each nudging from its own thread: at
-    most two dispatcher runs at a time (the others throttled and dropped),
-    never one run per message, and every message sent once."""
+    """500 messages committed at once and 200 nudges from 40 threads at once:
+    at most two dispatcher runs at a time (the others throttled and dropped),
+    never one run per nudge, and every message sent once."""
     sim = PacingSim(engine, database_url, Faults(), concurrency=2)
     with engine.begin() as conn:
         ids = outbox.enqueue_many(conn, [{"channel": CHANNEL, "payload": {"n": 1}}] * 500)
-    barrier = threading.Barrier(50)
+    barrier = threading.Barrier(40)
 
     def nudges() -> None:
         barrier.wait()
-        for _ in range(10):
+        for _ in range(5):
             sim.dispatch("outbox.nudge")
 
-    threads = [threading.Thread(target=nudges) for _ in range(50)]
+    threads = [threading.Thread(target=nudges) for _ in range(40)]
     for t in threads:
         t.start()
     for t in threads:
@@ -124,6 +124,7 @@ def test_a_storm_of_nudges_runs_at_most_the_reserved_concurrency(
         sim.dispatch("outbox.successor")
     report = sim.report
     assert report.max_concurrent_runs <= 2
-    assert report.runs["outbox.nudge"] < 100 <= report.runs["throttled"]
+    assert report.runs["outbox.nudge"] + report.runs["throttled"] == 200
+    assert report.runs["outbox.nudge"] < 100 < report.runs["throttled"]
     sends = sorted(sim.channel.sent)
     assert sends == sorted(ids)

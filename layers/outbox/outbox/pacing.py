@@ -35,11 +35,14 @@ _AT = re.compile(r"^at\((\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})\)$")
 
 def at_expression(when: dt.datetime) -> str:
     """Scheduler's one-time expression for ``when`` (UTC), rounded up to the
-    second: a wake-up a little late finds the row due, one early finds nothing."""
+    whole minute. Scheduler invokes with 60-second precision (a schedule for
+    1:00 runs between 1:00:00 and 1:00:59), so a time within a minute could
+    fire before it, and a wake-up early finds nothing due; rounded up, it
+    fires at most a minute and a few seconds late."""
     utc = when.astimezone(dt.UTC)
-    whole = utc.replace(microsecond=0)
+    whole = utc.replace(second=0, microsecond=0)
     if whole < utc:
-        whole += dt.timedelta(seconds=1)
+        whole += dt.timedelta(minutes=1)
     return f"at({whole.strftime('%Y-%m-%dT%H:%M:%S')})"
 
 
