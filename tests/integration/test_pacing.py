@@ -445,3 +445,32 @@ def test_the_sample_events_are_accepted(engine: sa.Engine, relay_env: dict[str, 
             json.loads((root / f"{name}.json").read_text()), LambdaContext(60)
         )
         assert result["ended"] == "idle", name
+
+
+def test_the_reaper_and_a_channel_function_hold_no_connection_between_invocations(
+    engine: sa.Engine, relay_env: dict[str, str]
+) -> None:
+    from outbox.handoff import chunk
+    from support import ScriptedChannel, install_channel
+
+    database = sa.engine.make_url(relay_env["DATABASE_URL"]).database or ""
+    install_channel(ScriptedChannel(name="email"))
+    with engine.begin() as conn:
+        enqueue(conn)
+        claims = store.claim(conn, 10, 120)
+    baseline = relay_connections(engine, database)
+    env = {**relay_env, "PACING_MODE": "sleep"}
+    channel = Runtime(env)
+    result = channel.send("email", chunk(claims, 32)[0].to_event(), LambdaContext(30))
+    assert result["statuses"] == {"delivered": 1}
+    reaper = Runtime(env)
+    reaped = reaper.reap({}, LambdaContext(60))
+    assert reaped["backlog"]["pending"] == 0
+    for runtime in (channel, reaper):
+        assert runtime.engine.pool.checkedin() == 0
+    assert relay_connections(engine, database) == baseline
+    # Polling, the pool keeps its connection for the next invocation.
+    polling = Runtime({**relay_env, "PACING_MODE": "poll"})
+    polling.reap({}, LambdaContext(60))
+    assert polling.engine.pool.checkedin() == 1
+    polling.engine.dispose()

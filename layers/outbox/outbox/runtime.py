@@ -158,9 +158,12 @@ class Runtime:
         """Sleep mode: close the pool's connections before the environment is
         frozen, so that between invocations no connection holds the database
         awake (Aurora Serverless v2 pauses only with none open). The next
-        invocation connects again."""
+        invocation connects again. (Run in process by several threads at
+        once, as `make run` and the tests do, the last one out closes them.)"""
         if self.sleeps and self._engine is not None:
-            self._engine.dispose()
+            checked_out = getattr(self._engine.pool, "checkedout", lambda: 0)()
+            if not checked_out:
+                self._engine.dispose()
 
     def send(self, channel: str, event: Any, context: Any) -> dict[str, Any]:
         try:
