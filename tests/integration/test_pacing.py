@@ -401,6 +401,25 @@ def test_a_sleep_run_releases_expired_leases_first(
     assert result["handed_off"] == 1
 
 
+def test_a_sleep_run_woken_at_a_deliver_by_time_expires_the_row(
+    engine: sa.Engine, relay_env: dict[str, str]
+) -> None:
+    runtime, handed = sleep_runtime(relay_env)
+    with engine.begin() as conn:
+        late = enqueue(conn)
+        store.pause_channel(conn, "email", "test")  # so it waits past its deadline
+        set_row(conn, late, "expires_at = now() - interval '1 second'")
+    result = runtime.dispatch({"version": 1, "source": "outbox.wake"}, LambdaContext(60))
+    assert result["expired"] == 1 and handed.events == []
+    with engine.connect() as conn:
+        assert (
+            conn.execute(
+                sa.text("SELECT status FROM outbox_message WHERE id = :id"), {"id": late}
+            ).scalar_one()
+            == "expired"
+        )
+
+
 def test_poll_mode_keeps_claiming_for_its_budget_and_keeps_its_connection(
     engine: sa.Engine, relay_env: dict[str, str]
 ) -> None:

@@ -87,20 +87,9 @@ def run(
     not zero."""
     report = ReapReport()
     outcome_events = outcome_events or OutcomeEventSettings()
-    backoff = settings.backoff()
     release_expired_leases(engine, settings, time_left, report)
 
-    while time_left() > _MIN_TIME_FOR_A_BATCH:
-        with engine.begin() as conn:
-            expired = store.expire_overdue(conn, settings.batch_size, backoff)
-        report.expired += len(expired)
-        if expired:
-            log.warning(
-                "messages past their deliver-by time expired",
-                extra={"message_ids": sorted(expired)},
-            )
-        if len(expired) < settings.batch_size:
-            break
+    expire_overdue_rows(engine, settings, time_left, report)
 
     while time_left() > _MIN_TIME_FOR_A_BATCH:
         with engine.begin() as conn:
@@ -226,6 +215,30 @@ def release_expired_leases(
         if released:
             log.warning("expired claims released", extra={"message_ids": _sorted_ids(by_status)})
         if len(released) < settings.batch_size:
+            break
+    return report
+
+
+def expire_overdue_rows(
+    engine: sa.Engine,
+    settings: RelaySettings,
+    time_left: Callable[[], float],
+    report: ReapReport,
+) -> ReapReport:
+    """Pending rows past their deliver-by time end ``expired``, in bounded
+    batches, into ``report``. The reaper runs it, and in sleep mode so does
+    every dispatcher run (it may be woken at a deliver-by time)."""
+    backoff = settings.backoff()
+    while time_left() > _MIN_TIME_FOR_A_BATCH:
+        with engine.begin() as conn:
+            expired = store.expire_overdue(conn, settings.batch_size, backoff)
+        report.expired += len(expired)
+        if expired:
+            log.warning(
+                "messages past their deliver-by time expired",
+                extra={"message_ids": sorted(expired)},
+            )
+        if len(expired) < settings.batch_size:
             break
     return report
 

@@ -107,10 +107,12 @@ class Runtime:
             logger.info("dispatcher run", extra={**asdict(report), "woken_by": source})
             return asdict(report)
         try:
-            # The reaping step first: a wake-up at a lease's end is for it.
+            # The reaping steps first: a wake-up at a lease's end or at a
+            # deliver-by time is for them.
             released = reaper.release_expired_leases(
                 self.engine, self.settings, time_left, reaper.ReapReport()
             )
+            reaper.expire_overdue_rows(self.engine, self.settings, time_left, released)
             reaper.count_released(released)
             report = dispatcher.run(
                 self.engine,
@@ -125,7 +127,11 @@ class Runtime:
             )
         finally:
             self.release_connections()
-        result = {**asdict(report), "released_leases": released.reclaimed + released.not_started}
+        result = {
+            **asdict(report),
+            "released_leases": released.reclaimed + released.not_started,
+            "expired": released.expired,
+        }
         logger.info("dispatcher run", extra={**result, **arranged, "woken_by": source})
         return {**result, **arranged}
 
