@@ -469,14 +469,18 @@ def test_the_sample_events_are_accepted(engine: sa.Engine, relay_env: dict[str, 
 def test_the_reaper_and_a_channel_function_hold_no_connection_between_invocations(
     engine: sa.Engine, relay_env: dict[str, str]
 ) -> None:
+    from outbox.channels.email import EmailChannel
     from outbox.handoff import chunk
     from support import ScriptedChannel, install_channel
 
     database = sa.engine.make_url(relay_env["DATABASE_URL"]).database or ""
-    install_channel(ScriptedChannel(name="email"))
     with engine.begin() as conn:
         enqueue(conn)
         claims = store.claim(conn, 10, 120)
+    class FakeEmail(ScriptedChannel):
+        schema = EmailChannel.schema
+
+    install_channel(FakeEmail(name="email"))
     baseline = relay_connections(engine, database)
     env = {**relay_env, "PACING_MODE": "sleep"}
     channel = Runtime(env)
