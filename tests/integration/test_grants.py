@@ -1,4 +1,4 @@
-"""The grants the README documents are enough: a producer role (USAGE on the
+"""The grants docs/how-to/database.md documents are enough: a producer role (USAGE on the
 schema; SELECT, INSERT on outbox_message and outbox_dedupe; SELECT on the
 fingerprint key; USAGE on the id sequence) enqueues with either API, dedupe
 and ordering keys included; a relay role with SELECT, INSERT, UPDATE, DELETE on the two
@@ -16,14 +16,20 @@ import sqlalchemy as sa
 
 import outbox
 from outbox import store
-from support import EMAIL, settings
+from support import DOCS, EMAIL, doc_blocks, settings
 
-PRODUCER_GRANTS = [
-    "GRANT USAGE ON SCHEMA public TO {role}",
-    "GRANT SELECT, INSERT ON outbox_message, outbox_dedupe TO {role}",
-    "GRANT SELECT ON outbox_fingerprint_key TO {role}",
-    "GRANT USAGE ON SEQUENCE outbox_message_id_seq TO {role}",
-]
+
+def documented_producer_grants() -> list[str]:
+    """The GRANT statements the page gives an application (``app``), for any role."""
+    recipe = doc_blocks(DOCS / "how-to" / "database.md")["grants"].code
+    return [
+        line.split(";")[0].replace(" TO app", " TO {role}")
+        for line in recipe.splitlines()
+        if line.startswith("GRANT ") and " TO app;" in line
+    ]
+
+
+PRODUCER_GRANTS = documented_producer_grants()
 RELAY_GRANTS = [
     "GRANT USAGE ON SCHEMA public TO {role}",
     "GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_message, outbox_attempt TO {role}",

@@ -497,7 +497,8 @@ def test_feedback_function_records_the_sample_bounce(
     event = load_event("feedback-bounce")
     provider_id = json.loads(event["Records"][0]["Sns"]["Message"])["mail"]["messageId"]
     with engine.begin() as conn:
-        message_id = outbox.enqueue(conn, "email", EMAIL)
+        # to the sample's recipient: feedback matches it
+        message_id = outbox.enqueue(conn, "email", {**EMAIL, "to": ["recipient@example.com"]})
         (claim,) = store.claim(conn, 10, 120)
         store.settle(
             conn,

@@ -14,14 +14,8 @@
 
 The names below are the whole API; every module keeps its statements private.
 
-    pending -> claimed -> delivered | failed | dead | suppressed | expired
-    claimed -> pending   (retry with backoff, an attempt counted; a deferral, none
-                          counted until MAX_DEFERRALS; a lease that ended after the
-                          sender's receipt, counted; one that ended with no receipt,
-                          not counted: no sender ever started it)
-    pending -> cancelled | expired (deliver-by time passed);
-    dead | failed | expired -> pending (operator redrive)
-    delivered -> bounced | complained   (provider feedback)
+The states and their transitions are drawn once, in docs/design.md (State
+machine); ``outbox.states`` names them.
 
 An ordering key runs one row at a time, in id order (= commit order: enqueue
 takes a transaction-scoped advisory lock per key). A row that ends failed, dead

@@ -20,11 +20,12 @@ Revision ID: 0006
 Revises: 0003
 """
 
-import importlib
 import secrets
 
 import sqlalchemy as sa
 from alembic import op
+
+from outbox.migrations import revision_module
 
 revision = "0006"
 down_revision = "0003"
@@ -193,7 +194,7 @@ FUNCTIONS = [
 
 def _relay_role() -> str:
     """The relay's group role of revision 0003 (OUTBOX_RELAY_ROLE)."""
-    module = importlib.import_module("outbox.migrations.versions.0003_relay_role")
+    module = revision_module("0003")
     return str(module.relay_role())
 
 
