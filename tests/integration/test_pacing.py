@@ -477,6 +477,7 @@ def test_the_reaper_and_a_channel_function_hold_no_connection_between_invocation
     with engine.begin() as conn:
         enqueue(conn)
         claims = store.claim(conn, 10, 120)
+
     class FakeEmail(ScriptedChannel):
         schema = EmailChannel.schema
 
