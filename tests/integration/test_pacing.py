@@ -390,8 +390,9 @@ def test_waiting_outcome_events_wake_the_reaper(
 def test_a_sleep_run_releases_expired_leases_first(
     engine: sa.Engine, relay_env: dict[str, str]
 ) -> None:
-    """Woken at a lease's end, the run releases it and hands the row off again."""
-    runtime, _ = sleep_runtime(relay_env)
+    """Woken at a lease's end, the run releases it and hands the row off again
+    (even with a claiming budget of one pass)."""
+    runtime, _ = sleep_runtime(relay_env, DISPATCH_BUDGET_SECONDS="0")
     with engine.begin() as conn:
         enqueue(conn)
         store.claim(conn, 10, 60)

@@ -108,11 +108,15 @@ class Runtime:
             return asdict(report)
         try:
             # The reaping steps first: a wake-up at a lease's end or at a
-            # deliver-by time is for them.
+            # deliver-by time is for them. They take the invocation's time, not
+            # the claiming budget (which may be 0: one pass).
+            def reap_time_left() -> float:
+                return remaining() - _EXIT_MARGIN_SECONDS
+
             released = reaper.release_expired_leases(
-                self.engine, self.settings, time_left, reaper.ReapReport()
+                self.engine, self.settings, reap_time_left, reaper.ReapReport()
             )
-            reaper.expire_overdue_rows(self.engine, self.settings, time_left, released)
+            reaper.expire_overdue_rows(self.engine, self.settings, reap_time_left, released)
             reaper.count_released(released)
             report = dispatcher.run(
                 self.engine,
