@@ -110,10 +110,10 @@ def test_the_next_wake_reads_indexes_not_the_table(engine: sa.Engine) -> None:
         )
         conn.execute(sa.text("ANALYZE outbox_message"))
         plan = conn.execute(
-            sa.text("EXPLAIN (FORMAT JSON) " + store.wake._NEXT_WAKE.text)
+            sa.text("EXPLAIN (FORMAT JSON) " + store.pacing._NEXT_WAKE.text)
         ).scalar_one()
         analyzed = conn.execute(
-            sa.text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.wake._NEXT_WAKE.text)
+            sa.text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.pacing._NEXT_WAKE.text)
         ).scalar_one()
     text = json.dumps(plan)
     assert not [

@@ -19,7 +19,7 @@ from unittest import mock
 
 import pytest
 
-from outbox import ConfigError
+from outbox import ConfigError, wake
 from outbox import settings as table
 from outbox.channels import aws
 from outbox.channels.email import EmailChannel
@@ -81,6 +81,7 @@ def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
             "DB_CA_BUNDLE": db.ca_bundle,
             "DB_CONNECT_TIMEOUT": db.connect_timeout,
             "OUTBOX_RELAY_ROLE": _RELAY_ROLE(),
+            "OUTBOX_DISPATCHER_FUNCTION": wake.dispatcher_function(os.environ),  # producers
             "OUTCOME_EVENT_BUS": events.bus,
             "OUTCOME_EVENTS_DELIVERED": events.include_delivered,
             "OUTCOME_EVENTS_INCLUDE_KEYS": events.include_keys,

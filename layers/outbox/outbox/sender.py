@@ -86,6 +86,8 @@ class SendReport:
     lease_lost: list[int] = field(default_factory=list)
     # claims another sender took under the same claim: a duplicated event
     duplicates: list[int] = field(default_factory=list)
+    # claims naming no message of the channel: never live (a sample event)
+    unknown: list[int] = field(default_factory=list)
     statuses: Counter[str] = field(default_factory=Counter)
 
 
@@ -160,11 +162,22 @@ def run(
     if not_owned:
         # Not ours to send; touch nothing. Either another sender took them
         # under this very claim (the event came twice: expected, now and then),
-        # or the claim is over (settled, reaped, claimed again): say which.
+        # or no message has the id (never a live claim: a sample event), or
+        # the claim is over (settled, reaped, claimed again): say which.
         with engine.begin() as conn:
-            twin = store.received_elsewhere(conn, handoff.channel, not_owned)
-        report.duplicates.extend(c.id for c in not_owned if c.id in twin)
-        report.lease_lost.extend(c.id for c in not_owned if c.id not in twin)
+            why = store.unowned_claims(conn, handoff.channel, not_owned)
+        report.duplicates.extend(c.id for c in not_owned if c.id in why.duplicates)
+        report.unknown.extend(c.id for c in not_owned if c.id in why.unknown)
+        report.lease_lost.extend(
+            c.id for c in not_owned if c.id not in why.duplicates and c.id not in why.unknown
+        )
+        if report.unknown:
+            log.info(
+                "no such claim: this event's claims were never live here (events/ samples "
+                "carry placeholder claim tokens; get a live event with `outbox invoke "
+                "<Function> --claim N`); skipped",
+                extra={"message_ids": report.unknown},
+            )
         if report.duplicates:
             count("DuplicateHandOff", len(report.duplicates), channel=handoff.channel)
             log.info(

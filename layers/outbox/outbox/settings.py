@@ -492,6 +492,18 @@ CHANNEL_MAX_IN_FLIGHT = ChannelMap(
     meaning="dispatcher: JSON map channel to an in-flight budget replacing the derived one",
 )
 
+# Producers
+OUTBOX_DISPATCHER_FUNCTION = Text[str | None](
+    name="OUTBOX_DISPATCHER_FUNCTION",
+    default=None,
+    # A function name, or its ARN (any partition), with an optional version or alias.
+    pattern=r"(arn:aws[a-z-]*:lambda:[a-z0-9-]+:[0-9]{12}:function:)?[A-Za-z0-9_-]{1,64}"
+    r"(:[A-Za-z0-9_$-]{1,128})?",
+    expected="a Lambda function name or ARN",
+    meaning="producers: the dispatcher to wake after a commit that enqueued; unset: none",
+    in_template=False,  # the producer's own setting, in the producer's environment
+)
+
 # Outcome events
 OUTCOME_EVENT_BUS = Text[str](
     name="OUTCOME_EVENT_BUS",

@@ -8,7 +8,7 @@
     operator        the ``outbox`` command: reads, redrive, cancel, prune, pause
     feedback        provider feedback (SES bounces and complaints)
     outcome_events  the transitions published to EventBridge
-    wake            the dispatcher's next wake-up when it goes to sleep
+    pacing          the dispatcher's next wake-up when it goes to sleep
     policy          the retry policy and the SQL fragments that apply it
     _sql            how statements are written and parameters encoded
 
@@ -50,10 +50,10 @@ from .delivery import (
     claim,
     claim_and_receive,
     receive_claimed,
-    received_elsewhere,
     release,
     settle,
     settle_with_outcomes,
+    unowned_claims,
 )
 from .enqueue import (
     Enqueued,
@@ -86,6 +86,7 @@ from .operator import (
     redrive,
     resume_channel,
     statuses_of,
+    uncancel,
 )
 from .outcome_events import (
     OutcomeEvent,
@@ -115,7 +116,7 @@ from .upkeep import (
     prune_dedupe_keys,
     reap_expired,
 )
-from .wake import NextWake, next_wake
+from .pacing import NextWake, next_wake
 
 __all__ = [
     "LEASE_EXPIRED_ERROR",
@@ -172,7 +173,6 @@ __all__ = [
     "prune_settled_before",
     "reap_expired",
     "receive_claimed",
-    "received_elsewhere",
     "recipient_history",
     "record_feedback",
     "redrive",
@@ -183,4 +183,6 @@ __all__ = [
     "settle_with_outcomes",
     "statuses_of",
     "take_outcome_events",
+    "uncancel",
+    "unowned_claims",
 ]

@@ -23,7 +23,7 @@ Revises: 0003
 import secrets
 
 import sqlalchemy as sa
-from alembic import op
+from alembic import context, op
 
 from outbox.migrations import revision_module
 
@@ -212,11 +212,19 @@ def upgrade() -> None:
         """
     )
     # The key is made here, once per installation, and never leaves the database.
-    op.execute(
-        sa.text("INSERT INTO outbox_fingerprint_key (key) VALUES (:key)").bindparams(
-            key=secrets.token_bytes(32)
+    if context.is_offline_mode():
+        # A printed script (`outbox migrate --sql`) must not carry the key:
+        # the database draws it (two random UUIDs, pg_strong_random's bytes).
+        op.execute(
+            "INSERT INTO outbox_fingerprint_key (key) VALUES (decode(replace("
+            "gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex'))"
         )
-    )
+    else:
+        op.execute(
+            sa.text("INSERT INTO outbox_fingerprint_key (key) VALUES (:key)").bindparams(
+                key=secrets.token_bytes(32)
+            )
+        )
     op.execute("ANALYZE outbox_fingerprint_key")  # one row: plans must know it
     for function in functions:
         op.execute(function)
