@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -259,15 +260,25 @@ class Handed:
         self.events.append(handoff)
 
 
-def relay_connections(engine: sa.Engine, database: str) -> int:
+def backend_pids(runtime: Runtime) -> list[int]:
+    """The server pids of every connection ``runtime``'s engine makes from now
+    on (pg8000 keeps the BackendKeyData message: the pid, then a secret)."""
+    pids: list[int] = []
+
+    def connected(dbapi_connection: Any, _: Any) -> None:
+        pids.append(struct.unpack("!i", dbapi_connection._backend_key_data[:4])[0])
+
+    sa.event.listen(runtime.engine, "connect", connected)
+    return pids
+
+
+def still_open(engine: sa.Engine, pids: list[int]) -> int:
+    """How many of these server connections are still open (pg_stat_activity)."""
     with engine.connect() as conn:
         return int(
             conn.execute(
-                sa.text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = :db "
-                    "AND application_name = 'outbox-relay' AND pid <> pg_backend_pid()"
-                ),
-                {"db": database},
+                sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(:pids)"),
+                {"pids": pids},
             ).scalar_one()
         )
 
@@ -291,8 +302,8 @@ def sleep_runtime(relay_env: dict[str, str], **env: str) -> tuple[Runtime, Hande
 def test_a_sleep_run_ends_after_its_linger_and_holds_no_connection(
     engine: sa.Engine, relay_env: dict[str, str], scheduler: Any
 ) -> None:
-    database = sa.engine.make_url(relay_env["DATABASE_URL"]).database or ""
     runtime, _ = sleep_runtime(relay_env, WAKE_SCHEDULE_NAME=WAKE)
+    pids = backend_pids(runtime)
     with engine.begin() as conn:
         for _ in range(3):
             enqueue(conn)
@@ -300,7 +311,6 @@ def test_a_sleep_run_ends_after_its_linger_and_holds_no_connection(
         delayed_at = conn.execute(
             sa.text("SELECT available_at FROM outbox_message WHERE id = :id"), {"id": delayed}
         ).scalar_one()
-    baseline = relay_connections(engine, database)
     result = runtime.dispatch({"version": 1, "source": "outbox.nudge"}, LambdaContext(60))
     assert result["handed_off"] == 3
     assert result["ended"] == "idle"  # long before the 20 s budget
@@ -308,9 +318,10 @@ def test_a_sleep_run_ends_after_its_linger_and_holds_no_connection(
     # Woken next for the delayed row (and the three leases, which end sooner).
     assert result["wake_at"] == pacing.at_expression(min(delayed_at, *_lease_ends(engine)))
     assert held(scheduler) == result["wake_at"]
-    # The pool holds nothing while the environment is frozen.
+    # The pool holds nothing while the environment is frozen: the server has
+    # closed every connection the run made.
     assert runtime.engine.pool.checkedin() == 0
-    assert relay_connections(engine, database) == baseline
+    assert len(pids) >= 1 and still_open(engine, pids) == 0
 
 
 def _lease_ends(engine: sa.Engine) -> list[dt.datetime]:
@@ -474,7 +485,6 @@ def test_the_reaper_and_a_channel_function_hold_no_connection_between_invocation
     from outbox.handoff import chunk
     from support import ScriptedChannel, install_channel
 
-    database = sa.engine.make_url(relay_env["DATABASE_URL"]).database or ""
     with engine.begin() as conn:
         enqueue(conn)
         claims = store.claim(conn, 10, 120)
@@ -483,19 +493,23 @@ def test_the_reaper_and_a_channel_function_hold_no_connection_between_invocation
         schema = EmailChannel.schema
 
     install_channel(FakeEmail(name="email"))
-    baseline = relay_connections(engine, database)
     env = {**relay_env, "PACING_MODE": "sleep"}
     channel = Runtime(env)
+    pids = backend_pids(channel)
     result = channel.send("email", chunk(claims, 32)[0].to_event(), LambdaContext(30))
     assert result["statuses"] == {"delivered": 1}
     reaper = Runtime(env)
+    reaper_pids = backend_pids(reaper)
     reaped = reaper.reap({}, LambdaContext(60))
     assert reaped["backlog"]["pending"] == 0
     for runtime in (channel, reaper):
         assert runtime.engine.pool.checkedin() == 0
-    assert relay_connections(engine, database) == baseline
+    assert len(pids) == len(reaper_pids) == 1
+    assert still_open(engine, pids + reaper_pids) == 0
     # Polling, the pool keeps its connection for the next invocation.
     polling = Runtime({**relay_env, "PACING_MODE": "poll"})
+    kept = backend_pids(polling)
     polling.reap({}, LambdaContext(60))
     assert polling.engine.pool.checkedin() == 1
+    assert still_open(engine, kept) == 1  # the check can see an open one
     polling.engine.dispose()
