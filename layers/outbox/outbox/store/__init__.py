@@ -96,6 +96,7 @@ from .outcome_events import (
     set_delivered_outcome_events,
     take_outcome_events,
 )
+from .pacing import NextWake, next_wake
 from .policy import (
     Backoff,
     bounded_delay,
@@ -116,7 +117,6 @@ from .upkeep import (
     prune_dedupe_keys,
     reap_expired,
 )
-from .pacing import NextWake, next_wake
 
 __all__ = [
     "LEASE_EXPIRED_ERROR",
