@@ -94,6 +94,8 @@ def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
             "WEBHOOK_ALLOW_INSECURE": webhook.allow_insecure,
             "EVENT_BUS_NAME": EventBridgeChannel(client=object()).event_bus,
             "PROVIDER_READ_TIMEOUT_SECONDS": aws.client("events").meta.config.read_timeout,
+            "WAKE_SCHEDULE_NAME": runtime.wake_schedule.name if runtime.wake_schedule else "",
+            "REAPER_FUNCTION": runtime.reaper_function,
             "WORKER_STOP_GRACE_SECONDS": Worker(engine=None, settings=relay).stop_grace_seconds,  # type: ignore[arg-type]
             # observability reads these two at import, with the setting itself
             "POWERTOOLS_SERVICE_NAME": table.POWERTOOLS_SERVICE_NAME.read(os.environ),

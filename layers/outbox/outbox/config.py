@@ -111,6 +111,8 @@ class RelaySettings:
     settle_margin_seconds: float = from_setting(declared.SETTLE_MARGIN_SECONDS)
     dispatch_budget_seconds: float = from_setting(declared.DISPATCH_BUDGET_SECONDS)
     poll_interval_seconds: float = from_setting(declared.POLL_INTERVAL_SECONDS)
+    pacing_mode: str = from_setting(declared.PACING_MODE)
+    idle_linger_seconds: float = from_setting(declared.IDLE_LINGER_SECONDS)
     # (from_setting gives a map a default_factory: no instance shares one.)
     channel_functions: dict[str, str] = from_setting(declared.CHANNEL_FUNCTIONS)  # noqa: RUF009
     # Reserved concurrency of each channel's function (the template builds it

@@ -443,6 +443,38 @@ POLL_INTERVAL_SECONDS = Float(
     high=60.0,
     meaning="dispatcher poll interval while idle within its budget",
 )
+# Pacing (docs/how-to/pacing.md): whether the relay sleeps when idle.
+PACING_MODE = Choice(
+    name="PACING_MODE",
+    default="sleep",
+    choices=("sleep", "poll"),
+    meaning=(
+        "sleep: a dispatcher run ends after IDLE_LINGER_SECONDS with nothing due and "
+        "arranges its next wake-up, and no function keeps a database connection between "
+        "invocations; poll: a run claims for its whole budget"
+    ),
+)
+IDLE_LINGER_SECONDS = Float(
+    name="IDLE_LINGER_SECONDS",
+    default=2.0,
+    low=0.0,
+    high=900.0,
+    aws_bounds=(0.0, 55.0),  # inside the dispatcher's 60 s timeout
+    meaning="sleep mode: a dispatcher run ends once nothing was due for this long",
+)
+WAKE_SCHEDULE_NAME = Text[str](
+    name="WAKE_SCHEDULE_NAME",
+    default="",
+    meaning=(
+        "sleep mode: the one-time schedule (default group) the dispatcher moves to its "
+        "next wake-up; empty: none, the safety-net schedule alone"
+    ),
+)
+REAPER_FUNCTION = Text[str](
+    name="REAPER_FUNCTION",
+    default="",
+    meaning="sleep mode: the reaper function the dispatcher wakes when outcome events wait",
+)
 CHANNEL_FUNCTIONS = ChannelMap(
     name="CHANNEL_FUNCTIONS",
     meaning="dispatcher: JSON map channel to the function it hands off to",

@@ -8,6 +8,7 @@
     operator        the ``outbox`` command: reads, redrive, cancel, prune, pause
     feedback        provider feedback (SES bounces and complaints)
     outcome_events  the transitions published to EventBridge
+    pacing          the dispatcher's next wake-up when it goes to sleep
     policy          the retry policy and the SQL fragments that apply it
     _sql            how statements are written and parameters encoded
 
@@ -95,6 +96,7 @@ from .outcome_events import (
     set_delivered_outcome_events,
     take_outcome_events,
 )
+from .pacing import NextWake, next_wake
 from .policy import (
     Backoff,
     bounded_delay,
@@ -131,6 +133,7 @@ __all__ = [
     "FeedbackResult",
     "Held",
     "NewMessage",
+    "NextWake",
     "OutcomeEvent",
     "PausedChannel",
     "Reaped",
@@ -158,6 +161,7 @@ __all__ = [
     "insert_messages",
     "list_messages",
     "matching_ids",
+    "next_wake",
     "outcome_event_backlog",
     "pause_channel",
     "paused_channels",
