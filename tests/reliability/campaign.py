@@ -542,10 +542,27 @@ def check(url: str, report: RunReport, default_max: int, poisoned: list[int] | N
             conn.execute(
                 sa.text(
                     "SELECT kind, count(DISTINCT batch) FROM rel_events "
-                    "WHERE kind IN ('abandoned', 'lease_lost') GROUP BY kind"
-                )
+                    "WHERE kind IN ('abandoned', 'lease_lost', :timeout) GROUP BY kind"
+                ),
+                {"timeout": harness.INVOKE_TIMEOUT},
             ).all()  # type: ignore[arg-type]
         )
+        # An Invoke that timed out after Lambda queued its event: the claim's
+        # sender ran it, so the dispatcher's release must not have taken the
+        # claim back (0 extra sends). A send under another claim of the same
+        # message is one only when nothing else (a kill, a crash, a stall, an
+        # abandoned call) explains it.
+        if bad := ids(
+            "SELECT DISTINCT t.message_id FROM rel_events t "
+            "JOIN rel_accepts p ON p.token = t.token "
+            "WHERE t.kind = :timeout AND EXISTS (SELECT 1 FROM rel_accepts q "
+            "  WHERE q.message_id = t.message_id AND q.token <> t.token) "
+            "AND NOT EXISTS (SELECT 1 FROM rel_events e WHERE e.token = t.token "
+            "  AND e.kind <> ALL(CAST(:symptoms AS text[])))",
+            timeout=harness.INVOKE_TIMEOUT,
+            symptoms=[harness.INVOKE_TIMEOUT, "lease_lost"],
+        ):
+            v.append(f"sent again after an Invoke timed out with its event queued: {bad}")
         report.crashes = conn.execute(
             sa.text("SELECT count(DISTINCT batch) FROM rel_events WHERE kind = 'crash'")
         ).scalar_one()
@@ -655,7 +672,13 @@ def campaign(
 
 
 # Faults besides the kill points that every campaign must have produced.
-OTHER_FAULTS = ("statement_timeout", "connection_dropped", "abandoned", "lease_lost")
+OTHER_FAULTS = (
+    "statement_timeout",
+    "connection_dropped",
+    "abandoned",
+    "lease_lost",
+    harness.INVOKE_TIMEOUT,
+)
 
 
 def missing_points(reports: list[RunReport]) -> set[str]:

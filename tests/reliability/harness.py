@@ -49,6 +49,10 @@ STALL = "stall_before_settle"
 ALL_POINTS = (*DISPATCHER_POINTS, *SENDER_POINTS, STALL)
 # Hand-offs waiting for a sender before the invoke is refused (claims released).
 MAX_QUEUED_EVENTS = 4
+# Hand-offs whose Invoke answer is lost after Lambda queued the event (the
+# dispatcher sees a timeout and releases): they must send nothing twice.
+INVOKE_TIMEOUT = "invoke_timeout"
+INVOKE_TIMEOUT_RATE = 0.05
 # Every sender also stalls now and then, whatever its kill point.
 STALL_RATE = 0.06
 # Settles that first run a statement longer than the statement_timeout the
@@ -354,14 +358,26 @@ def install_wrappers(
 
 
 class QueueInvoker:
-    """Hand-off through ``rel_queue``; fails now and then, like a throttled invoke."""
+    """Hand-off through ``rel_queue``; fails now and then, like a throttled
+    invoke; and (outside calm runs) now and then queues the event and then
+    raises, like an Invoke call whose answer timed out after Lambda accepted
+    the event: it waits for the sender's receipt first, so the dispatcher's
+    release meets a claim its sender already started."""
 
-    def __init__(self, aux: sa.Engine, killer: Killer | None, fail_rate: float, seed: int) -> None:
+    def __init__(
+        self,
+        aux: sa.Engine,
+        killer: Killer | None,
+        fail_rate: float,
+        seed: int,
+        timeout_rate: float = INVOKE_TIMEOUT_RATE,
+    ) -> None:
         import random
 
         self.aux = aux
         self.killer = killer
         self.fail_rate = fail_rate
+        self.timeout_rate = timeout_rate if killer is not None else 0.0
         self.rng = random.Random(seed)
 
     def can_route(self, channel: str) -> bool:
@@ -386,6 +402,25 @@ class QueueInvoker:
             )
         if self.killer is not None:
             self.killer.hit("after_handoff", pairs)
+        if self.rng.random() < self.timeout_rate:
+            self._wait_for_receipt(pairs)
+            Recorder(self.aux).events(INVOKE_TIMEOUT, pairs)
+            raise TimeoutError("Read timeout on endpoint URL (injected: the event was queued)")
+
+    def _wait_for_receipt(self, pairs: list[tuple[int, Any]], seconds: float = 1.0) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with self.aux.connect() as conn:
+                received = conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM outbox_message WHERE id = ANY(CAST(:ids AS bigint[])) "
+                        "AND received_at IS NOT NULL"
+                    ),
+                    {"ids": [i for i, _ in pairs]},
+                ).scalar_one()
+            if received:
+                return
+            time.sleep(0.02)
 
 
 def pop_event(aux: sa.Engine) -> dict[str, Any] | None:

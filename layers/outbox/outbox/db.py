@@ -5,7 +5,8 @@ Manager secret (RDS format, cached and re-read on rotation) or an RDS IAM auth
 token minted per connection. TLS is verified whenever we are not on a local
 URL: pg8000 talks plaintext unless it is handed an SSL context, so we always
 hand it one. Nothing here issues a session ``SET``: that would pin the
-connection behind RDS Proxy.
+connection behind RDS Proxy. The relay's ``search_path`` (its schema, then
+``pg_temp``) is a startup parameter of each connection instead.
 """
 
 from __future__ import annotations
@@ -68,6 +69,13 @@ def _base_url(settings: DatabaseSettings) -> URL:
     )
 
 
+def search_path(schema: str) -> str:
+    """The relay's names resolve in its own schema only: not in a schema named
+    after the login user (``"$user"``, first on Postgres's default path), nor
+    in ``pg_temp`` before it (listed last, it is searched last)."""
+    return f'"{schema}", pg_temp'
+
+
 def create_engine(
     settings: DatabaseSettings, *, pool_size: int = 1, autocommit: bool = False
 ) -> sa.Engine:
@@ -82,6 +90,7 @@ def create_engine(
     connect_args: dict[str, Any] = {
         "timeout": settings.connect_timeout,
         "application_name": "outbox-relay",
+        "startup_params": {"search_path": search_path(settings.schema)},
     }
     if settings.sslmode != "disable":
         connect_args["ssl_context"] = tls_context(settings)

@@ -135,9 +135,10 @@ def _payload_json(channel: channels.Channel, payload: Any) -> str:
         # Postgres jsonb cannot store NUL characters.
         raise ValidationError("payload", "must not contain NUL characters")
     try:
-        size = len(text.encode("utf-8"))
+        text.encode("utf-8")
     except UnicodeEncodeError:
         raise ValidationError("payload", "must be valid Unicode (no lone surrogates)") from None
+    size = payloads.stored_size(payload)
     if size > MAX_PAYLOAD_BYTES:
         raise ValidationError("payload", f"is {size} bytes; the limit is {MAX_PAYLOAD_BYTES}")
     return text
@@ -342,4 +343,7 @@ def enqueue_many(
             first_index=exc.first_index,
             field=f"messages[{exc.index}].dedupe_key",
         ) from None
+    except ValidationError as exc:  # refused by the database's own check
+        index = getattr(exc, "index", 0)
+        raise ValidationError(f"messages[{index}].{exc.field}", exc.problem) from None
     return results if return_created else [r.id for r in results]
