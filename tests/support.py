@@ -186,6 +186,17 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 CONFIGURATION_HEADER = "| environment variable | template parameter | default | meaning |"
 
 
+def doc_sql(marker: str) -> str:
+    """The SQL block of the docs that opens with the comment line ``-- <marker>``
+    (the README's recipes: tests run them as written). The one place that
+    knows where the recipes live."""
+    text = README.read_text()
+    _, found, rest = text.partition(f"```sql\n-- {marker}\n")
+    if not found:
+        raise ValueError(f"no SQL block opening with '-- {marker}' in {README.name}")
+    return rest.split("```", 1)[0]
+
+
 def configuration_rows(text: str) -> list[ConfigurationRow]:
     """The rows of the table under "## Configuration"; ValueError when the
     section, its header or a row's four cells are not there."""

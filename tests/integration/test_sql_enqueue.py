@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 import outbox
 from outbox import channels
+from support import doc_sql
 
 MIGRATION = Path(outbox.__file__).parent / "migrations" / "versions" / "0004_sql_enqueue.py"
 VALID = {
@@ -288,8 +289,7 @@ def test_the_readme_psql_example_runs(engine: sa.Engine, database_url: str) -> N
     psql = shutil.which("psql")
     if psql is None:
         pytest.skip("psql is not installed")
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    snippet = readme.split("```sql\n-- psql: enqueue from SQL\n", 1)[1].split("```", 1)[0]
+    snippet = doc_sql("psql: enqueue from SQL")
     url = sa.engine.make_url(database_url)
     if "unix_sock" in url.query:
         pytest.skip("the test database is an embedded server on a socket file")

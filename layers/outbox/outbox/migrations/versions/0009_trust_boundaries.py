@@ -25,7 +25,7 @@ producers, the HMAC key behind functions, and the SQL enqueue's checks.
   relay role no longer inserts them (it still reads, leases and deletes them
   to publish).
 * **The relay's DML** shrinks to what it runs: no INSERT on messages (it
-  enqueues through the door), no INSERT or UPDATE on dedupe keys (the reaper
+  enqueues through the door), no INSERT on dedupe keys (the reaper locks and
   deletes expired ones), no sequence.
 * **Channels** SQL knows: ``outbox_channel``, seeded with the built-in
   channels and every channel that already has messages. ``outbox_enqueue``
@@ -589,7 +589,7 @@ RELAY_BEFORE = {
 }
 RELAY_AFTER = {
     "outbox_message": "SELECT, UPDATE, DELETE",
-    "outbox_dedupe": "SELECT, DELETE",
+    "outbox_dedupe": "SELECT, UPDATE, DELETE",  # UPDATE: the prune locks rows (FOR UPDATE)
     "outbox_outcome_event": "SELECT, UPDATE, DELETE",
     "outbox_channel": "SELECT",
 }
