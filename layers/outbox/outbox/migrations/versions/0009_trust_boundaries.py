@@ -661,7 +661,19 @@ def upgrade() -> None:
     for door in (ENQUEUE_SIGNATURE, ENQUEUE_MANY_SIGNATURE):
         op.execute(f"GRANT EXECUTE ON FUNCTION {schema}.{door} TO {producer}")
     op.execute(f"GRANT EXECUTE ON FUNCTION {schema}.outbox_fingerprint(text) TO {relay}")
-    op.execute(f"GRANT {producer} TO {relay}")
+    # The membership may be the administrator's to give (the own-schema recipe
+    # does): granted here only when it is missing.
+    op.execute(
+        f"""
+        DO $$
+        BEGIN
+            IF NOT pg_has_role('{relay}', '{producer}', 'MEMBER') THEN
+                GRANT {producer} TO {relay};
+            END IF;
+        END
+        $$
+        """
+    )
     _grant_schema_usage(schema, (relay, producer))
 
     for table, privileges in RELAY_BEFORE.items():
@@ -698,7 +710,6 @@ def downgrade() -> None:
     for table, privileges in RELAY_BEFORE.items():
         op.execute(f"GRANT {privileges} ON {table} TO {relay}")
     op.execute(f"GRANT USAGE ON SEQUENCE outbox_message_id_seq TO {relay}")
-    op.execute(f"REVOKE {producer} FROM {relay}")
 
     op.execute(f"DROP FUNCTION {schema}.{ENQUEUE_MANY_SIGNATURE}")
     op.execute(f"DROP FUNCTION {schema}.{ENQUEUE_SIGNATURE}")
