@@ -57,6 +57,9 @@ OFFLINE_AWS = {
     "AWS_SECRET_ACCESS_KEY": "testing",
 }
 _RELAY_ROLE = importlib.import_module("outbox.migrations.versions.0003_relay_role").relay_role
+_PRODUCER_ROLE = importlib.import_module(
+    "outbox.migrations.versions.0009_trust_boundaries"
+).producer_role
 
 
 def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
@@ -80,6 +83,8 @@ def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
             "DB_CA_BUNDLE": db.ca_bundle,
             "DB_CONNECT_TIMEOUT": db.connect_timeout,
             "OUTBOX_RELAY_ROLE": _RELAY_ROLE(),
+            "OUTBOX_PRODUCER_ROLE": _PRODUCER_ROLE(),
+            "OUTBOX_SCHEMA": db.schema,
             "OUTCOME_EVENT_BUS": events.bus,
             "OUTCOME_EVENTS_DELIVERED": events.include_delivered,
             "SES_CONFIGURATION_SET": email.configuration_set,
