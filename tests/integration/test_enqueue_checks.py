@@ -143,13 +143,14 @@ json_values = st.recursive(
     | st.integers(min_value=-(10**30), max_value=10**30)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")),
-    lambda children: st.lists(children, max_size=5)
-    | st.dictionaries(keys, children, max_size=5),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(keys, children, max_size=5),
     max_leaves=30,
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.dictionaries(keys, json_values, max_size=6))
 def test_stored_size_is_the_databases_measure(engine: sa.Engine, payload: dict[str, Any]) -> None:
     text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))

@@ -61,7 +61,9 @@ class QueuedThenTimedOut:
 
     def hand_off(self, handoff: HandOff) -> None:
         event = handoff.to_event()
-        thread = threading.Thread(target=lambda: self.reports.append(run_sender(self.engine, event)))
+        thread = threading.Thread(
+            target=lambda: self.reports.append(run_sender(self.engine, event))
+        )
         thread.start()
         self.threads.append(thread)
         assert self.channel.started.wait(30), "the sender never reached the provider"

@@ -703,7 +703,7 @@ def _grant_schema_usage(schema: str, roles: tuple[str, ...]) -> None:
 
 def downgrade() -> None:
     schema = install_schema()
-    relay, producer = relay_role(), producer_role()
+    relay, _producer = relay_role(), producer_role()
     for table, privileges in RELAY_AFTER.items():
         if table != "outbox_channel":
             op.execute(f"REVOKE {privileges} ON {table} FROM {relay}")
@@ -713,8 +713,10 @@ def downgrade() -> None:
 
     op.execute(f"DROP FUNCTION {schema}.{ENQUEUE_MANY_SIGNATURE}")
     op.execute(f"DROP FUNCTION {schema}.{ENQUEUE_SIGNATURE}")
-    op.execute(f"DROP FUNCTION {schema}.outbox_enqueue_problem(text, jsonb, text, text, integer, "
-               "interval, integer, timestamptz, interval, text, boolean)")
+    op.execute(
+        f"DROP FUNCTION {schema}.outbox_enqueue_problem(text, jsonb, text, text, integer, "
+        "interval, integer, timestamptz, interval, text, boolean)"
+    )
     op.execute(f"DROP FUNCTION {schema}.outbox_payload_field(text)")
     op.execute(f"DROP FUNCTION {schema}.outbox_quote_text(text)")
     # The earlier revisions' bodies, as they wrote them (CREATE OR REPLACE
