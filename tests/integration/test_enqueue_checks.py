@@ -159,3 +159,31 @@ def test_stored_size_is_the_databases_measure(engine: sa.Engine, payload: dict[s
             sa.text("SELECT octet_length(CAST(CAST(:p AS jsonb) AS text))"), {"p": text}
         ).scalar_one()
     assert payloads.stored_size(payload) == stored
+
+
+@pytest.mark.parametrize(
+    ("payloads", "expires_at", "field", "problem"),
+    [
+        ("[{}, [1, 2]]", "{NULL,NULL}", "payload", "must be an object"),
+        ("[{}, {}]", "{NULL,infinity}", "expires_at", "must be a finite time"),
+        (json.dumps([{}, {"blob": "x" * LIMIT}]), "{NULL,NULL}", "payload", "the limit is 262144"),
+    ],
+)
+def test_the_batch_door_checks_what_it_is_given(
+    engine: sa.Engine, payloads: str, expires_at: str, field: str, problem: str
+) -> None:
+    """outbox_enqueue_many is a door too: a caller other than outbox.enqueue
+    gets the same refusals, and nothing is written."""
+    with engine.begin() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT * FROM public.outbox_enqueue_many('{anyobject,anyobject}', "
+                "CAST(:p AS jsonb), '{NULL,NULL}', '{NULL,NULL}', '{0,0}', '{0,0}', "
+                "'{NULL,NULL}', CAST(:e AS timestamptz[]), '{NULL,NULL}', '{hold,hold}')"
+            ),
+            {"p": payloads, "e": expires_at},
+        ).all()
+    assert [(r.ord, r.refused_field) for r in rows] == [(2, field)]
+    assert problem in rows[0].refused_problem
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox_message")).scalar_one() == 0

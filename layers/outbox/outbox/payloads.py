@@ -105,13 +105,15 @@ _SHORT_TEXT = 5 * MAX_OBJECT_KEYS
 _FLOAT_HINT = re.compile(r"[0-9][eE][-+]?[0-9]|-0\.0")
 
 
-def stored_size(value: Any) -> int:
+def stored_size(value: Any, text: str | None = None) -> int:
     """The byte length of ``value``'s text as Postgres's jsonb writes it, the
-    one measure of the size limit: ``", "`` and ``": "`` between items (as
-    here), strings escaped as Python escapes them, and numbers in positional
+    one measure of the size limit: ``", "`` and ``": "`` between items,
+    strings escaped as Python escapes them, and numbers in positional
     notation (``1e-07`` is stored as ``0.0000001``, ``1e+16`` as
-    ``10000000000000000``, ``-0.0`` as ``0.0``)."""
-    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "), allow_nan=False)
+    ``10000000000000000``, ``-0.0`` as ``0.0``). ``text``: ``value`` already
+    dumped with those separators (``outbox.store.payload_json``)."""
+    if text is None:
+        text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "), allow_nan=False)
     size = len(text.encode("utf-8"))
     if _FLOAT_HINT.search(text):
         size += _float_difference(value)

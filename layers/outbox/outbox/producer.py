@@ -135,10 +135,9 @@ def _payload_json(channel: channels.Channel, payload: Any) -> str:
         # Postgres jsonb cannot store NUL characters.
         raise ValidationError("payload", "must not contain NUL characters")
     try:
-        text.encode("utf-8")
+        size = payloads.stored_size(payload, text)
     except UnicodeEncodeError:
         raise ValidationError("payload", "must be valid Unicode (no lone surrogates)") from None
-    size = payloads.stored_size(payload)
     if size > MAX_PAYLOAD_BYTES:
         raise ValidationError("payload", f"is {size} bytes; the limit is {MAX_PAYLOAD_BYTES}")
     return text

@@ -35,8 +35,10 @@ class NewMessage:
 
 
 def payload_json(payload: Any) -> str:
-    """The canonical JSON text stored for a payload."""
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    """A payload's JSON text, laid out as Postgres's jsonb writes it back
+    (``", "`` and ``": "``), so that its length is the stored size the limit
+    is measured on (``outbox.payloads.stored_size``)."""
+    return json.dumps(payload, ensure_ascii=False, separators=(", ", ": "), allow_nan=False)
 
 
 # Producers have no privilege on the relay's tables: they write through the

@@ -212,7 +212,9 @@ QUOTE = [
 ]
 
 # The checks both doors make, one row of options at a time: the first broken
-# rule as (field, problem), or no row. The built-in channels' payload fields
+# rule as (field, problem), or no row. Unpinned and qualified, like the
+# helpers above: the planner inlines it into the batch's one pass over its
+# rows (a SET clause would make it a call, planned again, per row). The built-in channels' payload fields
 # are checked by outbox_enqueue (SQL producers); the Python producer checked
 # them against the same schemas before calling the door, and the sender
 # checks every payload again either way.
@@ -222,7 +224,7 @@ CREATE FUNCTION @.outbox_enqueue_problem(
     delay interval, max_attempts integer, expires_at timestamptz, ttl interval,
     on_predecessor_failure text, registered boolean)
 RETURNS TABLE (field text, problem text)
-LANGUAGE sql STABLE {_PIN} AS $$
+LANGUAGE sql STABLE AS $$
     SELECT v.field, v.problem FROM (VALUES
         (1, 'channel', CASE WHEN channel IS NULL THEN 'is required'
             WHEN channel !~ '^[a-z][a-z0-9_-]{{0,63}}$' THEN
@@ -246,7 +248,7 @@ LANGUAGE sql STABLE {_PIN} AS $$
         (9, 'on_predecessor_failure', CASE
             WHEN COALESCE(on_predecessor_failure, 'hold') NOT IN ('hold', 'cancel')
             THEN format('must be one of ''hold'', ''cancel'', got %s',
-                        outbox_quote_text(on_predecessor_failure)) END),
+                        @.outbox_quote_text(on_predecessor_failure)) END),
         (10, 'payload', CASE WHEN payload IS NULL OR jsonb_typeof(payload) = 'null'
             THEN 'is required'
             WHEN jsonb_typeof(payload) <> 'object' THEN 'must be an object'
@@ -398,13 +400,26 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
             MESSAGE = 'payloads: must be a JSON array, one per channel';
     END IF;
-    -- every row checked first, in one pass: the first refused row is the answer
-    SELECT i.ord, p.field, p.problem INTO bad
-    FROM {_INPUT_ROWS}
+    -- Every row checked first, in one pass of plain comparisons (the rules of
+    -- outbox_enqueue_problem, which then words the first refused row's).
+    SELECT i.*, p.field, p.problem INTO bad
+    FROM (SELECT i.* FROM {_INPUT_ROWS}
+          WHERE (i.channel ~ '^[a-z][a-z0-9_-]{{0,63}}$'
+                 AND jsonb_typeof(i.payload) = 'object'
+                 AND (i.dedupe_key IS NULL OR char_length(i.dedupe_key) BETWEEN 1 AND 255)
+                 AND (i.ordering_key IS NULL OR char_length(i.ordering_key) BETWEEN 1 AND 255)
+                 AND COALESCE(i.priority, 0) BETWEEN -32768 AND 32767
+                 AND COALESCE(i.delay_s, 0) BETWEEN 0 AND 365 * 86400
+                 AND (i.max_attempts IS NULL OR i.max_attempts BETWEEN 1 AND 1000)
+                 AND (i.ttl_s IS NULL
+                      OR (i.expires_at IS NULL AND i.ttl_s > 0 AND i.ttl_s <= 366 * 86400))
+                 AND (i.expires_at IS NULL OR isfinite(i.expires_at))
+                 AND COALESCE(i.on_predecessor_failure, 'hold') IN ('hold', 'cancel')
+                 AND octet_length(CAST(i.payload AS text)) <= {MAX_PAYLOAD_BYTES}) IS NOT TRUE
+          ORDER BY i.ord LIMIT 1) AS i
     CROSS JOIN LATERAL outbox_enqueue_problem(i.channel, i.payload, i.dedupe_key,
         i.ordering_key, i.priority, make_interval(secs => i.delay_s), i.max_attempts,
-        i.expires_at, make_interval(secs => i.ttl_s), i.on_predecessor_failure, true) AS p
-    ORDER BY i.ord LIMIT 1;
+        i.expires_at, make_interval(secs => i.ttl_s), i.on_predecessor_failure, true) AS p;
     IF FOUND THEN
         RETURN QUERY SELECT bad.ord, false, NULL::bigint, false, NULL::bigint, NULL::bigint,
                             bad.field, bad.problem;
