@@ -212,12 +212,12 @@ QUOTE = [
 ]
 
 # The checks both doors make, one row of options at a time: the first broken
-# rule as (field, problem), or no row. Unpinned and qualified, like the
-# helpers above: the planner inlines it into the batch's one pass over its
-# rows (a SET clause would make it a call, planned again, per row). The built-in channels' payload fields
-# are checked by outbox_enqueue (SQL producers); the Python producer checked
-# them against the same schemas before calling the door, and the sender
-# checks every payload again either way.
+# rule as (field, problem), or no row. outbox_enqueue asks it for its one
+# message; outbox_enqueue_many makes the same comparisons in one pass over its
+# rows and asks it to word the first refused one. The built-in channels'
+# payload fields are checked by outbox_enqueue (SQL producers); the Python
+# producer checked them against the same schemas before calling the door, and
+# the sender checks every payload again either way.
 ROW_PROBLEM = f"""
 CREATE FUNCTION @.outbox_enqueue_problem(
     channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer,
