@@ -224,7 +224,7 @@ CREATE FUNCTION @.outbox_enqueue_problem(
     delay interval, max_attempts integer, expires_at timestamptz, ttl interval,
     on_predecessor_failure text, registered boolean)
 RETURNS TABLE (field text, problem text)
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE {_PIN} AS $$
     SELECT v.field, v.problem FROM (VALUES
         (1, 'channel', CASE WHEN channel IS NULL THEN 'is required'
             WHEN channel !~ '^[a-z][a-z0-9_-]{{0,63}}$' THEN
