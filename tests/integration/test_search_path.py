@@ -181,3 +181,38 @@ def test_a_hostile_user_schema_and_pg_temp_change_nothing(
         relay.dispose()
     assert sorted(c.id for c in claimed) == sorted([first, *many])
     assert loot(engine, logins) == []
+
+
+def test_every_relay_function_is_pinned_or_an_inlined_helper_naming_the_schema(
+    engine: sa.Engine,
+) -> None:
+    """Functions pin ``search_path`` to the install schema; the few the planner
+    must inline (a SET clause would stop it) name every relay object by its schema."""
+    import importlib
+    import re
+
+    revision = importlib.import_module("outbox.migrations.versions.0009_trust_boundaries")
+    inlined = {f.split("(")[0] for f in revision.INLINED} | {
+        "outbox_addresses",
+        "outbox_recipients",
+    }
+    with engine.connect() as conn:
+        functions = conn.execute(
+            sa.text(
+                "SELECT proname, proconfig, prosrc FROM pg_proc "
+                "WHERE proname LIKE 'outbox\\_%' AND pronamespace = 'public'::regnamespace"
+            )
+        ).all()
+    assert len(functions) > 15
+    unpinned = set()
+    for name, config, source in functions:
+        if config is None:
+            unpinned.add(name)
+            unqualified = re.findall(r"(?<!public\.)\boutbox_\w+\s*\(", source)
+            assert not unqualified, (name, unqualified)
+        else:
+            assert 'search_path="public", pg_temp' in config or (
+                "search_path=public, pg_temp" in config
+            ), (name, config)
+    assert unpinned == inlined
+    assert revision.MAX_PAYLOAD_BYTES == outbox.payloads.MAX_PAYLOAD_BYTES

@@ -52,6 +52,7 @@ MAX_QUEUED_EVENTS = 4
 # Hand-offs whose Invoke answer is lost after Lambda queued the event (the
 # dispatcher sees a timeout and releases): they must send nothing twice.
 INVOKE_TIMEOUT = "invoke_timeout"
+RELEASED = "released"
 INVOKE_TIMEOUT_RATE = 0.05
 # Every sender also stalls now and then, whatever its kill point.
 STALL_RATE = 0.06
@@ -330,10 +331,18 @@ def install_wrappers(
         settled = settle_with_outcomes(conn, settlements, backoff)
         return {i: row.status for i, row in settled.items()}
 
-    def release(conn: sa.Connection, claims: Any, reason: str, delay_seconds: float = 0) -> Any:
+    def release(
+        conn: sa.Connection, claims: Any, reason: str, delay_seconds: float = 0, **kwargs: Any
+    ) -> Any:
         held = list(claims)
         writer(conn, [(c.id, c.claim_token) for c in held])
-        return original_release(conn, held, reason, delay_seconds)
+        released = original_release(conn, held, reason, delay_seconds, **kwargs)
+        # A claim released and also sent under the same token is a release
+        # that took back a started claim (campaign.check counts them).
+        taken_back = [(c.id, c.claim_token) for c in held if c.id in released]
+        if taken_back:
+            recorder.events(RELEASED, taken_back)
+        return released
 
     def receive_claimed(conn: sa.Connection, channel: str, claims: Any, default_max: int) -> Any:
         held = list(claims)
