@@ -6,7 +6,8 @@ token minted per connection. TLS is verified whenever we are not on a local
 URL: pg8000 talks plaintext unless it is handed an SSL context, so we always
 hand it one. Nothing here issues a session ``SET``: that would pin the
 connection behind RDS Proxy. The relay's ``search_path`` (its schema, then
-``pg_temp``) is a startup parameter of each connection instead.
+``pg_temp``) is a startup parameter of each connection instead (a parameter
+of its own: RDS Proxy refuses ``options``).
 """
 
 from __future__ import annotations
