@@ -13,7 +13,7 @@ WHEELHOUSE_REQUIREMENTS := 'sqlalchemy>=2.0,<2.2' 'fastjsonschema>=2.19,<3' 'pg8
 	'click>=8.1' 'rich>=13' 'alembic>=1.13,<2'
 WHEELHOUSE := $(VENV)/wheelhouse/.complete-$(shell echo "$(WHEELHOUSE_REQUIREMENTS)" | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck pytest sam-check bench clean venv requirements requirements-check wheel
+.PHONY: run test lint typecheck pytest sam-check bench clean venv requirements requirements-check wheel docs schema
 
 venv: $(STAMP) $(WHEELHOUSE)
 
@@ -36,7 +36,14 @@ $(WHEELHOUSE): $(STAMP)
 run: $(STAMP)
 	$(BIN)/python -m outbox_cli.local
 
-test: lint typecheck pytest sam-check
+test: lint typecheck docs pytest sam-check
+
+# The documentation site (mkdocs.yml) into site/. Strict: a broken link or
+# anchor, or a generated page that fails, fails the build. `mkdocs serve` (in
+# the venv) serves it while you edit. Not --quiet: it hides the warnings that
+# --strict turns into a failure, and the build then passes.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 lint: $(STAMP) requirements-check
 	$(BIN)/ruff check .
@@ -61,6 +68,12 @@ requirements-check: $(STAMP)
 	diff -u $(LAYER_REQUIREMENTS) "$$tmp/requirements.txt" || \
 	{ echo "$(LAYER_REQUIREMENTS) is out of step with pyproject.toml: run make requirements"; \
 	  rm -rf "$$tmp"; exit 1; }; rm -rf "$$tmp"
+
+# layers/outbox/outbox/store/schema.sql, the head schema for a reader, from the
+# migration chain (migrated into a throwaway database, then pg_dump). Run it
+# after adding a migration; tests/integration/test_schema_sql.py checks it.
+schema: $(STAMP)
+	$(BIN)/python -m outbox_cli.schema
 
 # The distribution (wheel and sdist) in dist/.
 wheel: $(STAMP)
@@ -124,4 +137,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .aws-sam .tools .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .aws-sam .tools .pytest_cache .mypy_cache .ruff_cache site

@@ -10,6 +10,7 @@ import os
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -84,7 +85,8 @@ class Receiver:
 
     /status/<code> answers that status, /status/<code>/retry-after with Retry-After: 7;
 
-    /ok 200, /nocontent 204, /gone 410, /bad 400, /redirect 301 (to an internal
+    /retry-after?<value> 503 with that Retry-After (the percent-decoded bytes, raw);
+    /ok and any path below it 200, /nocontent 204, /gone 410, /bad 400, /redirect 301 (to an internal
     address), /throttle-seconds 429 Retry-After: 7, /throttle-date 429 with an
     HTTP date two minutes ahead, /unavailable 503, /hang (answers after
     ``hang_seconds``), /huge 200 with a 100 MB body, /flaky 503 once then 200.
@@ -131,6 +133,14 @@ def _handler(receiver: Receiver) -> type[http.server.BaseHTTPRequestHandler]:
                 self._answer(301, {"Location": "http://10.0.0.7/internal"})
             elif path == "/throttle-seconds":
                 self._answer(429, {"Retry-After": "7"})
+            elif path == "/retry-after":  # 503 with the query's Retry-After bytes, as they are
+                value = urllib.parse.unquote_to_bytes(self.path.split("?", 1)[1])
+                self.send_response(503)
+                self._headers_buffer.append(b"Retry-After: " + value + b"\r\n")  # type: ignore[attr-defined]
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            elif path.startswith("/ok/"):  # any path below /ok: 200
+                self._answer(200)
             elif path == "/throttle-date":
                 when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=120)
                 self._answer(429, {"Retry-After": when.strftime("%a, %d %b %Y %H:%M:%S GMT")})

@@ -174,7 +174,7 @@ def make_ca(
 
 @dataclass(frozen=True)
 class ConfigurationRow:
-    """One row of the README's Configuration table."""
+    """One row of the configuration reference's settings table."""
 
     variables: tuple[str, ...]  # the backticked names of its first cell; () for "—"
     parameter: str  # the template parameter cell, as written
@@ -182,38 +182,60 @@ class ConfigurationRow:
     line: str
 
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
 CONFIGURATION_HEADER = "| environment variable | template parameter | default | meaning |"
 
 
-def doc_sql(marker: str) -> str:
-    """The SQL block of the docs that opens with the comment line ``-- <marker>``
-    (the README's recipes: tests run them as written). The one place that
-    knows where the recipes live."""
-    text = README.read_text()
-    _, found, rest = text.partition(f"```sql\n-- {marker}\n")
-    if not found:
-        raise ValueError(f"no SQL block opening with '-- {marker}' in {README.name}")
-    return rest.split("```", 1)[0]
+def doc_sql(name: str) -> str:
+    """The docs' SQL block marked ``<!-- test: <name> -->`` (the database
+    recipes: tests run them as written), on whichever page holds it."""
+    for page in sorted(DOCS.rglob("*.md")):
+        block = doc_blocks(page).get(name)
+        if block is not None:
+            return block.code
+    raise ValueError(f"no block marked '<!-- test: {name} -->' under {DOCS}")
 
 
 def configuration_rows(text: str) -> list[ConfigurationRow]:
-    """The rows of the table under "## Configuration"; ValueError when the
-    section, its header or a row's four cells are not there."""
-    _, found, rest = text.partition("\n## Configuration\n")
+    """The rows of the table under CONFIGURATION_HEADER (in the generated
+    reference, docgen.configuration.settings_table); ValueError when the header
+    or a row's four cells are not there."""
+    _, found, rest = text.partition(CONFIGURATION_HEADER + "\n")
     if not found:
-        raise ValueError("README has no Configuration section")
-    lines = [line for line in rest.split("\n## ", 1)[0].splitlines() if line.startswith("|")]
-    if not lines or lines[0] != CONFIGURATION_HEADER:
-        raise ValueError(f"the Configuration table's header is not {CONFIGURATION_HEADER}")
+        raise ValueError(f"no table headed {CONFIGURATION_HEADER}")
+    lines = []
+    for line in rest.splitlines()[1:]:  # after the |---| line
+        if not line.startswith("|"):
+            break
+        lines.append(line)
     rows = []
-    for line in lines[2:]:  # after the header and its |---| line
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+    for line in lines:
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
         if len(cells) != 4:
             raise ValueError(f"a Configuration row without four cells: {line}")
         variables = tuple(re.findall(r"`([A-Z][A-Z0-9_]*)`", cells[0]))
         rows.append(ConfigurationRow(variables, cells[1], cells[2], line))
     return rows
+
+
+@dataclass(frozen=True)
+class DocBlock:
+    """A fenced block of a docs page that the tests run: the page marks it with
+    ``<!-- test: NAME -->`` on the line before its opening fence."""
+
+    name: str
+    language: str
+    code: str
+
+
+def doc_blocks(page: Path) -> dict[str, DocBlock]:
+    """The marked blocks of a page, by name."""
+    found: dict[str, DocBlock] = {}
+    pattern = r"<!-- test: ([a-z0-9-]+) -->\n```(\w*)[^\n]*\n(.*?)\n```"
+    for match in re.finditer(pattern, page.read_text(), re.S):
+        found[match[1]] = DocBlock(match[1], match[2], match[3] + "\n")
+    return found
 
 
 def documented_default(cell: str) -> str:

@@ -725,6 +725,20 @@ def _progress(
         thread.join()
 
 
+def refuse_custom_resource_event(spec: FunctionSpec, event: Any) -> None:
+    """A CloudFormation custom-resource event is answered at its ResponseURL,
+    which the function only accepts as CloudFormation's own S3 bucket (so a
+    forged event cannot send its answer anywhere): a local run could apply the
+    migration but never answer. Refused before anything runs."""
+    if isinstance(event, Mapping) and "ResponseURL" in event:
+        raise InvokeError(
+            f"{spec.logical_id}: this is a CloudFormation custom-resource event, answered "
+            "only at CloudFormation's S3 ResponseURL, which a local run cannot reach; nothing "
+            "ran: use events/migrate-invoke.json (a plain invoke that returns the revision) "
+            "or `outbox migrate`"
+        )
+
+
 def invoke(
     spec: FunctionSpec,
     event: Any,
@@ -736,6 +750,7 @@ def invoke(
     its stdout and logs go to stderr. ``event`` may be a callable, called after
     the cold start succeeded (a live claim is made only for a function that
     started)."""
+    refuse_custom_resource_event(spec, event)
     os.environ.update(spec.environment)
     os.environ.update(
         {

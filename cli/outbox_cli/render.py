@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -39,8 +40,66 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+# Escape sequences, whole: CSI (7- or 8-bit) up to its final byte; OSC, DCS,
+# SOS, PM and APC up to their terminator (BEL or ST), or to the end of the text
+# when left open; any other ESC with its intermediate and final bytes.
+_ESCAPE_SEQUENCE = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
+    r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    r"|\x1b[ -/]*[0-~]?"
+)
+_LINE_BREAK = re.compile(r"\r\n|[\r\n\x85\u2028\u2029]")
+# What is left to drop: C0 controls (tab and line breaks are replaced before),
+# DEL, C1, and the bidi marks, overrides and isolates that reorder a line.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# Shown instead of a line break, so that text can never begin a line of its own
+# (a fake row of a table) and grep still finds each row whole.
+NEWLINE_SYMBOL = "\u2424"
+
+
+def inert(value: Any) -> str:
+    """``value`` as text that cannot drive a terminal. Producers, custom channels
+    and providers choose keys, errors, payloads and ids: their escape sequences
+    (OSC 8 links, OSC 52 clipboard writes, clear screen, colours), other
+    control characters and bidi overrides are removed, a tab becomes a space and
+    a line break a visible symbol. ``--json`` prints the exact values."""
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable():  # the common case: nothing to remove
+        return text
+    text = _ESCAPE_SEQUENCE.sub("", text)
+    text = _LINE_BREAK.sub(NEWLINE_SYMBOL, text.replace("\t", " "))
+    return _CONTROL.sub("", text)
+
+
+def cell(value: Any) -> Any:
+    """A table cell: inert text, never read as Rich markup (``acme [/]`` prints as
+    it is)."""
+    from rich.text import Text
+
+    return Text(inert(value))
+
+
+def add_row(table: Any, *values: Any) -> None:
+    """The one way a row reaches a table: every value through ``cell``."""
+    table.add_row(*(cell(v) for v in values))
+
+
+# JSON leaves these raw under ensure_ascii=False though a terminal may act on
+# them (DEL, the 8-bit C1 controls, bidi overrides, line separators). They
+# occur only inside strings, where their \uXXXX escapes decode to the same text.
+_JSON_UNSAFE = re.compile(r"[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+def json_text(value: Any, indent: int | None = None) -> str:
+    """Exact JSON whose every character is safe on a terminal."""
+    text = json.dumps(value, indent=indent, ensure_ascii=False)
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def emit_json(value: Any) -> None:
-    click.echo(json.dumps(jsonable(value), indent=2, ensure_ascii=False))
+    click.echo(json_text(jsonable(value), indent=2))
 
 
 # Wider than any row can be (a whole payload in ``show`` is at most 256 KiB):
@@ -90,9 +149,9 @@ def _table(*columns: str, title: str | None = None, wide: Sequence[str] = ()) ->
 
 def render_error(kind: str, message: str, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps({"error": {"kind": kind, "message": message}}, ensure_ascii=False))
+        click.echo(json_text({"error": {"kind": kind, "message": message}}))
     else:
-        click.echo(f"Error: {message}", err=True)
+        click.echo(f"Error: {inert(message)}", err=True)
 
 
 def render_revision(revision: str | None, as_json: bool) -> None:
@@ -146,9 +205,10 @@ def render_status(
         return
     render_status_table(groups, statuses)
     for p in paused:
-        why = f": {p.reason}" if p.reason else ""
+        why = f": {inert(p.reason)}" if p.reason else ""
         since = p.paused_at.isoformat(timespec="seconds")
-        click.echo(f"channel {p.channel} is PAUSED since {since}{why} (outbox resume {p.channel})")
+        channel = inert(p.channel)
+        click.echo(f"channel {channel} is PAUSED since {since}{why} (outbox resume {channel})")
     click.echo(
         f"pending {backlog.pending} (due {backlog.due}, oldest due "
         f"{backlog.oldest_due_age_seconds:.1f}s), claimed {backlog.claimed} "
@@ -171,9 +231,7 @@ def render_status_table(
     shown = [s for s in statuses if any(s in c for c in counts.values())] or ["pending"]
     table = _table("channel", *shown, "total", title=title)
     for channel, by_status in sorted(counts.items()):
-        table.add_row(
-            channel, *(str(by_status.get(s, 0)) for s in shown), str(sum(by_status.values()))
-        )
+        add_row(table, channel, *(by_status.get(s, 0) for s in shown), sum(by_status.values()))
     console().print(table)
 
 
@@ -194,15 +252,16 @@ def render_messages(rows: Sequence[Any], next_after: int | None, as_json: bool) 
         wide=("ordering_key", "last_error"),
     )
     for r in rows:
-        table.add_row(
-            str(r.id),
+        add_row(
+            table,
+            r.id,
             r.channel,
             r.status,
-            str(r.attempts),
+            r.attempts,
             when(r.available_at) if r.status == "pending" else "",
             when(r.created_at),
-            r.ordering_key or "",
-            r.last_error or "",
+            r.ordering_key,
+            r.last_error,
         )
     console().print(table)
     if next_after is not None:
@@ -228,7 +287,7 @@ def render_message(
             shown = when(value)
         else:
             shown = str(jsonable(value))
-        fields.add_row(key, shown)
+        add_row(fields, key, shown)
     out.print(fields)
     attempts = _table(
         "attempt",
@@ -241,13 +300,14 @@ def render_message(
         wide=("error", "provider_message_id"),
     )
     for a in history:
-        attempts.add_row(
-            str(a["attempt"]),
+        add_row(
+            attempts,
+            a["attempt"],
             a["outcome"],
-            a["error"] or "",
-            a["provider_message_id"] or "",
+            a["error"],
+            a["provider_message_id"],
             when(a["finished_at"]),
-            "" if a["duration_ms"] is None else str(a["duration_ms"]),
+            a["duration_ms"],
         )
     out.print(attempts)
 
@@ -270,20 +330,21 @@ def render_history(rows: Sequence[Any], as_json: bool) -> None:
         wide=("error", "provider_message_id"),
     )
     for r in rows:
-        table.add_row(
+        add_row(
+            table,
             when(r.finished_at),
             r.channel,
-            str(r.message_id),
-            str(r.attempt),
+            r.message_id,
+            r.attempt,
             r.outcome,
-            r.error or "",
-            r.provider_message_id or "",
+            r.error,
+            r.provider_message_id,
             r.message_status or "(pruned)",
         )
     console().print(table)
 
 
-_PAST = {"redrive": "redriven", "cancel": "cancelled", "prune": "pruned"}
+_PAST = {"redrive": "redriven", "cancel": "cancelled", "uncancel": "uncancelled", "prune": "pruned"}
 
 
 def render_change(

@@ -24,11 +24,12 @@ def test_a_dripping_receiver_is_cut_off_at_the_deadline(
     channel = channel_for(local_ca if tls else None, arn)
     with drip_receiver(mode, local_ca if tls else None) as rx:
         host = "webhook.test" if tls else "127.0.0.1"
-        outcome, seconds = elapsed(lambda: send(channel, rx.url(host=host), deadline=1.0))
+        outcome, seconds = elapsed(lambda: send(channel, rx.url(host=host), deadline=3.0))
         assert rx.requests == 1
-    # The receiver drips for 30 s: ending within a few seconds of the 1 s
-    # deadline proves the cut-off, with room for a loaded machine's scheduling.
-    assert seconds < 4.0, f"{mode}: {seconds:.1f}s against a 1 s deadline"
+    # The receiver drips for 30 s: ending well before it proves the cut-off at
+    # the 3 s deadline. The deadline leaves a loaded machine time to send the
+    # request at all, and the bound has room for its scheduling.
+    assert seconds < 15.0, f"{mode}: {seconds:.1f}s against a 3 s deadline"
     if mode == "body":
         # The status line came in time: it is the answer; the body is dropped.
         assert outcome.kind == "delivered"
@@ -46,6 +47,9 @@ def test_warm_invocations_against_dripping_receivers_leave_no_threads_or_sockets
     arn, _ = signing_secret
     channel = channel_for(None, arn)
     concurrency = 8  # support.settings(): the sender's pool size
+    # Threads other tests of the session left behind (their own pools) are
+    # not this test's: only the threads these invocations started count.
+    before = set(send_threads())
     with drip_receiver("headers") as rx:
         for _ in range(5):
             (message_id, _), seconds = elapsed(
@@ -54,10 +58,12 @@ def test_warm_invocations_against_dripping_receivers_leave_no_threads_or_sockets
                     "webhook",
                     {"url": rx.url(), "event_type": "t", "body": {}},
                     channel=channel,
-                    remaining=1.5,
+                    remaining=3.0,
                 )
             )
-            assert seconds < 6.0  # against a 30 s drip: cut off at the 1.5 s deadline
+            # Against a 30 s drip: cut off at the 3 s deadline. The bound is
+            # loose on purpose (a busy machine is slow, but never 15 s slow).
+            assert seconds < 15.0
             row, _ = settled(engine, message_id)
             assert (row.status, row.last_error) == (
                 "pending",
@@ -68,9 +74,10 @@ def test_warm_invocations_against_dripping_receivers_leave_no_threads_or_sockets
         assert rx.requests == 5
         # Every call ended at its deadline: the pool kept its threads (none
         # stuck, none retired), and the receiver saw every socket closed.
-        assert len(send_threads()) <= concurrency + 1
+        assert len(set(send_threads()) - before) <= concurrency + 1
         # (the receiver notices a closed socket at its next write or two)
-        settle_by = time.monotonic() + 1.0
+        # (polled up to a generous bound: a busy machine schedules it late)
+        settle_by = time.monotonic() + 10.0
         while rx.open_connections and time.monotonic() < settle_by:
             time.sleep(0.02)
         assert rx.open_connections == 0

@@ -1,10 +1,12 @@
 """`make run` (python -m outbox_cli.local) end to end, as a subprocess: on this
-machine's Postgres (the normal path) and forced onto the embedded one."""
+machine's Postgres (the normal path) and forced onto the embedded one; and the
+quickstart (docs/quickstart.md) run as written against its --keep-running mode."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,6 +15,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
+
+from support import DOCS, doc_blocks
 
 
 def run_local(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -160,6 +164,40 @@ def test_keep_running_serves_the_worker_and_invoke_recipes(tmp_path: Path) -> No
         )
         assert invoked.returncode == 0, invoked.stderr
         assert json.loads(invoked.stdout)["statuses"] == {"delivered": 1}
+
+        # The quickstart, every command as the page writes it, in this shell.
+        quickstart = doc_blocks(DOCS / "quickstart.md")
+        (tmp_path / "send_one.py").write_text(quickstart["quickstart-script"].code)
+
+        def run_as_written(block: str) -> str:
+            printed = []
+            for line in quickstart[block].code.splitlines():
+                program, *args = shlex.split(line)
+                if program == "outbox":
+                    done = outbox_cli(*args)
+                else:
+                    assert program == "python", line
+                    done = subprocess.run(
+                        [sys.executable, *args],
+                        env=env,
+                        cwd=tmp_path,
+                        capture_output=True,
+                        text=True,
+                        timeout=120,
+                    )
+                assert done.returncode == 0, f"{line}: {done.stdout}{done.stderr}"
+                printed.append(done.stdout)
+            return "".join(printed)
+
+        assert "schema at revision" in run_as_written("quickstart-commands")
+        enqueued = run_as_written("quickstart-run-script")
+        assert enqueued.startswith("enqueued message "), enqueued
+        assert run_as_written("quickstart-run-script") == enqueued  # a replay: the same id
+        assert run_as_written("quickstart-worker").rstrip().endswith("settled: delivered 1")
+        checked = run_as_written("quickstart-check")
+        message_id = enqueued.split()[-1]
+        (history_row,) = [ln for ln in checked.splitlines() if f" {message_id} " in ln]
+        assert history_row.split()[-1] == "delivered" and " delivered " in history_row
     finally:
         demo.send_signal(signal.SIGINT)
         assert demo.wait(timeout=60) == 0

@@ -302,7 +302,13 @@ def test_sigterm_while_an_aws_provider_hangs_stops_within_the_grace(
         SES_SUPPRESSION_CHECK="false",
     )
     try:
-        time.sleep(1.5)  # claimed, and the calls are hanging
+        # Claimed, and the calls are hanging (the signal handler is in place by
+        # then: a start slowed by a busy machine must not meet the signal first).
+        waited = time.monotonic() + 30
+        while statuses(engine).get("claimed", 0) < 4 and time.monotonic() < waited:
+            assert worker.poll() is None, worker.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)
         assert worker.poll() is None, worker.communicate()
         signalled = time.monotonic()
         worker.send_signal(signal.SIGTERM)

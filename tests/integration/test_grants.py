@@ -1,4 +1,4 @@
-"""The grants the README documents ("public schema: grants") are enough, and
+"""The grants docs/how-to/database.md documents ("public schema: grants") are enough, and
 no more: a producer (a member of ``outbox_producer``) enqueues with either
 API, dedupe and ordering keys included, through the producer door, and can
 do nothing else with the relay's tables; a relay role (a member of
@@ -28,7 +28,7 @@ def documented(login: str, role: str) -> list[str]:
     ``role`` standing in for it (roles are cluster-wide: each test has its own)."""
     statements = [
         line.split("--", 1)[0].strip()
-        for line in doc_sql("public schema: grants").splitlines()
+        for line in doc_sql("grants").splitlines()
         if not line.startswith("--")
     ]
     mine = [s for s in statements if re.search(rf"\b{login}\b", s)]

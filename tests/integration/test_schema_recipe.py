@@ -1,4 +1,4 @@
-"""The README's own-schema recipe, run as written (only the cluster-wide role
+"""The own-schema recipe of docs/how-to/database.md, run as written (only the cluster-wide role
 names get a suffix of this test's): the migrator owns the schema and every
 object in it; the relay's login user runs the relay there through its own
 connection setting (OUTBOX_SCHEMA) and can drop nothing; a producer enqueues
@@ -48,7 +48,7 @@ def recipe(server_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Recipe]
     database = f"outbox_recipe_{suffix}"
     url = devdb.recreate_database(server_url, database)
     admin = sa.create_engine(url)
-    sql = doc_sql("own schema: as an administrator")
+    sql = doc_sql("own-schema")
     for role in ROLES:  # longest names first in ROLES: outbox_relay_app before outbox_relay
         sql = re.sub(rf"\b{role}\b", names[role], sql)
     try:

@@ -188,10 +188,11 @@ def test_every_relay_function_is_pinned_or_an_inlined_helper_naming_the_schema(
 ) -> None:
     """Functions pin ``search_path`` to the install schema; the few the planner
     must inline (a SET clause would stop it) name every relay object by its schema."""
-    import importlib
     import re
 
-    revision = importlib.import_module("outbox.migrations.versions.0009_trust_boundaries")
+    from outbox.migrations import revision_module
+
+    revision = revision_module("0009")
     inlined = {f.split("(")[0] for f in revision.INLINED} | {
         "outbox_addresses",
         "outbox_recipients",

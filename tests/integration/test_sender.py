@@ -121,8 +121,13 @@ def test_backoff_grows_and_is_capped_then_dead_at_max_attempts(engine: sa.Engine
             waits.append(
                 float(
                     conn.execute(
+                        # Against the settle's own clock (its attempt row's finish
+                        # time, the same now()), not a later transaction's: a busy
+                        # machine must not shorten the measured wait.
                         sa.text(
-                            "SELECT EXTRACT(EPOCH FROM available_at - now()) FROM outbox_message"
+                            "SELECT EXTRACT(EPOCH FROM m.available_at - a.finished_at)"
+                            " FROM outbox_message m JOIN outbox_attempt a ON a.message_id = m.id"
+                            " ORDER BY a.id DESC LIMIT 1"
                         )
                     ).scalar_one()
                 )

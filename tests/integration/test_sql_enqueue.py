@@ -6,11 +6,9 @@ schemas, so SQL and Python refuse the same payloads."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,9 +16,9 @@ import sqlalchemy as sa
 
 import outbox
 from outbox import channels
-from support import doc_sql
+from outbox.migrations import revision_module
+from support import DOCS, doc_blocks
 
-MIGRATION = Path(outbox.__file__).parent / "migrations" / "versions" / "0004_sql_enqueue.py"
 VALID = {
     "email": {
         "from": "shop@example.com",
@@ -252,11 +250,7 @@ def test_bad_input_is_refused_naming_the_field_and_writes_nothing(
 
 
 def migration_fields() -> dict[str, dict[str, tuple[str | None, bool]]]:
-    spec = importlib.util.spec_from_file_location("outbox_migration_0004", MIGRATION)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.BUILTIN_FIELDS  # type: ignore[no-any-return]
+    return revision_module("0004").BUILTIN_FIELDS  # type: ignore[no-any-return]
 
 
 def test_the_sql_field_rules_are_the_channels_schemas() -> None:
@@ -284,12 +278,12 @@ def test_sql_and_python_refuse_a_missing_required_field_alike(
         assert refusal(engine, channel, payload)[0] == f"payload.{field}"
 
 
-def test_the_readme_psql_example_runs(engine: sa.Engine, database_url: str) -> None:
-    """The README's psql snippet, run by psql against the test database."""
+def test_the_docs_psql_example_runs(engine: sa.Engine, database_url: str) -> None:
+    """The psql snippet of docs/how-to/producing.md, run by psql against the test database."""
     psql = shutil.which("psql")
     if psql is None:
         pytest.skip("psql is not installed")
-    snippet = doc_sql("psql: enqueue from SQL")
+    snippet = doc_blocks(DOCS / "how-to" / "producing.md")["psql-enqueue"].code
     url = sa.engine.make_url(database_url)
     if "unix_sock" in url.query:
         pytest.skip("the test database is an embedded server on a socket file")

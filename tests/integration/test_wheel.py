@@ -6,6 +6,7 @@ into the real Postgres. Offline: the dependencies come from the wheels that
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,44 @@ def test_the_cli_extra_is_enough_for_the_operator_commands(
     assert enqueued.returncode == 0, enqueued.stderr
     status = run(outbox_command, "--database-url", url, "status", "--json")
     assert json.loads(status.stdout)["pending"] == 1
+
+
+WAKE_WITHOUT_BOTO3 = """
+import sys
+import sqlalchemy as sa
+import outbox
+from outbox import wake
+
+engine = sa.create_engine(sys.argv[1])
+for _ in range(3):
+    with engine.begin() as conn:
+        outbox.enqueue(conn, "email", {"from": "shop@example.com", "to": ["ada@example.net"],
+                                       "subject": "Shipped", "text": "On its way."})
+wake.current().close(timeout=60)  # let the thread report before the process ends
+"""
+
+
+def test_wake_on_enqueue_without_boto3_warns_once_and_enqueues(
+    producer_venv: Path, engine: sa.Engine, database_url: str
+) -> None:
+    """OUTBOX_DISPATCHER_FUNCTION on a bare install: one warning naming what to
+    install, and every enqueue commits. The opt-in SQL script ships in the package."""
+    url = sa.engine.make_url(database_url).set(drivername="postgresql+pg8000")
+    out = run(
+        producer_venv,
+        "-c",
+        WAKE_WITHOUT_BOTO3,
+        url.render_as_string(hide_password=False),
+        env={**os.environ, "OUTBOX_DISPATCHER_FUNCTION": "outbox-DispatcherFunction"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stderr.count("pip install boto3") == 1, out.stderr
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox_message")).scalar() == 3
+    located = run(
+        producer_venv,
+        "-c",
+        "import outbox, pathlib; print((pathlib.Path(outbox.__file__).parent / 'sql' / "
+        "'wake_on_enqueue.sql').is_file())",
+    )
+    assert located.stdout.strip() == "True", located.stderr

@@ -569,7 +569,7 @@ def check(engine: sa.Engine, sim: LambdaSim, ids: list[int], started: float) -> 
             ).all()
         )
         # Calls the sender gave up at their deadline (counted as a retry) that
-        # the provider still completed: the README's third duplicate case.
+        # the provider still completed: the third duplicate case of docs/explanation/guarantees.md.
         abandoned = {
             (r.message_id, r.attempt)
             for r in conn.execute(

@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 from cfnlint.decode import cfn_yaml
 
+from docgen import configuration
 from outbox.errors import ConfigError
 from outbox.settings import SETTINGS, DaysOrNever, Number, Setting
-from support import README, ConfigurationRow, configuration_rows
+from support import ConfigurationRow, configuration_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
@@ -675,49 +676,65 @@ def test_the_settings_check_catches_a_template_out_of_step(template: dict[str, A
     ]
 
 
-def readme_parameter_violations(
-    template: dict[str, Any], rows: list[ConfigurationRow]
+def parameter_column_violations(
+    template: dict[str, Any], rows: list[ConfigurationRow], unused: list[str]
 ) -> list[str]:
-    """The README's "template parameter" column against the template: each
-    parameter a row names feeds a variable of that row (none, for a row of no
-    variable), and each parameter that feeds a variable is named in its row."""
+    """The configuration reference's "template parameter" column against the
+    template: each parameter a row names feeds a variable of that row, each
+    parameter that feeds a variable (by !Ref or inside a !Sub) is named in its
+    row, and ``unused`` (the table of the other parameters) lists exactly those
+    that no variable takes as its value."""
     params = template["Parameters"]
     fed_by: dict[str, set[str]] = {}
+    taken_as_is: set[str] = set()  # parameters some variable takes by !Ref
     for _, key, value in environment(template):
         for branch in _branches(value):
             if isinstance(branch, dict) and set(branch) == {"Fn::Join"}:
                 branch = branch["Fn::Join"][1]
             if isinstance(branch, dict) and branch.get("Ref") in params:
                 fed_by.setdefault(key, set()).add(branch["Ref"])
+                taken_as_is.add(branch["Ref"])
+            if isinstance(branch, dict) and set(branch) == {"Fn::Sub"}:
+                named = set(re.findall(r"\$\{([A-Za-z0-9]+)\}", str(branch["Fn::Sub"])))
+                fed_by.setdefault(key, set()).update(named & set(params))
     found, documented = [], set()
     for row in rows:
         named = [p for p in re.findall(r"`([^`]+)`", row.parameter) if p in params]
         for param in named:
             documented |= {(v, param) for v in row.variables}
             feeds = sorted(v for v, ps in fed_by.items() if param in ps)
-            if not row.variables and feeds:
-                found.append(f"README: {param} feeds {', '.join(feeds)}, its row names none")
-            elif row.variables and not set(feeds) & set(row.variables):
-                found.append(f"README: {param} does not feed {', '.join(row.variables)}")
+            if not set(feeds) & set(row.variables):
+                found.append(f"reference: {param} does not feed {', '.join(row.variables)}")
     for variable, feeding in sorted(fed_by.items()):
         for param in sorted(feeding - {p for v, p in documented if v == variable}):
-            found.append(f"README: {variable}'s row does not name {param}, which feeds it")
+            found.append(f"reference: {variable}'s row does not name {param}, which feeds it")
+    for param in unused:
+        if param in taken_as_is:
+            found.append(f"reference: {param} is a variable's value, not a parameter of its own")
+    for param in sorted(set(params) - taken_as_is - set(unused)):
+        found.append(f"reference: {param} is in neither table")
     return found
 
 
-def test_the_readmes_configuration_names_the_parameters_that_feed_each_variable(
+def _unused_parameters(markdown: str) -> list[str]:
+    return [line.split("`")[1] for line in markdown.splitlines()[2:] if line.startswith("| `")]
+
+
+def test_the_configuration_reference_names_the_parameters_that_feed_each_variable(
     template: dict[str, Any],
 ) -> None:
-    text = README.read_text()
-    assert readme_parameter_violations(template, configuration_rows(text)) == []
+    text = configuration.settings_table(template)
+    unused = _unused_parameters(configuration.parameters_table(template))
+    assert parameter_column_violations(template, configuration_rows(text), unused) == []
     broken = text.replace("| `BATCH_SIZE` | `BatchSize` |", "| `BATCH_SIZE` | `BatchSizes` |")
     broken = broken.replace("| `DB_PORT` | `DatabasePort` |", "| `DB_PORT` | `DatabaseName` |")
-    broken = broken.replace("| — | `SesIdentity` |", "| — | `SesIdentity`, `EventBusName` |")
-    assert readme_parameter_violations(template, configuration_rows(broken)) == [
-        "README: DatabaseName does not feed DB_PORT",
-        "README: EventBusName feeds EVENT_BUS_NAME, its row names none",
-        "README: BATCH_SIZE's row does not name BatchSize, which feeds it",
-        "README: DB_PORT's row does not name DatabasePort, which feeds it",
+    unused_broken = [p for p in unused if p != "SesIdentity"] + ["EventBusName"]
+    assert parameter_column_violations(template, configuration_rows(broken), unused_broken) == [
+        "reference: DatabaseName does not feed DB_PORT",
+        "reference: BATCH_SIZE's row does not name BatchSize, which feeds it",
+        "reference: DB_PORT's row does not name DatabasePort, which feeds it",
+        "reference: EventBusName is a variable's value, not a parameter of its own",
+        "reference: SesIdentity is in neither table",
     ]
 
 
@@ -748,7 +765,7 @@ def test_the_dispatchers_budgets_follow_each_channels_reserved_concurrency(
     from outbox.config import RelaySettings
 
     assert capacity_violations(template) == []
-    # The defaults give the budgets the README states.
+    # The defaults give the budgets the configuration reference states.
     params = {name: str(p.get("Default")) for name, p in template["Parameters"].items()}
     dispatcher = next(p for p in functions(template).values() if folder_of(p) == "dispatcher")
     raw = dispatcher["Environment"]["Variables"]["CHANNEL_CONCURRENCY"]["Fn::Sub"]
@@ -849,7 +866,8 @@ def test_event_files_are_what_the_triggers_send() -> None:
 
             (notification,) = feedback.notifications(event)
             parsed = feedback.from_notification(notification)
-            assert parsed is not None and parsed.provider_message_id.startswith("EXAMPLE"), name
+            assert parsed, name
+            assert all(p.provider_message_id.startswith("EXAMPLE") for p in parsed), name
         else:
             assert HandOff.from_event(event).channel == name
 

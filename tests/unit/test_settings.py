@@ -1,16 +1,16 @@
 """The settings table (outbox.settings) against what reads it: the parsers
-the functions run at cold start, the channels, and the README's Configuration
-table (template.yaml is checked in tests/template/test_template.py).
+the functions run at cold start and the channels (template.yaml is checked in
+tests/template/test_template.py; the generated configuration reference in
+tests/docs/test_configuration_reference.py).
 
 Each checker returns what it finds out of step; the tests run it on the real
-table (expecting nothing) and on a doctored copy or a broken README
+table (expecting nothing) and on a doctored copy
 (expecting each doctoring reported), so no check can pass vacuously.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -19,16 +19,17 @@ from unittest import mock
 
 import pytest
 
-from outbox import ConfigError
+from outbox import ConfigError, wake
 from outbox import settings as table
 from outbox.channels import aws
 from outbox.channels.email import EmailChannel
 from outbox.channels.eventbridge import EventBridgeChannel
 from outbox.channels.webhook import WebhookChannel
 from outbox.config import DatabaseSettings, OutcomeEventSettings, RelaySettings
+from outbox.migrations import revision_module
 from outbox.runtime import Runtime
 from outbox.settings import SETTINGS, Setting
-from support import README, configuration_rows, documented_default
+from outbox.worker import Worker
 
 SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:outbox/db-AbCdEf"
 BASE = {"DATABASE_URL": "postgresql://postgres@127.0.0.1/test"}
@@ -56,10 +57,8 @@ OFFLINE_AWS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
 }
-_RELAY_ROLE = importlib.import_module("outbox.migrations.versions.0003_relay_role").relay_role
-_PRODUCER_ROLE = importlib.import_module(
-    "outbox.migrations.versions.0009_trust_boundaries"
-).producer_role
+_RELAY_ROLE = revision_module("0003").relay_role
+_PRODUCER_ROLE = revision_module("0009").producer_role
 
 
 def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
@@ -85,8 +84,10 @@ def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
             "OUTBOX_RELAY_ROLE": _RELAY_ROLE(),
             "OUTBOX_PRODUCER_ROLE": _PRODUCER_ROLE(),
             "OUTBOX_SCHEMA": db.schema,
+            "OUTBOX_DISPATCHER_FUNCTION": wake.dispatcher_function(os.environ),  # producers
             "OUTCOME_EVENT_BUS": events.bus,
             "OUTCOME_EVENTS_DELIVERED": events.include_delivered,
+            "OUTCOME_EVENTS_INCLUDE_KEYS": events.include_keys,
             "SES_CONFIGURATION_SET": email.configuration_set,
             "SES_SUPPRESSION_CHECK": email.check_suppression,
             "WEBHOOK_SECRET_ARN": webhook.default_secret_id,
@@ -96,6 +97,7 @@ def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
             "WEBHOOK_ALLOW_INSECURE": webhook.allow_insecure,
             "EVENT_BUS_NAME": EventBridgeChannel(client=object()).event_bus,
             "PROVIDER_READ_TIMEOUT_SECONDS": aws.client("events").meta.config.read_timeout,
+            "WORKER_STOP_GRACE_SECONDS": Worker(engine=None, settings=relay).stop_grace_seconds,  # type: ignore[arg-type]
             # observability reads these two at import, with the setting itself
             "POWERTOOLS_SERVICE_NAME": table.POWERTOOLS_SERVICE_NAME.read(os.environ),
             "POWERTOOLS_METRICS_NAMESPACE": table.POWERTOOLS_METRICS_NAMESPACE.read(os.environ),
@@ -240,70 +242,14 @@ def test_a_channels_setting_fails_the_cold_start_naming_it(variable: str, text: 
 
 
 def test_booleans_are_true_or_false_in_any_case() -> None:
-    for variable in ("SES_SUPPRESSION_CHECK", "WEBHOOK_ALLOW_INSECURE", "OUTCOME_EVENTS_DELIVERED"):
+    for variable in (
+        "SES_SUPPRESSION_CHECK",
+        "WEBHOOK_ALLOW_INSECURE",
+        "OUTCOME_EVENTS_DELIVERED",
+        "OUTCOME_EVENTS_INCLUDE_KEYS",
+    ):
         assert relay_reads({**BASE, variable: " TRUE "})[variable] is True
         assert relay_reads({**BASE, variable: "False"})[variable] is False
-
-
-# --- the README's Configuration table ---------------------------------------------
-
-
-def readme_violations(text: str, settings: Iterable[Setting[Any]]) -> list[str]:
-    """Each variable of the README's table is a declared setting with the
-    table's default, and each declared setting has a row."""
-    declared = {s.name: s for s in settings}
-    found, documented = [], set()
-    for row in configuration_rows(text):
-        for name in row.variables:
-            documented.add(name)
-            setting = declared.get(name)
-            if setting is None:
-                found.append(f"README: {name} is not a declared setting")
-                continue
-            stated, expected = documented_default(row.default), setting.document(setting.default)
-            if stated != expected:
-                found.append(f"README: {name}'s default is {stated!r}, the table's {expected!r}")
-    found += [f"README: {name} has no row" for name in declared if name not in documented]
-    return found
-
-
-def test_the_readme_states_every_setting_with_its_default() -> None:
-    assert readme_violations(README.read_text(), SETTINGS) == []
-
-
-def test_the_readme_check_catches_a_table_out_of_step() -> None:
-    text = README.read_text()
-    rows = {r.variables: r.line for r in configuration_rows(text)}
-    broken = (
-        text.replace(rows[("BATCH_SIZE",)], rows[("BATCH_SIZE",)].replace("| 100 |", "| 10 |"))
-        .replace(rows[("DEDUPE_WINDOW_DAYS",)] + "\n", "")
-        .replace(
-            rows[("POLL_INTERVAL_SECONDS",)],
-            rows[("POLL_INTERVAL_SECONDS",)] + "\n| `POLL_INTERVAL` | — | 1 | a stale name |",
-        )
-        .replace(
-            "| `UNRESOLVED_RETENTION_DAYS` | `UnresolvedRetentionDays` | `never` |",
-            "| `UNRESOLVED_RETENTION_DAYS` | `UnresolvedRetentionDays` | 30 |",
-        )
-    )
-    extra = table.Int(name="NEW_SETTING", default=1, low=0, high=2, meaning="undocumented")
-    assert readme_violations(broken, [*SETTINGS, extra]) == [
-        "README: BATCH_SIZE's default is '10', the table's '100'",
-        "README: UNRESOLVED_RETENTION_DAYS's default is '30', the table's 'never'",
-        "README: POLL_INTERVAL is not a declared setting",
-        "README: DEDUPE_WINDOW_DAYS has no row",
-        "README: NEW_SETTING has no row",
-    ]
-    with pytest.raises(ValueError, match="four cells"):
-        configuration_rows(text.replace(rows[("BATCH_SIZE",)], rows[("BATCH_SIZE",)] + " x |"))
-
-
-def test_default_cells_state_a_value_or_nothing() -> None:
-    assert [
-        documented_default(c)
-        for c in ("100", "0.2", "`never`", "`{}`", "", "empty (required)", "system roots")
-    ] == ["100", "0.2", "never", "{}", "", "", ""]
-    assert documented_default("30 s") == "30" and documented_default("1.5x") == ""
 
 
 def test_the_commands_batch_size_option_has_the_settings_bounds() -> None:

@@ -10,7 +10,7 @@ The producer API is importable from the package root::
 SQLAlchemy and nothing of the relay's Lambda runtime.
 """
 
-from .errors import ConfigError, DedupeConflict, OutboxError, ValidationError
+from .errors import ConfigError, DedupeConflict, OutboxError, SchemaMissing, ValidationError
 from .producer import Enqueued, enqueue, enqueue_many
 
 __version__ = "0.1.0"
@@ -20,6 +20,7 @@ __all__ = [
     "DedupeConflict",
     "Enqueued",
     "OutboxError",
+    "SchemaMissing",
     "ValidationError",
     "__version__",
     "enqueue",

@@ -25,7 +25,7 @@ import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, quote, urlsplit
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -117,6 +117,11 @@ def _split(url: str, allow_insecure: bool) -> tuple[SplitResult, str, int]:
         raise ForbiddenDestination(f"must be a URL of at most {_MAX_URL_LENGTH} characters")
     if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
         raise ForbiddenDestination("must not contain whitespace or control characters")
+    if not url.isascii():
+        try:
+            url.encode("utf-8")  # what the path is percent-encoded from at send
+        except UnicodeEncodeError:
+            raise ForbiddenDestination("must be valid Unicode (no lone surrogates)") from None
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -214,4 +219,14 @@ def resolve(url: str, *, allow_insecure: bool = False, resolver: Resolver | None
     path = parts.path or "/"
     if parts.query:
         path = f"{path}?{parts.query}"
-    return Target(parts.scheme, host, port, path, str(addresses[0]))
+    return Target(parts.scheme, host, port, request_target(path), str(addresses[0]))
+
+
+def request_target(path: str) -> str:
+    """The path and query as a request line carries them: ASCII only. A URL
+    that is an IRI (``/café``) has its other characters percent-encoded as
+    UTF-8 (RFC 3987, 3.1), as browsers do; what is ASCII, ``%41`` included,
+    stays as it was."""
+    if path.isascii():
+        return path
+    return "".join(c if c.isascii() else quote(c, safe="") for c in path)

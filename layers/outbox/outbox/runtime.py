@@ -99,6 +99,7 @@ class Runtime:
             "owned": report.owned,
             "lease_lost": report.lease_lost,
             "duplicates": report.duplicates,
+            "unknown": report.unknown,
             "statuses": dict(report.statuses),
         }
 
@@ -203,19 +204,21 @@ def migrate(event: Any, context: Any, engine_factory: Callable[[], sa.Engine]) -
     check_response_url(event["ResponseURL"])  # before anything: a forged event does nothing
     request_type = event.get("RequestType")
     physical_id = event.get("PhysicalResourceId") or "outbox-schema"
+    data: dict[str, Any] = {}
     try:
-        data: dict[str, Any] = {}
         if request_type in ("Create", "Update"):
             data["Revision"] = migrations.upgrade(engine_factory())
+            logger.info("schema migrated", extra={"revision": data["Revision"]})
         # Delete: never drop the data with the stack.
-        _answer_cloudformation(event, "SUCCESS", physical_id, data, reason="")
-        return {"status": "SUCCESS", **data}
     except Exception as exc:
         logger.exception("schema migration failed")
         _answer_cloudformation(
             event, "FAILED", physical_id, {}, reason=f"migration failed: {type(exc).__name__}"
         )
         return {"status": "FAILED"}
+    # The migration is done; a failure from here on is the answer's, not its.
+    _answer_cloudformation(event, "SUCCESS", physical_id, data, reason="")
+    return {"status": "SUCCESS", **data}
 
 
 # Where CloudFormation's pre-signed response URLs point: its own S3 buckets,
@@ -245,6 +248,11 @@ def check_response_url(value: Any) -> str:
     return value
 
 
+class CustomResourceAnswerFailed(Exception):
+    """CloudFormation was not told the outcome (the migration's own outcome is
+    logged apart): the stack waits until its custom resource times out."""
+
+
 def _answer_cloudformation(
     event: Mapping[str, Any], status: str, physical_id: str, data: dict[str, Any], reason: str
 ) -> None:
@@ -263,5 +271,11 @@ def _answer_cloudformation(
     request = urllib.request.Request(  # noqa: S310 - scheme and host checked just above
         url, data=body, method="PUT", headers={"Content-Type": "", "Content-Length": str(len(body))}
     )
-    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
-        response.read()
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            response.read()
+    except OSError as exc:  # URLError, HTTPError, timeouts: one error, not a chain
+        raise CustomResourceAnswerFailed(
+            f"could not deliver the {status} answer to CloudFormation's ResponseURL: "
+            f"{type(exc).__name__}"
+        ) from None

@@ -33,6 +33,7 @@ from .config import RelaySettings
 from .errors import ValidationError
 from .handoff import HandOff
 from .observability import count, timings
+from .redact import scrub_optional
 from .states import SEND_OUTCOMES, AttemptOutcome
 
 # Outcomes that leave a row pending without counting an attempt.
@@ -43,6 +44,10 @@ log = logging.getLogger(__name__)
 NOT_STARTED = "deadline near: not started"
 DEADLINE_EXCEEDED = "provider call exceeded its deadline"
 STOPPING = "stopping: not started"
+STOP_GRACE_EXCEEDED = "stopping: provider call cut at the stop grace"
+# A channel's send must return an Outcome; anything else is a bug in the
+# channel, retried (an attempt counted, so it ends dead) like an exception.
+RETURNED_NONE = "channel returned None, not an Outcome"
 _NOT_STARTED = Outcome(AttemptOutcome.NOT_STARTED, error=NOT_STARTED)
 _STOPPED = Outcome(AttemptOutcome.NOT_STARTED, error=STOPPING)
 # A call is started only with time left to be answered: one started with less
@@ -59,6 +64,8 @@ MIN_CALL_SECONDS = 0.5
 FAST_CALL_SECONDS = 0.001
 _calls_were_fast: dict[str, bool] = {}  # by channel name
 _FOREVER = float("inf")
+# While calls run after a stop was asked for, how often the sender looks at it.
+STOP_POLL_SECONDS = 0.05
 # Metric name per settled status or outcome.
 _METRIC = {
     "delivered": "Delivered",
@@ -79,6 +86,8 @@ class SendReport:
     lease_lost: list[int] = field(default_factory=list)
     # claims another sender took under the same claim: a duplicated event
     duplicates: list[int] = field(default_factory=list)
+    # claims naming no message of the channel: never live (a sample event)
+    unknown: list[int] = field(default_factory=list)
     statuses: Counter[str] = field(default_factory=Counter)
 
 
@@ -103,6 +112,8 @@ def _send_one(
         return Outcome.failed(f"invalid payload: {exc}"), None
     except NotImplementedError:
         return Outcome.failed(f"channel {row.channel!r} does not implement validate"), None
+    except Exception as exc:  # a bug in a custom channel's validate
+        return Outcome.retry(f"unexpected {type(exc).__name__} in validate"), None
     message = Message(row.id, row.channel, payload, row.attempt, row.dedupe_key, row.ordering_key)
     try:
         outcome = channel.send(message, deadline)
@@ -110,7 +121,14 @@ def _send_one(
         return Outcome.failed(f"channel {row.channel!r} does not implement send"), None
     except Exception as exc:  # a channel bug or an unclassified provider error
         outcome = Outcome.retry(f"unexpected {type(exc).__name__}")
-    if outcome.kind not in SEND_OUTCOMES:
+    if not isinstance(outcome, Outcome):
+        error = (
+            RETURNED_NONE
+            if outcome is None
+            else f"channel returned {type(outcome).__name__}, not an Outcome"
+        )
+        outcome = Outcome.retry(error)
+    elif outcome.kind not in SEND_OUTCOMES:
         outcome = Outcome.retry(f"channel returned unknown outcome {outcome.kind!r}")
     return outcome, int((time.monotonic() - started) * 1000)
 
@@ -144,11 +162,22 @@ def run(
     if not_owned:
         # Not ours to send; touch nothing. Either another sender took them
         # under this very claim (the event came twice: expected, now and then),
-        # or the claim is over (settled, reaped, claimed again): say which.
+        # or no message has the id (never a live claim: a sample event), or
+        # the claim is over (settled, reaped, claimed again): say which.
         with engine.begin() as conn:
-            twin = store.received_elsewhere(conn, handoff.channel, not_owned)
-        report.duplicates.extend(c.id for c in not_owned if c.id in twin)
-        report.lease_lost.extend(c.id for c in not_owned if c.id not in twin)
+            why = store.unowned_claims(conn, handoff.channel, not_owned)
+        report.duplicates.extend(c.id for c in not_owned if c.id in why.duplicates)
+        report.unknown.extend(c.id for c in not_owned if c.id in why.unknown)
+        report.lease_lost.extend(
+            c.id for c in not_owned if c.id not in why.duplicates and c.id not in why.unknown
+        )
+        if report.unknown:
+            log.info(
+                "no such claim: this event's claims were never live here (events/ samples "
+                "carry placeholder claim tokens; get a live event with `outbox invoke "
+                "<Function> --claim N`); skipped",
+                extra={"message_ids": report.unknown},
+            )
         if report.duplicates:
             count("DuplicateHandOff", len(report.duplicates), channel=handoff.channel)
             log.info(
@@ -178,12 +207,16 @@ def send_then_settle(
     channel: Channel | None = None,
     report: SendReport | None = None,
     stop: threading.Event | None = None,
+    stop_grace: float | None = None,
 ) -> Callable[[], SendReport]:
     """Send rows whose receipt this process holds, now; returns their settle
     (one fenced statement, the log line and the metrics) to run when the caller
     chooses: ``run`` at once, ``outbox worker`` while it claims its next batch.
     ``stop`` set (the worker's SIGTERM): no further call starts; the rows not
-    begun go back to pending, no attempt counted."""
+    begun go back to pending, no attempt counted; with ``stop_grace``, calls
+    still running that long after the stop are given up as retries (their
+    outcome is unknown), so the process can settle and exit within a
+    container's stop grace instead of waiting out their deadlines."""
     if report is None:
         report = SendReport(received=len(rows), owned=len(rows))
     if channel is None:
@@ -213,17 +246,21 @@ def send_then_settle(
                 deadline = shared[seconds] = Deadline(seconds)
             deadlines[r.id] = deadline
         floor = min(MIN_CALL_SECONDS, settings.sender_timeout_seconds / 20)
-        results = _send_all(channel, rows, deadlines, settings.send_concurrency, stop, floor)
+        results = _send_all(
+            channel, rows, deadlines, settings.send_concurrency, stop, floor, stop_grace
+        )
 
     settlements = [
         # Settlement's fields in order: id, claim_token, outcome, error,
         # provider_message_id, delay_seconds, duration_ms (by position: a
-        # NamedTuple built by keyword costs twice as much, once a row)
+        # NamedTuple built by keyword costs twice as much, once a row). The
+        # error is a channel's text, maybe a remote server's: scrubbed and
+        # bounded before it is stored, logged or published.
         store.Settlement(
             row.id,
             row.claim_token,
             outcome.kind,
-            outcome.error,
+            scrub_optional(outcome.error),
             outcome.provider_message_id,
             outcome.delay_seconds,
             duration_ms,
@@ -292,10 +329,12 @@ def _send_all(
     concurrency: int,
     stop: threading.Event | None = None,
     floor: float = MIN_CALL_SECONDS,
+    stop_grace: float | None = None,
 ) -> dict[int, tuple[Outcome, int | None]]:
     """Send every row, up to ``concurrency`` at once; a call still running at its
     deadline is given up (its outcome is unknown, so it counts as a retry), and a
-    row no thread reached by then is not started.
+    row no thread reached by then is not started. Once ``stop`` is set, that
+    deadline is at most ``stop_grace`` seconds away.
 
     Each send thread takes rows one after another from a shared queue: one task
     per thread rather than one future per row, which cost a lock, a condition
@@ -342,10 +381,25 @@ def _send_all(
     narrow = wanted > 1 and _calls_were_fast.get(channel.name, False)
     tasks = pool.start(drain, 1 if narrow else wanted)
     ends = time.monotonic() + max(d.remaining() for d in set(deadlines.values()))
-    while not tasks.wait(min(ends - time.monotonic(), FAST_CALL_SECONDS if narrow else _FOREVER)):
+    grace = _FOREVER if stop is None or stop_grace is None else stop_grace
+    unseen_stop = stop if grace < _FOREVER else None  # looked at until it is set
+    cut_by_stop = False
+    while not tasks.wait(
+        min(
+            ends - time.monotonic(),
+            FAST_CALL_SECONDS if narrow else _FOREVER,
+            _FOREVER if unseen_stop is None else STOP_POLL_SECONDS,
+        )
+    ):
         now = time.monotonic()
+        if unseen_stop is not None and unseen_stop.is_set():
+            unseen_stop = None  # the grace runs from the first look that sees the stop
+            if now + grace < ends:
+                ends, cut_by_stop = now + grace, True
         if now >= ends:
             break
+        if not narrow:
+            continue  # woken only to look at the stop: every thread is sending already
         with lock:
             slow = bool(queue) and any(
                 now - began >= FAST_CALL_SECONDS for began in running.values()
@@ -361,9 +415,12 @@ def _send_all(
             if row.id not in results:
                 began = running.get(row.id)
                 results[row.id] = (
-                    (_NOT_STARTED, None)
+                    (_STOPPED if cut_by_stop else _NOT_STARTED, None)
                     if began is None
-                    else (Outcome.retry(DEADLINE_EXCEEDED), int((now - began) * 1000))
+                    else (
+                        Outcome.retry(STOP_GRACE_EXCEEDED if cut_by_stop else DEADLINE_EXCEEDED),
+                        int((now - began) * 1000),
+                    )
                 )
         outcome = dict(results)
         _calls_were_fast[channel.name] = slowest is not None and slowest < FAST_CALL_SECONDS

@@ -2,9 +2,10 @@
 default, bounds and meaning.
 
 ``outbox.config`` builds its settings objects from these declarations, the
-channels read their own through them, and tests check the parsers,
-``template.yaml`` and the README's Configuration table against them: a name,
-a default or a bound is written here and nowhere else.
+channels read their own through them, tests check the parsers and
+``template.yaml`` against them, and the docs site's configuration reference is
+generated from them (docgen/configuration.py): a name, a default or a bound is
+written here and nowhere else.
 
 Reading is strict. An unset or blank variable takes the default; anything
 else must parse and fall inside the bounds, or ``ConfigError`` names the
@@ -65,7 +66,7 @@ class Setting(Generic[T]):
         raise NotImplementedError
 
     def document(self, value: T) -> str:
-        """``value`` as the README's Configuration table writes it ("" for none)."""
+        """``value`` as the configuration reference writes it ("" for none)."""
         if value is None:
             return ""
         return str(value)
@@ -434,6 +435,15 @@ SETTLE_MARGIN_SECONDS = Float(
     meaning="stop starting sends this long before the lease or the Lambda ends",
     in_template=False,
 )
+WORKER_STOP_GRACE_SECONDS = Float(
+    name="WORKER_STOP_GRACE_SECONDS",
+    default=10.0,
+    low=0.0,
+    high=900.0,
+    meaning="outbox worker: after SIGTERM, how long provider calls already running may "
+    "take; then they are given up and settled as retries, and the worker exits",
+    in_template=False,  # only `outbox worker` reads it
+)
 DISPATCH_BUDGET_SECONDS = Float(
     name="DISPATCH_BUDGET_SECONDS",
     default=50.0,
@@ -466,6 +476,18 @@ CHANNEL_MAX_IN_FLIGHT = ChannelMap(
     meaning="dispatcher: JSON map channel to an in-flight budget replacing the derived one",
 )
 
+# Producers
+OUTBOX_DISPATCHER_FUNCTION = Text[str | None](
+    name="OUTBOX_DISPATCHER_FUNCTION",
+    default=None,
+    # A function name, or its ARN (any partition), with an optional version or alias.
+    pattern=r"(arn:aws[a-z-]*:lambda:[a-z0-9-]+:[0-9]{12}:function:)?[A-Za-z0-9_-]{1,64}"
+    r"(:[A-Za-z0-9_$-]{1,128})?",
+    expected="a Lambda function name or ARN",
+    meaning="producers: the dispatcher to wake after a commit that enqueued; unset: none",
+    in_template=False,  # the producer's own setting, in the producer's environment
+)
+
 # Outcome events
 OUTCOME_EVENT_BUS = Text[str](
     name="OUTCOME_EVENT_BUS",
@@ -479,6 +501,11 @@ OUTCOME_EVENTS_DELIVERED = Bool(
     name="OUTCOME_EVENTS_DELIVERED",
     default=False,
     meaning="also publish an outcome event per delivered message",
+)
+OUTCOME_EVENTS_INCLUDE_KEYS = Bool(
+    name="OUTCOME_EVENTS_INCLUDE_KEYS",
+    default=False,  # producer-chosen keys may name a person; the bus is shared
+    meaning="reaper: put each message's dedupe_key and ordering_key in its outcome event",
 )
 
 # Channels

@@ -9,12 +9,18 @@ dispatchers) may run against one database at once.
 
 Stopping (``stop`` set, e.g. by SIGTERM): the batch in hand finishes: its
 provider calls already started are settled, rows not yet started are
-released at once (no attempt counted). No claim is left to expire.
+released at once (no attempt counted). No claim is left to expire. Calls
+still running ``WORKER_STOP_GRACE_SECONDS`` after the stop are given up and
+settled as retries (an attempt counted: the receiver may have had the
+request), rather than waited for up to their full deadline
+(``SENDER_TIMEOUT_SECONDS``), which would leave a container's stop grace no
+time to settle.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +34,7 @@ from . import dispatcher, reaper, sender, store
 from .channels import aws
 from .config import OutcomeEventSettings, RelaySettings
 from .observability import count
+from .settings import WORKER_STOP_GRACE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +61,12 @@ class Worker:
         reap_interval_seconds: float = 30.0,
         on_batch: Callable[[WorkerReport], None] | None = None,
         outcome_events: OutcomeEventSettings | None = None,
+        stop_grace_seconds: float | None = None,
     ) -> None:
         self.engine = engine
+        if stop_grace_seconds is None:
+            stop_grace_seconds = WORKER_STOP_GRACE_SECONDS.read(os.environ)
+        self.stop_grace_seconds = stop_grace_seconds
         self.settings = settings
         # Off unless a bus is named: then the reaper step publishes them too.
         self.outcome_events = outcome_events or OutcomeEventSettings()
@@ -88,6 +99,7 @@ class Worker:
             self.settings,
             lambda: float(self.settings.sender_timeout_seconds),
             stop=self.stop,
+            stop_grace=self.stop_grace_seconds,
         )
 
     def _channel_pool(self) -> ThreadPoolExecutor:

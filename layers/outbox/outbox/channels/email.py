@@ -32,7 +32,6 @@ _FAILED = {
     "BadRequestException",
     "NotFoundException",
 }
-_THROTTLED = {"TooManyRequestsException", "LimitExceededException", "Throttling"}
 _PAUSED = {"SendingPausedException", "AccountSuspendedException"}
 _PAUSED_DELAY_SECONDS = 300.0
 SUPPRESSED = "every recipient is on the SES suppression list"
@@ -134,13 +133,9 @@ class EmailChannel(aws.AwsChannel):
 
 
 def classify(exc: BaseException) -> Outcome:
-    code = aws.error_code(exc)
-    error = aws.describe(exc)
-    if code in _FAILED:
-        return Outcome.failed(error)
-    if code in _THROTTLED:
-        return Outcome.deferred(error, aws.THROTTLE_DELAY_SECONDS)
-    if code in _PAUSED:
-        return Outcome.deferred(error, _PAUSED_DELAY_SECONDS)
-    # Server errors, timeouts, connection resets: worth another attempt.
-    return Outcome.retry(error)
+    """Paused sending waits longer; the rest is the common AWS table, whose
+    throttling test (``aws.is_throttling``) knows SES's own
+    ``ThrottlingException`` as every other AWS channel's throttling codes."""
+    if aws.error_codes(exc) & _PAUSED:
+        return Outcome.deferred(aws.describe(exc), _PAUSED_DELAY_SECONDS)
+    return aws.classify(exc, _FAILED)

@@ -24,6 +24,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import ssl
 import time
 from collections.abc import Iterable, Mapping
@@ -84,21 +85,27 @@ def signature(keys: list[bytes], msg_id: str, timestamp: int, body: str) -> str:
     )
 
 
+_DELAY_SECONDS = re.compile(r"[0-9]+")
+
+
 def retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (seconds or an HTTP date), capped."""
+    """Seconds to wait from a Retry-After header, capped; None when it is not
+    one of RFC 9110's two forms: ASCII digits (``str.isdigit`` would take ``²``
+    and ``١٢``) or an HTTP date. Whatever the receiver sent, never an exception."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
-        seconds = float(value)
-    else:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
+    if _DELAY_SECONDS.fullmatch(value):
+        return min(float(value), MAX_RETRY_AFTER_SECONDS)  # (very many digits: inf, capped)
+    if not value.isascii():
+        return None
+    try:
+        when = parsedate_to_datetime(value)
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
         seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
 
 

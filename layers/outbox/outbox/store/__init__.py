@@ -13,14 +13,8 @@
 
 The names below are the whole API; every module keeps its statements private.
 
-    pending -> claimed -> delivered | failed | dead | suppressed | expired
-    claimed -> pending   (retry with backoff, an attempt counted; a deferral, none
-                          counted until MAX_DEFERRALS; a lease that ended after the
-                          sender's receipt, counted; one that ended with no receipt,
-                          not counted: no sender ever started it)
-    pending -> cancelled | expired (deliver-by time passed);
-    dead | failed | expired -> pending (operator redrive)
-    delivered -> bounced | complained   (provider feedback)
+The states and their transitions are drawn once, in docs/design.md (State
+machine); ``outbox.states`` names them.
 
 An ordering key runs one row at a time, in id order (= commit order: enqueue
 takes a transaction-scoped advisory lock per key). A row that ends failed, dead
@@ -55,10 +49,10 @@ from .delivery import (
     claim,
     claim_and_receive,
     receive_claimed,
-    received_elsewhere,
     release,
     settle,
     settle_with_outcomes,
+    unowned_claims,
 )
 from .enqueue import (
     Enqueued,
@@ -91,6 +85,7 @@ from .operator import (
     redrive,
     resume_channel,
     statuses_of,
+    uncancel,
 )
 from .outcome_events import (
     OutcomeEvent,
@@ -174,7 +169,6 @@ __all__ = [
     "prune_settled_before",
     "reap_expired",
     "receive_claimed",
-    "received_elsewhere",
     "recipient_history",
     "record_feedback",
     "redrive",
@@ -185,4 +179,6 @@ __all__ = [
     "settle_with_outcomes",
     "statuses_of",
     "take_outcome_events",
+    "uncancel",
+    "unowned_claims",
 ]

@@ -345,26 +345,58 @@ def receive_claimed(
     return _claimed_messages(rows)
 
 
-_RECEIVED_ELSEWHERE = statement(
+def could_be_a_claim_token(token: str) -> bool:
+    """Whether a claim could have issued ``token``: the claim draws every
+    token with gen_random_uuid(), a version-4 UUID. The sample events in
+    events/ carry placeholders of no version (00000000-0000-0000-0000-...),
+    so a sample is known for what it is without asking the database."""
+    try:
+        return uuid.UUID(token).version == 4
+    except ValueError:
+        return False
+
+
+_UNOWNED_CLAIMS = statement(
     """
-    SELECT m.id
-    FROM outbox_message AS m
-    JOIN unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
-      ON m.id = h.id AND m.claim_token = h.token
-    WHERE m.status = 'claimed' AND m.channel = :channel AND m.received_at IS NOT NULL
+    SELECT h.id,
+           m.id IS NULL AS unknown,
+           COALESCE(m.status = 'claimed' AND m.claim_token = h.token
+                    AND m.received_at IS NOT NULL, false) AS duplicate
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
+    LEFT JOIN outbox_message AS m ON m.id = h.id AND m.channel = :channel
     """
 )
 
 
-def received_elsewhere(conn: sa.Connection, channel: str, claims: Iterable[Held]) -> set[int]:
-    """Of claims whose receipt this sender did not get, those another sender
-    holds under the very same claim: the same hand-off delivered twice (Lambda's
-    async events are at least once), not a lost lease. A duplicate that comes
-    after its twin settled finds the claim over, and reads as a lost lease."""
-    fence = _fence_arrays(claims)
+@dataclass(frozen=True)
+class UnownedClaims:
+    """Why a sender did not get the receipt of some claims of its event."""
+
+    # another sender holds them under the very same claim: the same hand-off
+    # delivered twice (Lambda's async events are at least once), not a lost lease
+    duplicates: frozenset[int]
+    # never a live claim here: a placeholder token no claim issues (the events/
+    # samples), or no message of this channel has the id (an event meant for
+    # another database)
+    unknown: frozenset[int]
+    # the rest: the claim is over (settled, reaped, claimed again); a duplicate
+    # that comes after its twin settled reads as one
+
+
+def unowned_claims(conn: sa.Connection, channel: str, claims: Iterable[Held]) -> UnownedClaims:
+    """Of claims whose receipt this sender did not get, say why, in one
+    statement; only asked when a receipt came back short, never on the way
+    of a delivered hand-off."""
+    claims = list(claims)
+    placeholders = frozenset(c.id for c in claims if not could_be_a_claim_token(str(c.claim_token)))
+    fence = _fence_arrays(c for c in claims if c.id not in placeholders)
     if fence is None:
-        return set()
-    return {r.id for r in conn.execute(_RECEIVED_ELSEWHERE, {**fence, "channel": channel})}
+        return UnownedClaims(frozenset(), placeholders)
+    rows = conn.execute(_UNOWNED_CLAIMS, {**fence, "channel": channel}).all()
+    return UnownedClaims(
+        duplicates=frozenset(r.id for r in rows if r.duplicate),
+        unknown=placeholders | {r.id for r in rows if r.unknown},
+    )
 
 
 def _fence_arrays(claims: Iterable[Held]) -> dict[str, str] | None:

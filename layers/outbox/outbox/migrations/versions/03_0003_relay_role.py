@@ -13,7 +13,7 @@ Two kinds of database user run the relay:
 The group role is cluster-wide, so its creation is idempotent and safe when
 several migrators (deploys, test runs) race for it. A migrator without
 CREATEROLE fails with a message saying what to create. The login user is the
-operator's to create (README, "Database users"), for example::
+operator's to create (docs/how-to/deploy.md, "Database users"), for example::
 
     CREATE ROLE outbox_relay_app LOGIN PASSWORD '...' IN ROLE outbox_relay;
 

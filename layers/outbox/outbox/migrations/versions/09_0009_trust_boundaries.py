@@ -42,12 +42,12 @@ Revision ID: 0009
 Revises: 0005
 """
 
-import importlib
 import os
 
 import sqlalchemy as sa
 from alembic import op
 
+from outbox.migrations import revision_module
 from outbox.settings import OUTBOX_PRODUCER_ROLE
 
 revision = "0009"
@@ -56,12 +56,8 @@ branch_labels = None
 depends_on = None
 
 
-def _revision(name: str) -> object:
-    return importlib.import_module(f"outbox.migrations.versions.{name}")
-
-
 def relay_role() -> str:
-    return str(_revision("0003_relay_role").relay_role())  # type: ignore[attr-defined]
+    return str(revision_module("0003").relay_role())
 
 
 def producer_role() -> str:
@@ -736,9 +732,8 @@ def downgrade() -> None:
     op.execute(f"DROP FUNCTION {schema}.outbox_quote_text(text)")
     # The earlier revisions' bodies, as they wrote them (CREATE OR REPLACE
     # resets the SET clause and SECURITY DEFINER; the grants stay).
-    old_0004 = _revision("0004_sql_enqueue")
-    op.execute(old_0004.ENQUEUE)  # type: ignore[attr-defined]
-    old_functions = _revision("0006_recipient_dedupe_and_send_log").FUNCTIONS  # type: ignore[attr-defined]
+    op.execute(revision_module("0004").ENQUEUE)
+    old_functions = revision_module("0006").FUNCTIONS
     for function in old_functions:
         op.execute(function.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
     for function in PINNED_AS_THEY_ARE:

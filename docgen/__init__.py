@@ -1,0 +1,1 @@
+"""Pages of the documentation site made from the code at build time (mkdocs.yml's hook)."""
