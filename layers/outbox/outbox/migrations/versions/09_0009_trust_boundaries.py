@@ -45,10 +45,10 @@ Revises: 0005
 import os
 
 import sqlalchemy as sa
-from alembic import op
+from alembic import context, op
 
 from outbox.migrations import revision_module
-from outbox.settings import OUTBOX_PRODUCER_ROLE
+from outbox.settings import OUTBOX_PRODUCER_ROLE, OUTBOX_SCHEMA
 
 revision = "0009"
 down_revision = "0005"
@@ -66,7 +66,11 @@ def producer_role() -> str:
 
 
 def install_schema() -> str:
-    """The schema this migration runs in, quoted: where the tables are."""
+    """The schema this migration runs in, quoted: where the tables are. A
+    script printed for later (``outbox migrate --sql``) names OUTBOX_SCHEMA,
+    the schema the relay's connections resolve names in."""
+    if context.is_offline_mode():
+        return f'"{OUTBOX_SCHEMA.read(os.environ)}"'
     return str(op.get_bind().execute(sa.text("SELECT quote_ident(current_schema())")).scalar_one())
 
 
