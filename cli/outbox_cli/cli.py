@@ -845,11 +845,14 @@ def prune(
             render_change("prune", count, None, dry_run, as_json)
             return
         confirm(f"delete {count} message(s) settled before {cutoff:%Y-%m-%d %H:%M:%S %Z}", yes)
-        while True:
+        # No more than was counted and confirmed: a row that reached a
+        # prunable status since the count stays for the next prune.
+        while total < count:
+            batch = min(PRUNE_BATCH, count - total)
             with engine.begin() as conn:
-                deleted = store.prune_settled_before(conn, cutoff, PRUNE_BATCH, wanted)
+                deleted = store.prune_settled_before(conn, cutoff, batch, wanted)
             total += deleted
-            if deleted < PRUNE_BATCH:
+            if deleted < batch:
                 break
     render_change("prune", total, None, False, as_json)
 

@@ -58,6 +58,7 @@ OFFLINE_AWS = {
     "AWS_SECRET_ACCESS_KEY": "testing",
 }
 _RELAY_ROLE = revision_module("0003").relay_role
+_PRODUCER_ROLE = revision_module("0009").producer_role
 
 
 def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
@@ -81,6 +82,8 @@ def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
             "DB_CA_BUNDLE": db.ca_bundle,
             "DB_CONNECT_TIMEOUT": db.connect_timeout,
             "OUTBOX_RELAY_ROLE": _RELAY_ROLE(),
+            "OUTBOX_PRODUCER_ROLE": _PRODUCER_ROLE(),
+            "OUTBOX_SCHEMA": db.schema,
             "OUTBOX_DISPATCHER_FUNCTION": wake.dispatcher_function(os.environ),  # producers
             "OUTCOME_EVENT_BUS": events.bus,
             "OUTCOME_EVENTS_DELIVERED": events.include_delivered,

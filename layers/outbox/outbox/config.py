@@ -58,6 +58,8 @@ class DatabaseSettings:
     sslmode: str = from_setting(declared.DB_SSLMODE)
     ca_bundle: str | None = from_setting(declared.DB_CA_BUNDLE)
     connect_timeout: float = from_setting(declared.DB_CONNECT_TIMEOUT)
+    # Where the outbox lives: the relay's connections resolve names there only.
+    schema: str = from_setting(declared.OUTBOX_SCHEMA)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> DatabaseSettings:

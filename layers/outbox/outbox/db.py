@@ -5,7 +5,9 @@ Manager secret (RDS format, cached and re-read on rotation) or an RDS IAM auth
 token minted per connection. TLS is verified whenever we are not on a local
 URL: pg8000 talks plaintext unless it is handed an SSL context, so we always
 hand it one. Nothing here issues a session ``SET``: that would pin the
-connection behind RDS Proxy.
+connection behind RDS Proxy. The relay's ``search_path`` (its schema, then
+``pg_temp``) is a startup parameter of each connection instead (a parameter
+of its own: RDS Proxy refuses ``options``).
 """
 
 from __future__ import annotations
@@ -141,6 +143,13 @@ def _base_url(settings: DatabaseSettings) -> URL:
     )
 
 
+def search_path(schema: str) -> str:
+    """The relay's names resolve in its own schema only: not in a schema named
+    after the login user (``"$user"``, first on Postgres's default path), nor
+    in ``pg_temp`` before it (listed last, it is searched last)."""
+    return f'"{schema}", pg_temp'
+
+
 def create_engine(
     settings: DatabaseSettings, *, pool_size: int = 1, autocommit: bool = False
 ) -> sa.Engine:
@@ -155,6 +164,7 @@ def create_engine(
     connect_args: dict[str, Any] = {
         "timeout": settings.connect_timeout,
         "application_name": "outbox-relay",
+        "startup_params": {"search_path": search_path(settings.schema)},
     }
     parsed = parse_database_url(settings.url) if settings.url else None
     if parsed is not None and parsed.sslmode is not None:

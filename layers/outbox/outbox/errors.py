@@ -38,7 +38,9 @@ class SchemaMissing(OutboxError):
 
 
 # SQLSTATEs that mean the statement named something the schema lacks.
-UNDEFINED_OBJECT_SQLSTATES = frozenset({"42P01", "42883"})  # undefined table, undefined function
+# undefined table, undefined function, and (OUTBOX_SCHEMA naming a schema that is not there)
+# invalid schema name
+UNDEFINED_OBJECT_SQLSTATES = frozenset({"42P01", "42883", "3F000"})
 
 
 def sqlstate(exc: BaseException) -> str:

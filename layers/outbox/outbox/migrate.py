@@ -29,6 +29,7 @@ RELAY_TABLES = frozenset(
         "outbox_fingerprint_key",
         "outbox_outcome_event",
         "outbox_channel_pause",
+        "outbox_channel",
         VERSION_TABLE,
     }
 )

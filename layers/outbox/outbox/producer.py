@@ -135,7 +135,7 @@ def _payload_json(channel: channels.Channel, payload: Any) -> str:
         # Postgres jsonb cannot store NUL characters.
         raise ValidationError("payload", "must not contain NUL characters")
     try:
-        size = len(text.encode("utf-8"))
+        size = payloads.stored_size(payload, text)
     except UnicodeEncodeError:
         raise ValidationError("payload", "must be valid Unicode (no lone surrogates)") from None
     if size > MAX_PAYLOAD_BYTES:
@@ -352,6 +352,9 @@ def enqueue_many(
             first_index=exc.first_index,
             field=f"messages[{exc.index}].dedupe_key",
         ) from None
+    except ValidationError as exc:  # refused by the database's own check
+        index = getattr(exc, "index", 0)
+        raise ValidationError(f"messages[{index}].{exc.field}", exc.problem) from None
     if any(r.created for r in results):
         wake.arm(connection)  # nudge the dispatcher after the commit, if configured
     return results if return_created else [r.id for r in results]

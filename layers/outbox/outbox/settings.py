@@ -284,6 +284,22 @@ OUTBOX_RELAY_ROLE = Text[str](
     expected="a lower-case SQL identifier",
     meaning="migrations: the group role granted DML on the outbox tables",
 )
+OUTBOX_PRODUCER_ROLE = Text[str](
+    name="OUTBOX_PRODUCER_ROLE",
+    default="outbox_producer",
+    pattern=r"[a-z_][a-z0-9_]{0,62}",
+    expected="a lower-case SQL identifier",
+    meaning="migrations: the group role granted EXECUTE on the enqueue functions, nothing else",
+)
+# Read by the relay (its connections resolve names there only) and by the
+# producer (it calls the enqueue function by this schema's name).
+OUTBOX_SCHEMA = Text[str](
+    name="OUTBOX_SCHEMA",
+    default="public",
+    pattern=r"[a-z_][a-z0-9_]{0,62}",
+    expected="a lower-case SQL identifier",
+    meaning="the schema that holds the outbox tables and functions",
+)
 
 # The state machine's numbers
 BATCH_SIZE = Int(

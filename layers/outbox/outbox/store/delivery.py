@@ -249,6 +249,13 @@ def channel_load(conn: sa.Connection, channels: Sequence[str]) -> ChannelLoad:
     )
 
 
+# Only a claim no sender started: a hand-off whose Invoke call timed out may
+# still have been queued by Lambda, and its sender may hold the receipt and be
+# calling the provider. Taking that claim back would refuse its settle and let
+# the next pass send the message again; the reaper is the one recovery path
+# for a received claim (invariant 5). The one exception is the receipt's own
+# holder giving back rows it did not start (``outbox worker`` stopping, whose
+# claim is its receipt): ``own_receipt`` releases those, and only those.
 _RELEASE = statement(
     """
     UPDATE outbox_message AS m
@@ -256,6 +263,7 @@ _RELEASE = statement(
         available_at = now() + make_interval(secs => :delay_seconds), last_error = :reason
     FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
     WHERE m.id = h.id AND m.claim_token = h.token AND m.status = 'claimed'
+      AND (m.received_at IS NOT NULL) = :own_receipt
     RETURNING m.id
     """
 )
@@ -266,8 +274,14 @@ def release(
     claims: Iterable[Held],
     reason: str,
     delay_seconds: float = 0,
+    *,
+    own_receipt: bool = False,
 ) -> set[int]:
-    """Give claims back without counting an attempt (a failed hand-off). Fenced."""
+    """Give claims back without counting an attempt (a failed hand-off).
+    Fenced, and only those no sender took a receipt for (their sender may be
+    sending: the reaper recovers them); returns the ids released.
+    ``own_receipt``: the caller holds the receipt of these claims itself and
+    never started them (a stopping worker): those are released instead."""
     held = list(claims)
     if not held:
         return set()
@@ -278,6 +292,7 @@ def release(
             "tokens": array_literal(c.claim_token for c in held),
             "reason": reason,
             "delay_seconds": float(delay_seconds),
+            "own_receipt": own_receipt,
         },
     ).all()
     return {r.id for r in rows}

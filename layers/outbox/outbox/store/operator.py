@@ -327,7 +327,8 @@ def count_prunable(conn: sa.Connection, cutoff: Any, statuses: Sequence[str]) ->
 def prune_settled_before(
     conn: sa.Connection, cutoff: Any, batch_size: int, statuses: Sequence[str]
 ) -> int:
-    """Delete up to ``batch_size`` rows in ``statuses`` settled before ``cutoff``."""
+    """Delete up to ``batch_size`` rows in ``statuses`` settled before ``cutoff``;
+    returns how many the DELETE removed (never a prior count)."""
     result = conn.execute(
         _PRUNE_BEFORE,
         {"statuses": _prunable(statuses), "cutoff": cutoff, "batch_size": batch_size},

@@ -18,15 +18,14 @@ SET check_function_bodies = false;
 CREATE FUNCTION public.outbox_addresses(channel text, payload jsonb) RETURNS SETOF text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
-        SELECT DISTINCT outbox_normalize_address(channel, a)
+        SELECT DISTINCT public.outbox_normalize_address(channel, a)
         FROM jsonb_array_elements_text(CASE channel
-            WHEN 'email' THEN outbox_jsonb_list(payload -> 'to')
-                              || outbox_jsonb_list(payload -> 'cc')
-                              || outbox_jsonb_list(payload -> 'bcc')
+            WHEN 'email' THEN public.outbox_jsonb_list(payload -> 'to')
+                              || public.outbox_jsonb_list(payload -> 'cc')
+                              || public.outbox_jsonb_list(payload -> 'bcc')
             WHEN 'sms' THEN jsonb_build_array(payload -> 'to')
             WHEN 'push' THEN jsonb_build_array(payload -> 'endpoint_arn')
             WHEN 'webhook' THEN jsonb_build_array(payload -> 'url')
-            -- '' is the relay's default bus (EVENT_BUS_NAME)
             WHEN 'eventbridge' THEN jsonb_build_array(COALESCE(payload -> 'event_bus', '""'))
             WHEN 'sqs' THEN jsonb_build_array(payload -> 'queue_url')
             ELSE '[]' END) AS a
@@ -47,9 +46,9 @@ CREATE FUNCTION public.outbox_dedupe_identity(channel text, payload jsonb, addre
 -- Name: outbox_enqueue(text, jsonb, text, text, integer, interval, integer, timestamp with time zone, interval, text); Type: FUNCTION
 
 CREATE FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text DEFAULT NULL::text, ordering_key text DEFAULT NULL::text, priority integer DEFAULT 0, delay interval DEFAULT NULL::interval, max_attempts integer DEFAULT NULL::integer, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, ttl interval DEFAULT NULL::interval, on_predecessor_failure text DEFAULT 'hold'::text) RETURNS bigint
-    LANGUAGE plpgsql
-    SET search_path TO '$user', 'public'
-    AS $_$
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
 #variable_conflict use_column
 DECLARE
     p_channel text := outbox_enqueue.channel;
@@ -63,65 +62,20 @@ DECLARE
     p_ttl interval := outbox_enqueue.ttl;
     p_on_failure text := COALESCE(outbox_enqueue.on_predecessor_failure, 'hold');
     f record;
-    size integer;
     builtin boolean := false;
     new_id bigint;
     held_id bigint;
 BEGIN
-    -- the channel: the table's rule for a name
-    IF p_channel IS NULL THEN
-        PERFORM outbox_enqueue_refuse('channel', 'is required');
-    ELSIF p_channel !~ '^[a-z][a-z0-9_-]{0,63}$' THEN
-        PERFORM outbox_enqueue_refuse('channel',
-            'must be 1 to 64 lower-case letters, digits, _ or -, starting with a letter');
+    SELECT * INTO f FROM outbox_enqueue_problem(p_channel, p_payload, p_dedupe, p_ordering,
+        p_priority, p_delay, p_max, p_expires, p_ttl, p_on_failure,
+        EXISTS (SELECT 1 FROM outbox_channel AS c WHERE c.name = p_channel));
+    IF FOUND THEN
+        PERFORM outbox_enqueue_refuse(f.field, f.problem);
     END IF;
 
-    -- the options, in the producer API's ranges
-    IF p_dedupe IS NOT NULL AND NOT char_length(p_dedupe) BETWEEN 1 AND 255 THEN
-        PERFORM outbox_enqueue_refuse('dedupe_key', 'must be 1 to 255 characters');
-    END IF;
-    IF p_ordering IS NOT NULL AND NOT char_length(p_ordering) BETWEEN 1 AND 255 THEN
-        PERFORM outbox_enqueue_refuse('ordering_key', 'must be 1 to 255 characters');
-    END IF;
-    IF NOT p_priority BETWEEN -32768 AND 32767 THEN
-        PERFORM outbox_enqueue_refuse('priority',
-            format('must be between -32768 and 32767, got %s', p_priority));
-    END IF;
-    IF p_delay < interval '0' OR p_delay > interval '365 days' THEN
-        PERFORM outbox_enqueue_refuse('delay', 'must be between 0 and 365 days');
-    END IF;
-    IF p_max IS NOT NULL AND NOT p_max BETWEEN 1 AND 1000 THEN
-        PERFORM outbox_enqueue_refuse('max_attempts',
-            format('must be between 1 and 1000, got %s', p_max));
-    END IF;
-
-    IF p_expires IS NOT NULL AND p_ttl IS NOT NULL THEN
-        PERFORM outbox_enqueue_refuse('ttl', 'give expires_at or ttl, not both');
-    END IF;
-    IF p_ttl <= interval '0' OR p_ttl > interval '366 days' THEN
-        PERFORM outbox_enqueue_refuse('ttl', 'must be more than 0 seconds and at most 366 days');
-    END IF;
-    IF p_on_failure NOT IN ('hold', 'cancel') THEN
-        PERFORM outbox_enqueue_refuse('on_predecessor_failure',
-            format('must be one of ''hold'', ''cancel'', got %L', p_on_failure));
-    END IF;
-
-    -- the payload
-    IF p_payload IS NULL OR jsonb_typeof(p_payload) = 'null' THEN
-        PERFORM outbox_enqueue_refuse('payload', 'is required');
-    END IF;
-    size := octet_length(CAST(p_payload AS text));
-    IF size > 262144 THEN
-        PERFORM outbox_enqueue_refuse('payload',
-            format('is %s bytes; the limit is 262144', size));
-    END IF;
+    -- a built-in channel's payload fields
     FOR f IN SELECT * FROM outbox_enqueue_builtin_fields(p_channel) LOOP
-        IF NOT builtin THEN
-            builtin := true;
-            IF jsonb_typeof(p_payload) <> 'object' THEN
-                PERFORM outbox_enqueue_refuse('payload', 'must be an object');
-            END IF;
-        END IF;
+        builtin := true;
         IF NOT p_payload ? f.field THEN
             IF f.required THEN
                 PERFORM outbox_enqueue_refuse('payload.' || f.field, 'is required');
@@ -141,7 +95,9 @@ BEGIN
         WHERE k NOT IN (SELECT b.field FROM outbox_enqueue_builtin_fields(p_channel) AS b)
         ORDER BY k LIMIT 1;
         IF FOUND THEN
-            PERFORM outbox_enqueue_refuse('payload.' || f.k, 'is not a field of this channel');
+            -- the key is the producer's text: named only if it is a short identifier
+            PERFORM outbox_enqueue_refuse(outbox_payload_field(f.k),
+                'is not a field of this channel');
         END IF;
         IF p_channel = 'email' AND NOT (p_payload ? 'text' OR p_payload ? 'html') THEN
             PERFORM outbox_enqueue_refuse('payload.text', 'text or html is required');
@@ -172,12 +128,13 @@ BEGIN
             outbox_recipient_fingerprints(p_channel, p_payload));
     RETURN new_id;
 END
-$_$;
+$$;
 
 -- Name: outbox_enqueue_builtin_fields(text); Type: FUNCTION
 
 CREATE FUNCTION public.outbox_enqueue_builtin_fields(channel text) RETURNS TABLE(field text, kind text, required boolean)
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
     AS $$
     SELECT f.field, f.kind, f.required
     FROM (VALUES
@@ -214,10 +171,254 @@ CREATE FUNCTION public.outbox_enqueue_builtin_fields(channel text) RETURNS TABLE
     WHERE f.channel = outbox_enqueue_builtin_fields.channel
 $$;
 
+-- Name: outbox_enqueue_many(text[], jsonb, text[], text[], integer[], double precision[], integer[], timestamp with time zone[], double precision[], text[]); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]) RETURNS TABLE(ord bigint, conflict boolean, id bigint, created boolean, first_ord bigint, held_id bigint, refused_field text, refused_problem text)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $_$
+#variable_conflict use_column
+DECLARE
+    bad record;
+    result jsonb;
+    round integer;
+BEGIN
+    IF jsonb_typeof(p_payloads) IS DISTINCT FROM 'array'
+       OR jsonb_array_length(p_payloads) <> cardinality(p_channels) THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = 'payloads: must be a JSON array, one per channel';
+    END IF;
+    -- Every row checked first, in one pass of plain comparisons (the rules of
+    -- outbox_enqueue_problem, which then words the first refused row's).
+    SELECT i.*, p.field, p.problem INTO bad
+    FROM (SELECT i.* FROM 
+    ROWS FROM (
+        unnest(p_channels), jsonb_array_elements(p_payloads),
+        unnest(p_dedupe_keys), unnest(p_ordering_keys), unnest(p_priorities),
+        unnest(p_delays), unnest(p_max_attempts), unnest(p_expires_at), unnest(p_ttls),
+        unnest(p_on_predecessor_failure)
+    ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
+                           delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, ord)
+
+          WHERE (i.channel ~ '^[a-z][a-z0-9_-]{0,63}$'
+                 AND jsonb_typeof(i.payload) = 'object'
+                 AND (i.dedupe_key IS NULL OR char_length(i.dedupe_key) BETWEEN 1 AND 255)
+                 AND (i.ordering_key IS NULL OR char_length(i.ordering_key) BETWEEN 1 AND 255)
+                 AND COALESCE(i.priority, 0) BETWEEN -32768 AND 32767
+                 AND COALESCE(i.delay_s, 0) BETWEEN 0 AND 365 * 86400
+                 AND (i.max_attempts IS NULL OR i.max_attempts BETWEEN 1 AND 1000)
+                 AND (i.ttl_s IS NULL
+                      OR (i.expires_at IS NULL AND i.ttl_s > 0 AND i.ttl_s <= 366 * 86400))
+                 AND (i.expires_at IS NULL OR isfinite(i.expires_at))
+                 AND COALESCE(i.on_predecessor_failure, 'hold') IN ('hold', 'cancel')
+                 AND octet_length(CAST(i.payload AS text)) <= 262144) IS NOT TRUE
+          ORDER BY i.ord LIMIT 1) AS i
+    CROSS JOIN LATERAL outbox_enqueue_problem(i.channel, i.payload, i.dedupe_key,
+        i.ordering_key, i.priority, make_interval(secs => i.delay_s), i.max_attempts,
+        i.expires_at, make_interval(secs => i.ttl_s), i.on_predecessor_failure, true) AS p;
+    IF FOUND THEN
+        RETURN QUERY SELECT bad.ord, false, NULL::bigint, false, NULL::bigint, NULL::bigint,
+                            bad.field, bad.problem;
+        RETURN;
+    END IF;
+    -- Python checked these channels against its registry: SQL producers may use them too
+    INSERT INTO outbox_channel (name)
+    SELECT DISTINCT c FROM unnest(p_channels) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM outbox_channel AS r WHERE r.name = c)
+    ON CONFLICT DO NOTHING;
+    -- producers of one ordering key take turns until their commit (in key
+    -- order, so that two producers cannot deadlock on each other)
+    PERFORM count(pg_advisory_xact_lock(hashtextextended('outbox-ordering-key:' || k, 0)))
+    FROM (SELECT DISTINCT k FROM unnest(p_ordering_keys) AS u(k)
+          WHERE k IS NOT NULL ORDER BY k) AS keys;
+
+    IF NOT EXISTS (SELECT 1 FROM unnest(p_dedupe_keys) AS d WHERE d IS NOT NULL) THEN
+        -- Identity values are drawn in the order the SELECT produces rows
+        -- (ORDER BY ord), so the ids sorted ascending are the input order.
+        RETURN QUERY
+        WITH inserted AS (
+            INSERT INTO outbox_message (channel, payload, ordering_key, priority, available_at,
+                                        max_attempts, expires_at, on_predecessor_failure,
+                                        recipient_fingerprints)
+            SELECT i.channel, i.payload, i.ordering_key, COALESCE(i.priority, 0),
+                   now() + make_interval(secs => COALESCE(i.delay_s, 0)), i.max_attempts,
+                   COALESCE(i.expires_at, now() + make_interval(secs => i.delay_s + i.ttl_s)), COALESCE(i.on_predecessor_failure, 'hold'),
+                   ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a) FROM outbox_addresses(i.channel, i.payload) AS a ORDER BY a)
+            FROM 
+    ROWS FROM (
+        unnest(p_channels), jsonb_array_elements(p_payloads),
+        unnest(p_dedupe_keys), unnest(p_ordering_keys), unnest(p_priorities),
+        unnest(p_delays), unnest(p_max_attempts), unnest(p_expires_at), unnest(p_ttls),
+        unnest(p_on_predecessor_failure)
+    ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
+                           delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, ord)
+ CROSS JOIN outbox_fingerprint_key AS k
+            ORDER BY i.ord
+            RETURNING outbox_message.id
+        )
+        SELECT row_number() OVER (ORDER BY n.id), false, n.id, true, NULL::bigint,
+               NULL::bigint, NULL::text, NULL::text
+        FROM inserted AS n ORDER BY n.id;
+        RETURN;
+    END IF;
+
+    -- A key taken by a transaction that committed after a round's snapshot
+    -- leaves its message without an id: the round is taken back and run
+    -- again (each statement here sees a fresh snapshot). Only a key pruned in
+    -- between needs another round.
+    FOR round IN 1..3 LOOP
+        WITH input AS (
+            SELECT i.*,
+                   -- ids are drawn first so that a key's entry can name its message
+                   nextval('outbox_message_id_seq') AS new_id,
+                   ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a) FROM outbox_addresses(i.channel, i.payload) AS a ORDER BY a) AS recipient_fingerprints,
+                   CASE WHEN i.dedupe_key IS NOT NULL THEN outbox_hmac(k.inner_pad, k.outer_pad,
+                       outbox_dedupe_identity(i.channel, i.payload, ARRAY(SELECT a FROM outbox_addresses(i.channel, i.payload) AS a ORDER BY a))) END
+                       AS fingerprint,
+                   CASE WHEN i.dedupe_key IS NOT NULL
+                        THEN outbox_payload_digest(i.payload) END AS digest
+            FROM 
+    ROWS FROM (
+        unnest(p_channels), jsonb_array_elements(p_payloads),
+        unnest(p_dedupe_keys), unnest(p_ordering_keys), unnest(p_priorities),
+        unnest(p_delays), unnest(p_max_attempts), unnest(p_expires_at), unnest(p_ttls),
+        unnest(p_on_predecessor_failure)
+    ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
+                           delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, ord)
+ CROSS JOIN outbox_fingerprint_key AS k
+            ORDER BY i.ord
+        ),
+        keyed AS (  -- the first of each (channel, key, recipient) in the list stands for it
+            SELECT DISTINCT ON (channel, dedupe_key, fingerprint)
+                   ord, new_id, channel, dedupe_key, fingerprint, digest
+            FROM input WHERE dedupe_key IS NOT NULL
+            ORDER BY channel, dedupe_key, fingerprint, ord
+        ),
+        held AS (  -- keys already taken when this statement began
+            SELECT k.ord, d.message_id, d.payload_digest
+            FROM keyed AS k JOIN outbox_dedupe AS d
+              ON d.channel = k.channel AND d.dedupe_key = k.dedupe_key
+             AND d.recipient_fingerprint = k.fingerprint
+        ),
+        conflicts AS (  -- a payload other than the one its key was first given
+            SELECT i.ord FROM input AS i
+            JOIN keyed AS k ON k.channel = i.channel AND k.dedupe_key = i.dedupe_key
+                           AND k.fingerprint = i.fingerprint
+            LEFT JOIN held AS h ON h.ord = k.ord
+            WHERE i.digest <> COALESCE(h.payload_digest, k.digest)
+        ),
+        taken AS (  -- nothing at all is written when any message conflicts
+            INSERT INTO outbox_dedupe
+                (channel, dedupe_key, recipient_fingerprint, payload_digest, message_id)
+            SELECT k.channel, k.dedupe_key, k.fingerprint, k.digest, k.new_id FROM keyed AS k
+            WHERE NOT EXISTS (SELECT 1 FROM conflicts)
+              AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.ord = k.ord)
+            ORDER BY k.ord
+            ON CONFLICT DO NOTHING  -- taken meanwhile by a transaction that committed since
+            RETURNING message_id
+        ),
+        inserted AS (
+            INSERT INTO outbox_message (id, channel, payload, dedupe_key, ordering_key, priority,
+                                        available_at, max_attempts, expires_at,
+                                        on_predecessor_failure, recipient_fingerprints)
+            OVERRIDING SYSTEM VALUE
+            SELECT new_id, channel, payload, dedupe_key, ordering_key, COALESCE(priority, 0),
+                   now() + make_interval(secs => COALESCE(delay_s, 0)), max_attempts,
+                   COALESCE(i.expires_at, now() + make_interval(secs => i.delay_s + i.ttl_s)), COALESCE(on_predecessor_failure, 'hold'),
+                   recipient_fingerprints
+            FROM input AS i
+            WHERE NOT EXISTS (SELECT 1 FROM conflicts)
+              AND (dedupe_key IS NULL OR new_id IN (SELECT message_id FROM taken))
+            ORDER BY ord
+        )
+        SELECT jsonb_agg(jsonb_build_object(
+                   'ord', i.ord,
+                   'conflict', i.ord IN (SELECT ord FROM conflicts),
+                   'id', CASE WHEN i.dedupe_key IS NULL THEN i.new_id
+                              WHEN k.new_id IN (SELECT message_id FROM taken) THEN k.new_id
+                              ELSE h.message_id END,  -- NULL: taken since the snapshot
+                   'created', i.dedupe_key IS NULL
+                              OR i.new_id IN (SELECT message_id FROM taken),
+                   'first_ord', k.ord, 'held_id', h.message_id) ORDER BY i.ord)
+        INTO result
+        FROM input AS i
+        LEFT JOIN keyed AS k ON k.channel = i.channel AND k.dedupe_key = i.dedupe_key
+                            AND k.fingerprint = i.fingerprint
+        LEFT JOIN held AS h ON h.ord = k.ord;
+
+        IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(result) AS r
+                       WHERE r -> 'id' = 'null' AND NOT (r ->> 'conflict')::boolean)
+           OR EXISTS (SELECT 1 FROM jsonb_array_elements(result) AS r
+                      WHERE (r ->> 'conflict')::boolean) THEN
+            EXIT;
+        END IF;
+        -- take back what this round wrote (the keys by their primary key)
+        WITH gone AS (
+            DELETE FROM outbox_message AS m
+            WHERE m.id IN (SELECT (r ->> 'id')::bigint FROM jsonb_array_elements(result) AS r
+                           WHERE (r ->> 'created')::boolean)
+            RETURNING m.id, m.channel, m.dedupe_key, m.payload
+        )
+        DELETE FROM outbox_dedupe AS d USING gone AS g
+        WHERE d.channel = g.channel AND d.dedupe_key = g.dedupe_key
+          AND d.recipient_fingerprint = outbox_recipient_fingerprint(g.channel, g.payload)
+          AND d.message_id = g.id;
+    END LOOP;
+    RETURN QUERY
+    SELECT r.ord, r.conflict, r.id, r.created, r.first_ord, r.held_id, NULL::text, NULL::text
+    FROM jsonb_to_recordset(result) AS r(ord bigint, conflict boolean, id bigint,
+                                         created boolean, first_ord bigint, held_id bigint)
+    ORDER BY r.ord;
+END
+$_$;
+
+-- Name: outbox_enqueue_problem(text, jsonb, text, text, integer, interval, integer, timestamp with time zone, interval, text, boolean); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_enqueue_problem(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text, registered boolean) RETURNS TABLE(field text, problem text)
+    LANGUAGE sql STABLE
+    SET search_path TO 'public', 'pg_temp'
+    AS $_$
+    SELECT v.field, v.problem FROM (VALUES
+        (1, 'channel', CASE WHEN channel IS NULL THEN 'is required'
+            WHEN channel !~ '^[a-z][a-z0-9_-]{0,63}$' THEN
+                'must be 1 to 64 lower-case letters, digits, _ or -, starting with a letter'
+            WHEN NOT registered THEN 'is not a registered channel (outbox_channel)' END),
+        (2, 'dedupe_key', CASE WHEN NOT char_length(dedupe_key) BETWEEN 1 AND 255
+            THEN 'must be 1 to 255 characters' END),
+        (3, 'ordering_key', CASE WHEN NOT char_length(ordering_key) BETWEEN 1 AND 255
+            THEN 'must be 1 to 255 characters' END),
+        (4, 'priority', CASE WHEN NOT COALESCE(priority, 0) BETWEEN -32768 AND 32767
+            THEN format('must be between -32768 and 32767, got %s', priority) END),
+        (5, 'delay', CASE WHEN delay < interval '0' OR delay > interval '365 days'
+            OR NOT isfinite(delay) THEN 'must be between 0 and 365 days' END),
+        (6, 'max_attempts', CASE WHEN NOT max_attempts BETWEEN 1 AND 1000
+            THEN format('must be between 1 and 1000, got %s', max_attempts) END),
+        (7, 'ttl', CASE WHEN expires_at IS NOT NULL AND ttl IS NOT NULL
+            THEN 'give expires_at or ttl, not both'
+            WHEN ttl <= interval '0' OR ttl > interval '366 days' OR NOT isfinite(ttl)
+            THEN 'must be more than 0 seconds and at most 366 days' END),
+        (8, 'expires_at', CASE WHEN NOT isfinite(expires_at) THEN 'must be a finite time' END),
+        (9, 'on_predecessor_failure', CASE
+            WHEN COALESCE(on_predecessor_failure, 'hold') NOT IN ('hold', 'cancel')
+            THEN format('must be one of ''hold'', ''cancel'', got %s',
+                        public.outbox_quote_text(on_predecessor_failure)) END),
+        (10, 'payload', CASE WHEN payload IS NULL OR jsonb_typeof(payload) = 'null'
+            THEN 'is required'
+            WHEN jsonb_typeof(payload) <> 'object' THEN 'must be an object'
+            WHEN octet_length(CAST(payload AS text)) > 262144
+            THEN format('is %s bytes; the limit is 262144',
+                        octet_length(CAST(payload AS text))) END)
+    ) AS v(n, field, problem)
+    WHERE v.problem IS NOT NULL
+    ORDER BY v.n
+    LIMIT 1
+$_$;
+
 -- Name: outbox_enqueue_refuse(text, text); Type: FUNCTION
 
 CREATE FUNCTION public.outbox_enqueue_refuse(field text, problem text) RETURNS void
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $$
 BEGIN
     RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
@@ -228,7 +429,8 @@ $$;
 -- Name: outbox_fingerprint(text); Type: FUNCTION
 
 CREATE FUNCTION public.outbox_fingerprint(message text) RETURNS bytea
-    LANGUAGE sql STABLE PARALLEL SAFE
+    LANGUAGE sql STABLE SECURITY DEFINER PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
     AS $$
         SELECT outbox_hmac(k.inner_pad, k.outer_pad, message) FROM outbox_fingerprint_key AS k
     $$;
@@ -245,6 +447,7 @@ CREATE FUNCTION public.outbox_hmac(inner_pad bytea, outer_pad bytea, message tex
 
 CREATE FUNCTION public.outbox_hmac_pad(key bytea, pad integer) RETURNS bytea
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
     AS $$
         SELECT string_agg(
                    set_byte(decode('00', 'hex'), 0,
@@ -277,10 +480,32 @@ CREATE FUNCTION public.outbox_payload_digest(payload jsonb) RETURNS bytea
         SELECT sha256(convert_to(CAST(payload AS text), 'UTF8'))
     $$;
 
+-- Name: outbox_payload_field(text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_payload_field(key text) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $_$
+        SELECT CASE WHEN key ~ '^[A-Za-z_][A-Za-z0-9_-]{0,39}$' THEN 'payload.' || key
+                    ELSE 'payload[…]' END
+    $_$;
+
+-- Name: outbox_quote_text(text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_quote_text(value text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $_$
+        SELECT CASE WHEN value ~ '^[ -~]{0,64}$' THEN quote_literal(value)
+                    WHEN value IS NULL THEN 'NULL'
+                    ELSE 'a value that cannot be shown' END
+    $_$;
+
 -- Name: outbox_recipient_fingerprint(text, jsonb); Type: FUNCTION
 
 CREATE FUNCTION public.outbox_recipient_fingerprint(channel text, payload jsonb) RETURNS bytea
-    LANGUAGE sql STABLE PARALLEL SAFE
+    LANGUAGE sql STABLE SECURITY DEFINER PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
     AS $$
         SELECT outbox_hmac(k.inner_pad, k.outer_pad, outbox_dedupe_identity(channel, payload,
                    ARRAY(SELECT a FROM outbox_addresses(channel, payload) AS a ORDER BY a)))
@@ -290,7 +515,8 @@ CREATE FUNCTION public.outbox_recipient_fingerprint(channel text, payload jsonb)
 -- Name: outbox_recipient_fingerprints(text, jsonb); Type: FUNCTION
 
 CREATE FUNCTION public.outbox_recipient_fingerprints(channel text, payload jsonb) RETURNS bytea[]
-    LANGUAGE sql STABLE PARALLEL SAFE
+    LANGUAGE sql STABLE SECURITY DEFINER PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
     AS $$
         SELECT ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a)
                      FROM outbox_addresses(channel, payload) AS a ORDER BY a)
@@ -302,60 +528,62 @@ CREATE FUNCTION public.outbox_recipient_fingerprints(channel text, payload jsonb
 CREATE FUNCTION public.outbox_recipients(channel text, payload jsonb) RETURNS text[]
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
-        SELECT ARRAY(SELECT a FROM outbox_addresses(channel, payload) AS a ORDER BY a)
+        SELECT ARRAY(SELECT a FROM public.outbox_addresses(channel, payload) AS a ORDER BY a)
     $$;
 
 -- Name: outbox_record_outcome_event(); Type: FUNCTION
 
 CREATE FUNCTION public.outbox_record_outcome_event() RETURNS trigger
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
     AS $$
-        BEGIN
-            INSERT INTO outbox_outcome_event (message_id, channel, status, attempts, last_error,
-                                              provider_message_id, dedupe_key, ordering_key)
-            VALUES (NEW.id, NEW.channel, NEW.status, NEW.attempts, NEW.last_error,
-                    NEW.provider_message_id, NEW.dedupe_key, NEW.ordering_key);
-            RETURN NULL;
-        END
-        $$;
+BEGIN
+    INSERT INTO outbox_outcome_event (message_id, channel, status, attempts, last_error,
+                                      provider_message_id, dedupe_key, ordering_key)
+    VALUES (NEW.id, NEW.channel, NEW.status, NEW.attempts, NEW.last_error,
+            NEW.provider_message_id, NEW.dedupe_key, NEW.ordering_key);
+    RETURN NULL;
+END
+$$;
 
 -- Name: outbox_take_dedupe_key(text, text, jsonb, bigint); Type: FUNCTION
 
 CREATE FUNCTION public.outbox_take_dedupe_key(p_channel text, p_dedupe_key text, p_payload jsonb, p_new_id bigint) RETURNS bigint
     LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
     AS $$
-    DECLARE
-        v_fingerprint bytea := outbox_recipient_fingerprint(p_channel, p_payload);
-        v_digest bytea := outbox_payload_digest(p_payload);
-        v_held_id bigint;
-        v_held_digest bytea;
-    BEGIN
-        LOOP
-            INSERT INTO outbox_dedupe
-                (channel, dedupe_key, recipient_fingerprint, payload_digest, message_id)
-            VALUES (p_channel, p_dedupe_key, v_fingerprint, v_digest, p_new_id)
-            ON CONFLICT DO NOTHING;
-            IF FOUND THEN
-                RETURN NULL;
+DECLARE
+    v_fingerprint bytea := outbox_recipient_fingerprint(p_channel, p_payload);
+    v_digest bytea := outbox_payload_digest(p_payload);
+    v_held_id bigint;
+    v_held_digest bytea;
+BEGIN
+    LOOP
+        INSERT INTO outbox_dedupe
+            (channel, dedupe_key, recipient_fingerprint, payload_digest, message_id)
+        VALUES (p_channel, p_dedupe_key, v_fingerprint, v_digest, p_new_id)
+        ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            RETURN NULL;
+        END IF;
+        -- a new statement: it sees a key committed while the INSERT waited
+        SELECT d.message_id, d.payload_digest INTO v_held_id, v_held_digest
+        FROM outbox_dedupe AS d
+        WHERE d.channel = p_channel AND d.dedupe_key = p_dedupe_key
+          AND d.recipient_fingerprint = v_fingerprint;
+        IF FOUND THEN
+            IF v_held_digest <> v_digest THEN
+                RAISE EXCEPTION USING ERRCODE = 'unique_violation',
+                    MESSAGE = format('dedupe_key: %L already names %s message %s for this '
+                                     'recipient, with a different payload',
+                                     p_dedupe_key, p_channel, v_held_id);
             END IF;
-            -- a new statement: it sees a key committed while the INSERT waited
-            SELECT d.message_id, d.payload_digest INTO v_held_id, v_held_digest
-            FROM outbox_dedupe AS d
-            WHERE d.channel = p_channel AND d.dedupe_key = p_dedupe_key
-              AND d.recipient_fingerprint = v_fingerprint;
-            IF FOUND THEN
-                IF v_held_digest <> v_digest THEN
-                    RAISE EXCEPTION USING ERRCODE = 'unique_violation',
-                        MESSAGE = format('dedupe_key: %L already names %s message %s for this '
-                                         'recipient, with a different payload',
-                                         p_dedupe_key, p_channel, v_held_id);
-                END IF;
-                RETURN v_held_id;
-            END IF;
-            -- released by the reaper in between: take it
-        END LOOP;
-    END
-    $$;
+            RETURN v_held_id;
+        END IF;
+        -- released by the reaper in between: take it
+    END LOOP;
+END
+$$;
 
 -- Name: outbox_attempt; Type: TABLE
 
@@ -384,6 +612,14 @@ ALTER TABLE public.outbox_attempt ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTI
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
+);
+
+-- Name: outbox_channel; Type: TABLE
+
+CREATE TABLE public.outbox_channel (
+    name text NOT NULL,
+    registered_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT outbox_channel_name_check CHECK ((name ~ '^[a-z][a-z0-9_-]{0,63}$'::text))
 );
 
 -- Name: outbox_channel_pause; Type: TABLE
@@ -505,6 +741,11 @@ ALTER TABLE ONLY public.outbox_attempt
 ALTER TABLE ONLY public.outbox_channel_pause
     ADD CONSTRAINT outbox_channel_pause_pkey PRIMARY KEY (channel);
 
+-- Name: outbox_channel outbox_channel_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_channel
+    ADD CONSTRAINT outbox_channel_pkey PRIMARY KEY (name);
+
 -- Name: outbox_dedupe outbox_dedupe_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.outbox_dedupe
@@ -587,9 +828,44 @@ ALTER TABLE public.outbox_message DISABLE TRIGGER outbox_message_delivered_event
 
 CREATE TRIGGER outbox_message_outcome_event AFTER UPDATE OF status ON public.outbox_message FOR EACH ROW WHEN (((new.status IS DISTINCT FROM old.status) AND (new.status = ANY (ARRAY['failed'::text, 'dead'::text, 'expired'::text, 'bounced'::text, 'complained'::text])))) EXECUTE FUNCTION public.outbox_record_outcome_event();
 
+-- Name: FUNCTION outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text) TO outbox_producer;
+
+-- Name: FUNCTION outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]) TO outbox_producer;
+
+-- Name: FUNCTION outbox_fingerprint(message text); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_fingerprint(message text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_fingerprint(message text) TO outbox_relay;
+
+-- Name: FUNCTION outbox_recipient_fingerprint(channel text, payload jsonb); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_recipient_fingerprint(channel text, payload jsonb) FROM PUBLIC;
+
+-- Name: FUNCTION outbox_recipient_fingerprints(channel text, payload jsonb); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_recipient_fingerprints(channel text, payload jsonb) FROM PUBLIC;
+
+-- Name: FUNCTION outbox_record_outcome_event(); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_record_outcome_event() FROM PUBLIC;
+
+-- Name: FUNCTION outbox_take_dedupe_key(p_channel text, p_dedupe_key text, p_payload jsonb, p_new_id bigint); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_take_dedupe_key(p_channel text, p_dedupe_key text, p_payload jsonb, p_new_id bigint) FROM PUBLIC;
+
 -- Name: TABLE outbox_attempt; Type: ACL
 
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_attempt TO outbox_relay;
+
+-- Name: TABLE outbox_channel; Type: ACL
+
+GRANT SELECT ON TABLE public.outbox_channel TO outbox_relay;
 
 -- Name: TABLE outbox_channel_pause; Type: ACL
 
@@ -597,20 +873,12 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_channel_pause TO outbox
 
 -- Name: TABLE outbox_dedupe; Type: ACL
 
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_dedupe TO outbox_relay;
-
--- Name: TABLE outbox_fingerprint_key; Type: ACL
-
-GRANT SELECT ON TABLE public.outbox_fingerprint_key TO outbox_relay;
+GRANT SELECT,DELETE,UPDATE ON TABLE public.outbox_dedupe TO outbox_relay;
 
 -- Name: TABLE outbox_message; Type: ACL
 
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_message TO outbox_relay;
-
--- Name: SEQUENCE outbox_message_id_seq; Type: ACL
-
-GRANT USAGE ON SEQUENCE public.outbox_message_id_seq TO outbox_relay;
+GRANT SELECT,DELETE,UPDATE ON TABLE public.outbox_message TO outbox_relay;
 
 -- Name: TABLE outbox_outcome_event; Type: ACL
 
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_outcome_event TO outbox_relay;
+GRANT SELECT,DELETE,UPDATE ON TABLE public.outbox_outcome_event TO outbox_relay;
