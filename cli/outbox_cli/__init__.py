@@ -23,7 +23,12 @@ def missing_extra(what: str, extra: str, *modules: str) -> str | None:
 
     for module in modules:
         if find_spec(module) is None:
-            return f"{what} needs {module}: pip install '{DISTRIBUTION}[{extra}]'"
+            # Not `pip install outbox-relay[...]`: the distribution is on no
+            # public index (and the name there could be anyone's).
+            return (
+                f"{what} needs {module}: install {DISTRIBUTION} with its [{extra}] extra "
+                f"from your checkout (pip install '.[{extra}]') or wheel (docs/how-to/install.md)"
+            )
     return None
 
 

@@ -642,7 +642,9 @@ def _locked_ids(conn: sa.Connection, ids: list[int], allowed: Sequence[str], ver
     if wrong:
         listed = ", ".join(f"{i} is {s}" for i, s in sorted(wrong.items()))
         fail(
-            f"cannot {verb} ({listed}); only {' or '.join(allowed)} messages can be", 1, "conflict"
+            f"cannot {verb} ({listed}): {verb} applies only to {', '.join(allowed)} messages",
+            1,
+            "conflict",
         )
 
 
@@ -958,7 +960,14 @@ def resume(channel: str, as_json: bool) -> None:
     help="Rows per claim (BATCH_SIZE for this run).",
 )
 @click.option("--channels", "channels_", default=None, help="Only these channels (a,b).")
-@click.option("--reap-interval", type=Duration(), default=30.0, show_default=True)
+@click.option(
+    "--reap-interval",
+    type=Duration(),
+    default=30.0,
+    show_default=True,
+    help="How often the worker's reaper step runs (stale claims, deliver-by times, "
+    "outcome events, pruning).",
+)
 @json_option
 def worker(
     once: bool,

@@ -593,10 +593,13 @@ def main(argv: list[str] | None = None) -> int:
                 if settled == len(ids) or time.monotonic() - started > TIME_LIMIT_SECONDS:
                     break
                 ticks += 1
-                dispatcher(
+                dispatched: dict[str, Any] = dispatcher(
                     {"execution_id": f"demo-dispatch-{ticks}"},
                     LambdaContext("outbox-dispatcher", 60),
                 )
+                # In sleep mode each dispatcher run starts with the reaper's
+                # lease step (a run woken at a lease's end is for it).
+                reclaimed += dispatched.get("released_leases", 0)
                 if ticks % 5 == 0:
                     reap_tick(str(ticks))
         backlog = reap_tick("final")["backlog"]
@@ -637,7 +640,7 @@ def _next_steps(
     secret), so a webhook enqueued from another shell is signed as in the demo."""
     url = database_url or "$DATABASE_URL"
     embedded = database_url is not None and "127.0.0.1:5432" not in database_url
-    lines = ["", "Next (README: After make run), in a shell in this folder:"]
+    lines = ["", "Next (docs/how-to/cli.md: After make run), in a shell in this folder:"]
     lines.append("  . .venv/bin/activate")
     if not keep_running:
         if not embedded:
@@ -664,8 +667,9 @@ def _next_steps(
         "  outbox enqueue --channel email --payload "
         f'\'{{"from": "orders@{SENDER_DOMAIN}", "to": ["ada@example.net"], '
         '"subject": "Hi", "text": "Hello"}\'',
-        "  outbox worker --until-empty",
-        "  outbox invoke EmailFunction --claim 10 --env-vars env.local.json",
+        "  outbox invoke EmailFunction --claim 10 --env-vars env.local.json   # one function, "
+        "on the message just enqueued",
+        "  outbox worker --until-empty   # or the whole relay in one process",
         "The database and the moto server stay up until Ctrl-C.",
     ]
 

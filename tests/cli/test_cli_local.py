@@ -43,7 +43,7 @@ def check_output(result: subprocess.CompletedProcess[str], database_line: str) -
     assert "two transient failures, then delivered" in out and "-> delivered" in out
     assert "MessageRejected" in out and "-> failed" in out
     assert "MAX_ATTEMPTS is spent" in out and "-> dead" in out
-    assert "expired claims taken back: 1;" in out  # the lost hand-off, via the reaper
+    assert "expired claims taken back: 1;" in out  # the lost hand-off, via the reaping step
     assert "lease expired" in out  # ... in its attempt history
     assert "local run OK" in out
 
@@ -62,7 +62,7 @@ def test_make_run_on_the_local_postgres(server_url: str) -> None:
         result = run_local(env)
         check_output(result, line)
         if "OUTBOX_LOCAL_DBNAME" in env:  # it says how to look at what it left
-            assert "Next (README: After make run)" in result.stdout
+            assert "Next (docs/how-to/cli.md: After make run)" in result.stdout
             assert (
                 f"  export DATABASE_URL=postgresql://postgres@127.0.0.1:5432/{name}\n"
                 in result.stdout

@@ -136,7 +136,7 @@ def test_the_command_without_its_extra_says_what_to_install(producer_venv: Path)
     out = run(producer_venv.parent / "outbox", "--version")
     assert out.returncode == 1
     assert out.stderr.strip() == (
-        "Error: the outbox command needs click: pip install 'outbox-relay[cli]'"
+        "Error: the outbox command needs click: install outbox-relay with its [cli] extra from your checkout (pip install '.[cli]') or wheel (docs/how-to/install.md)"
     )
 
 
@@ -185,13 +185,13 @@ def test_the_cli_extra_is_enough_for_the_operator_commands(
     assert (worker.returncode, worker.stdout, worker.stderr) == (
         1,
         "",
-        "Error: outbox worker needs aws_lambda_powertools: pip install 'outbox-relay[worker]'\n",
+        "Error: outbox worker needs aws_lambda_powertools: install outbox-relay with its [worker] extra from your checkout (pip install '.[worker]') or wheel (docs/how-to/install.md)\n",
     )
     invoked = run(outbox_command, "invoke", "EmailFunction", "events/email.json", cwd=ROOT)
     assert (invoked.returncode, invoked.stdout, invoked.stderr) == (
         1,
         "",
-        "Error: outbox invoke needs yaml: pip install 'outbox-relay[local]'\n",
+        "Error: outbox invoke needs yaml: install outbox-relay with its [local] extra from your checkout (pip install '.[local]') or wheel (docs/how-to/install.md)\n",
     )
     as_json = run(outbox_command, "worker", "--once", "--json")
     assert json.loads(as_json.stdout)["error"]["kind"] == "missing_extra"

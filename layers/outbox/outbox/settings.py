@@ -271,10 +271,15 @@ DB_CA_BUNDLE = Text[str | None](
 )
 DB_CONNECT_TIMEOUT = Float(
     name="DB_CONNECT_TIMEOUT",
-    default=10.0,
+    # 30, not 10: a paused Aurora Serverless v2 resumes on the first connect
+    # in about 15 s, and a shorter timeout would fail every run that wakes it.
+    default=30.0,
     low=1.0,
     high=120.0,
-    meaning="seconds to connect to the database",
+    meaning=(
+        "seconds to connect to the database (and pg8000's socket timeout); long enough for "
+        "a paused Aurora Serverless v2 to resume (about 15 s)"
+    ),
     in_template=False,
 )
 OUTBOX_RELAY_ROLE = Text[str](
