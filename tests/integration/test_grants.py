@@ -35,6 +35,8 @@ RELAY_GRANTS = [
     "GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_message, outbox_attempt TO {role}",
     # the claim skips paused channels
     "GRANT SELECT ON outbox_channel_pause TO {role}",
+    # the claim draws from (and locks) the throttled destinations' buckets
+    "GRANT SELECT, UPDATE ON outbox_destination TO {role}",
 ]
 
 

@@ -9,6 +9,7 @@
     feedback        provider feedback (SES bounces and complaints)
     outcome_events  the transitions published to EventBridge
     policy          the retry policy and the SQL fragments that apply it
+    rates           destinations' pauses and learned rates (throttling, quotas)
     _sql            how statements are written and parameters encoded
 
 The names below are the whole API; every module keeps its statements private.
@@ -98,6 +99,12 @@ from .policy import (
     Backoff,
     bounded_delay,
 )
+from .rates import (
+    DestinationFigures,
+    Throttled,
+    destination_figures,
+    record_throttling,
+)
 from .upkeep import (
     LEASE_EXPIRED_ERROR,
     NOT_STARTED_ERROR,
@@ -125,6 +132,7 @@ __all__ = [
     "ChannelStatusCount",
     "Claim",
     "ClaimedMessage",
+    "DestinationFigures",
     "Enqueued",
     "Feedback",
     "FeedbackResult",
@@ -135,6 +143,7 @@ __all__ = [
     "Reaped",
     "Settled",
     "Settlement",
+    "Throttled",
     "array_literal",
     "attempt_history",
     "backlog",
@@ -149,6 +158,7 @@ __all__ = [
     "claim",
     "claim_and_receive",
     "count_prunable",
+    "destination_figures",
     "drop_outcome_events",
     "expire_overdue",
     "finish_outcome_events",
@@ -171,6 +181,7 @@ __all__ = [
     "received_elsewhere",
     "recipient_history",
     "record_feedback",
+    "record_throttling",
     "redrive",
     "release",
     "resume_channel",

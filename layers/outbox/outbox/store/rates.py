@@ -1,0 +1,196 @@
+"""Destinations' rates and pauses: what a throttling or quota answer writes,
+and the SQL the claim reads them with (docs/design.md, invariant 9).
+
+A destination (``outbox_message.destination``, set on insert from the
+channel and payload) that answers "slow down" gets a row in
+``outbox_destination``: paused until the time it asked for (or the relay's
+own short pause), and a learned rate, cut by ``RATE_DECREASE`` on each fresh
+throttling answer and grown again by ``RATE_INCREASE_PER_SECOND`` of itself
+for every second since (additive increase, multiplicative decrease, as TCP
+does). The claim draws each such destination's rows from a token bucket
+refilled at that rate, so a steady backlog settles just under what the
+receiver admits and each refused call costs one call, not one per message.
+
+A quota answer pauses the whole channel (``outbox_channel_pause``) until the
+provider's reset or ``QUOTA_PAUSE_SECONDS``; the claim skips it till then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from ._sql import check_channels, json_document, statement
+
+# How long a destination waits after a throttling answer that named no time.
+THROTTLE_PAUSE_SECONDS = 1.0
+# How long a channel waits after a quota answer that named no reset time.
+QUOTA_PAUSE_SECONDS = 3600.0
+# The learned rate after a throttling answer, as a share of the rate then.
+RATE_DECREASE = 0.8
+# How fast the learned rate grows back: this share of itself, each second.
+RATE_INCREASE_PER_SECOND = 0.05
+# The learned rate never falls below this (messages a second).
+MIN_RATE = 0.1
+# No pause is longer than a day, whatever a provider answers.
+MAX_PAUSE_SECONDS = 86400.0
+
+# The rate of destination row ``d`` now: the learned rate, grown since.
+RATE_NOW_SQL = (
+    f"(d.rate * (1 + {RATE_INCREASE_PER_SECOND} "
+    "* GREATEST(0, EXTRACT(EPOCH FROM now() - d.rate_at))))"
+)
+# The tokens its bucket holds now: refilled at that rate since ``tokens_at``
+# (a time in the future while paused: none yet), holding at most one
+# second's worth (at least one message).
+TOKENS_NOW_SQL = (
+    f"LEAST(GREATEST(1, {RATE_NOW_SQL}), COALESCE(d.tokens, 0) + {RATE_NOW_SQL} "
+    "* GREATEST(0, EXTRACT(EPOCH FROM now() - d.tokens_at)))"
+)
+
+
+def bounded_pause(seconds: Any, default: float) -> float:
+    """A provider's pause made safe to write: a number within (0, a day];
+    anything else (None, NaN, negative, text) is ``default``."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return default
+    seconds = float(seconds)
+    if not seconds > 0:  # NaN too
+        return default
+    return min(seconds, MAX_PAUSE_SECONDS)
+
+
+@dataclass(frozen=True)
+class Throttled:
+    """What one sender saw of a destination that throttled: the longest pause
+    asked for, how many answers said so, and the rate this sender had
+    delivered to it (messages a second), the first estimate of its rate."""
+
+    pause_seconds: float | None  # None: the relay's own pause
+    answers: int
+    delivered_rate: float
+
+
+# One statement for every throttled destination of a batch. A destination
+# already paused when the answer came (an answer to a call that was already
+# under way) lengthens the pause but does not cut the rate again: one cut
+# per signal, however many senders heard it.
+_THROTTLED = statement(
+    f"""
+    INSERT INTO outbox_destination AS d
+        (channel, destination, paused_until, rate, rate_at, tokens, tokens_at,
+         throttled_total, throttled_minute, minute_start)
+    SELECT :channel, t.destination, now() + make_interval(secs => t.pause_s),
+           GREATEST({MIN_RATE}, t.delivered_rate * {RATE_DECREASE}), now(),
+           0, now() + make_interval(secs => t.pause_s), t.answers, t.answers, now()
+    FROM jsonb_to_recordset(CAST(:throttled AS jsonb))
+        AS t(destination text, pause_s float8, answers int, delivered_rate float8)
+    ON CONFLICT (channel, destination) DO UPDATE SET
+        paused_until = GREATEST(d.paused_until, EXCLUDED.paused_until),
+        rate = CASE WHEN d.paused_until > now() AND d.rate IS NOT NULL THEN d.rate
+                    ELSE GREATEST({MIN_RATE}, {RATE_DECREASE}
+                         * COALESCE({RATE_NOW_SQL}, EXCLUDED.rate / {RATE_DECREASE})) END,
+        rate_at = CASE WHEN d.paused_until > now() AND d.rate IS NOT NULL THEN d.rate_at
+                       ELSE now() END,
+        tokens = 0,
+        tokens_at = GREATEST(d.tokens_at, EXCLUDED.tokens_at),
+        throttled_total = d.throttled_total + EXCLUDED.throttled_total,
+        throttled_minute = CASE WHEN d.minute_start > now() - interval '1 minute'
+                                THEN d.throttled_minute + EXCLUDED.throttled_minute
+                                ELSE EXCLUDED.throttled_minute END,
+        minute_start = CASE WHEN d.minute_start > now() - interval '1 minute'
+                            THEN d.minute_start ELSE now() END
+    """
+)
+
+# A quota pause ends by itself; an operator's pause (no end) is never
+# shortened by one, and keeps its reason.
+_QUOTA = statement(
+    """
+    INSERT INTO outbox_channel_pause AS cp (channel, reason, paused_until)
+    VALUES (:channel, :reason, now() + make_interval(secs => :pause_s))
+    ON CONFLICT (channel) DO UPDATE SET
+        reason = CASE WHEN cp.paused_until IS NULL THEN cp.reason ELSE EXCLUDED.reason END,
+        paused_at = CASE WHEN cp.paused_until <= now() THEN now() ELSE cp.paused_at END,
+        paused_until = CASE WHEN cp.paused_until IS NULL THEN NULL
+                            WHEN cp.paused_until <= now() THEN EXCLUDED.paused_until
+                            ELSE GREATEST(cp.paused_until, EXCLUDED.paused_until) END
+    """
+)
+
+
+def record_throttling(
+    conn: sa.Connection,
+    channel: str,
+    throttled: Mapping[str, Throttled],
+    quota: tuple[str, float | None] | None = None,
+) -> None:
+    """Pause each throttled destination of ``channel`` and cut its rate, and
+    with ``quota`` (reason, seconds) pause the channel: in the caller's
+    transaction, before the settle gives the rows back, so no claim between
+    the two can take them."""
+    check_channels([channel])
+    if throttled:
+        rows = [
+            {
+                "destination": destination,
+                "pause_s": bounded_pause(t.pause_seconds, THROTTLE_PAUSE_SECONDS),
+                "answers": t.answers,
+                "delivered_rate": max(float(t.delivered_rate), MIN_RATE),
+            }
+            for destination, t in throttled.items()
+        ]
+        conn.execute(_THROTTLED, {"channel": channel, "throttled": json_document(rows)})
+    if quota is not None:
+        reason, seconds = quota
+        conn.execute(
+            _QUOTA,
+            {
+                "channel": channel,
+                "reason": reason,
+                "pause_s": bounded_pause(seconds, QUOTA_PAUSE_SECONDS),
+            },
+        )
+
+
+@dataclass(frozen=True)
+class DestinationFigures:
+    """One destination as ``outbox status`` shows it."""
+
+    channel: str
+    destination: str
+    rate: float | None  # the learned rate now, messages a second (None: none)
+    paused_until: Any  # a datetime while paused, else None
+    throttled_last_minute: int
+    throttled_total: int
+
+
+_DESTINATIONS = statement(
+    f"""
+    SELECT d.channel, d.destination, {RATE_NOW_SQL} AS rate,
+           CASE WHEN d.paused_until > now() THEN d.paused_until END AS paused_until,
+           CASE WHEN d.minute_start > now() - interval '1 minute'
+                THEN d.throttled_minute ELSE 0 END AS throttled_last_minute,
+           d.throttled_total
+    FROM outbox_destination AS d
+    ORDER BY d.channel, d.destination
+    """
+)
+
+
+def destination_figures(conn: sa.Connection) -> list[DestinationFigures]:
+    """Every destination that ever throttled, with its figures now."""
+    return [
+        DestinationFigures(
+            r.channel,
+            r.destination,
+            None if r.rate is None else float(r.rate),
+            r.paused_until,
+            int(r.throttled_last_minute),
+            int(r.throttled_total),
+        )
+        for r in conn.execute(_DESTINATIONS)
+    ]

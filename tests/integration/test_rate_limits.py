@@ -1,0 +1,341 @@
+"""Destinations and their limits (docs/design.md, invariant 9): a throttling
+answer pauses its destination, never counting an attempt or a deferral, while
+other destinations keep going; the claim draws a throttled destination's rows
+from its token bucket, in bulk, however many claimers; a quota answer pauses
+the channel until its reset or an operator's resume."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import outbox
+from outbox import sender, store
+from outbox.channels import Outcome
+from outbox.handoff import HandOff
+from support import ScriptedChannel, install_channel, settings
+
+pytestmark = pytest.mark.usefixtures("clean_destinations")
+
+
+@pytest.fixture
+def clean_destinations(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.text("TRUNCATE outbox_destination"))
+
+
+def hook(host: str, n: int = 0) -> dict[str, Any]:
+    return {"url": f"https://{host}/hooks/{n}", "event_type": "t", "body": {"n": n}}
+
+
+def enqueue_hooks(engine: sa.Engine, host: str, n: int) -> list[int]:
+    with engine.begin() as conn:
+        return outbox.enqueue_many(
+            conn, [{"channel": "webhook", "payload": hook(host, i)} for i in range(n)]
+        )
+
+
+def enqueue_scripted(engine: sa.Engine, n: int) -> list[int]:
+    with engine.begin() as conn:
+        return outbox.enqueue_many(
+            conn, [{"channel": "scripted", "payload": {"n": i}} for i in range(n)]
+        )
+
+
+def claim(engine: sa.Engine, batch: int = 100) -> list[store.Claim]:
+    with engine.begin() as conn:
+        return store.claim(conn, batch, 120)
+
+
+def destinations_of(engine: sa.Engine, ids: list[int]) -> set[str]:
+    with engine.connect() as conn:
+        return set(
+            conn.execute(
+                sa.text("SELECT destination FROM outbox_message WHERE id = ANY(:ids)"),
+                {"ids": ids},
+            ).scalars()
+        )
+
+
+def counts(engine: sa.Engine, ids: list[int]) -> dict[int, tuple[str, int, int]]:
+    """id -> (status, attempts, deferrals)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT id, status, attempts, deferrals FROM outbox_message WHERE id = ANY(:ids)"
+            ),
+            {"ids": ids},
+        ).all()
+    return {r.id: (r.status, r.attempts, r.deferrals) for r in rows}
+
+
+def run_sender(engine: sa.Engine, claims: list[store.Claim], **overrides: Any) -> Any:
+    event = HandOff(claims[0].channel, tuple(claims)).to_event()
+    return sender.run(engine, event, settings(send_concurrency=1, **overrides), lambda: 30.0)
+
+
+# --- the destination -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("channel", "payload", "destination"),
+    [
+        ("webhook", {"url": "https://Hooks.Example.COM/a?b=c"}, "hooks.example.com"),
+        ("webhook", {"url": "https://hooks.example.com:8443/a"}, "hooks.example.com:8443"),
+        ("webhook", {"url": "https://user:pw@hooks.example.com/a"}, "hooks.example.com"),
+        ("webhook", {"url": "http://[2001:db8::1]:9000/p"}, "[2001:db8::1]:9000"),
+        ("webhook", {"url": "not a url"}, ""),
+        ("sqs", {"queue_url": "https://sqs.x/123456789012/q"}, "https://sqs.x/123456789012/q"),
+        ("eventbridge", {"event_bus": "orders"}, "orders"),
+        ("eventbridge", {}, ""),
+        ("email", {"to": ["a@example.com"]}, ""),
+        ("sms", {"to": "+15555550100"}, ""),
+        ("custom", {"anything": 1}, ""),
+    ],
+)
+def test_the_destination_is_a_function_of_channel_and_payload(
+    engine: sa.Engine, channel: str, payload: dict[str, Any], destination: str
+) -> None:
+    with engine.connect() as conn:
+        got = conn.execute(
+            sa.text("SELECT outbox_destination_of(:channel, CAST(:payload AS jsonb))"),
+            {"channel": channel, "payload": outbox.store.payload_json(payload)},
+        ).scalar_one()
+    assert got == destination
+
+
+def test_every_insert_gets_its_destination(engine: sa.Engine) -> None:
+    ids = enqueue_hooks(engine, "a.example", 2) + enqueue_hooks(engine, "b.example:8443", 1)
+    with engine.begin() as conn:  # raw SQL, past the producer, too
+        raw = conn.execute(
+            sa.text(
+                "INSERT INTO outbox_message (channel, payload) VALUES "
+                """('webhook', '{"url": "https://c.example/x"}') RETURNING id"""
+            )
+        ).scalar_one()
+    assert destinations_of(engine, ids) == {"a.example", "b.example:8443"}
+    assert destinations_of(engine, [raw]) == {"c.example"}
+
+
+# --- the claim -----------------------------------------------------------------
+
+
+def test_a_paused_destination_is_skipped_and_the_others_claimed(engine: sa.Engine) -> None:
+    slow = enqueue_hooks(engine, "slow.example", 5)
+    fast = enqueue_hooks(engine, "fast.example", 5)
+    with engine.begin() as conn:
+        store.record_throttling(conn, "webhook", {"slow.example": store.Throttled(30, 1, 10)})
+    assert sorted(c.id for c in claim(engine)) == fast
+    assert claim(engine) == []
+    assert {counts(engine, slow)[i] for i in slow} == {("pending", 0, 0)}
+    [figures] = _figures(engine)
+    assert (figures.destination, figures.throttled_last_minute, figures.throttled_total) == (
+        "slow.example",
+        1,
+        1,
+    )
+    assert figures.paused_until is not None and figures.rate == pytest.approx(8.0, rel=0.2)
+
+
+def test_fair_share_lets_every_destination_take_turns(engine: sa.Engine) -> None:
+    busy = enqueue_hooks(engine, "busy.example", 8)
+    quiet = enqueue_hooks(engine, "quiet.example", 3)
+    claimed = [c.id for c in claim(engine, batch=6)]
+    # one of each, then the second of each, ...: the quiet one is not behind the busy one
+    assert sorted(claimed) == sorted(busy[:3] + quiet[:3])
+
+
+def set_bucket(engine: sa.Engine, destination: str, rate: float, tokens: float) -> Any:
+    """A destination that throttled and whose pause is over, its bucket holding
+    ``tokens`` and refilling at ``rate``, from now (returned, the database's)."""
+    with engine.begin() as conn:
+        store.record_throttling(conn, "webhook", {destination: store.Throttled(1, 1, 1)})
+        return conn.execute(
+            sa.text(
+                "UPDATE outbox_destination SET paused_until = now(), rate = :rate, "
+                "rate_at = now(), tokens = :tokens, tokens_at = now() WHERE destination = :d "
+                "RETURNING now()"
+            ),
+            {"rate": rate, "tokens": tokens, "d": destination},
+        ).scalar_one()
+
+
+def test_a_throttled_destination_takes_no_more_than_its_bucket(engine: sa.Engine) -> None:
+    limited = enqueue_hooks(engine, "limited.example", 20)
+    free = enqueue_hooks(engine, "free.example", 20)
+    set_bucket(engine, "limited.example", rate=4, tokens=4)
+    claimed = [c.id for c in claim(engine)]
+    assert len(set(claimed) & set(limited)) == 4  # the bucket: 4, at most one second of its rate
+    assert set(free) <= set(claimed)  # the others at full speed
+    with engine.connect() as conn:
+        tokens = conn.execute(
+            sa.text("SELECT tokens FROM outbox_destination WHERE destination = 'limited.example'")
+        ).scalar_one()
+    assert tokens < 1  # drawn, in the same statement
+    assert not set(c.id for c in claim(engine)) & set(limited)
+
+
+def test_many_claimers_never_take_more_than_the_bucket_holds(engine: sa.Engine) -> None:
+    limited = enqueue_hooks(engine, "limited.example", 200)
+    since = set_bucket(engine, "limited.example", rate=5, tokens=5)
+    start = threading.Barrier(8)
+    taken: list[int] = []
+    lock = threading.Lock()
+
+    def claimer() -> None:
+        start.wait()
+        for _ in range(5):
+            got = [c.id for c in claim(engine, batch=50)]
+            with lock:
+                taken.extend(got)
+
+    threads = [threading.Thread(target=claimer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(taken) == len(set(taken)) and set(taken) <= set(limited)
+    # What the bucket held, plus its refill over the claims' span by the
+    # database's clock: 5 tokens, then 5 a second (grown by 5 % a second).
+    with engine.connect() as conn:
+        last = conn.execute(
+            sa.text("SELECT max(claimed_at) FROM outbox_message WHERE status = 'claimed'")
+        ).scalar_one()
+    span = (last - since).total_seconds()
+    assert 5 <= len(taken) <= 5 + 5 * (1 + 0.05 * span) * span + 1e-9
+
+
+def _figures(engine: sa.Engine) -> list[store.DestinationFigures]:
+    with engine.connect() as conn:
+        return store.destination_figures(conn)
+
+
+# --- the sender: throttling ------------------------------------------------------
+
+
+class DestinationChannel(ScriptedChannel):
+    """The scripted channel, counting every call it answers."""
+
+    calls: int = 0
+
+    def send(self, message: Any, deadline: Any) -> Outcome:
+        self.calls += 1
+        return super().send(message, deadline)
+
+
+def test_a_throttling_answer_pauses_the_destination_and_counts_nothing(
+    engine: sa.Engine,
+) -> None:
+    channel = install_channel(
+        DestinationChannel(answers=[Outcome.delivered(), Outcome.throttled("HTTP 429", 60)])
+    )
+    ids = enqueue_scripted(engine, 6)
+    report = run_sender(engine, claim(engine))
+    assert channel.calls == 2  # one refused call; the other rows were not started
+    assert report.statuses == {"delivered": 1, "not_started": 5}
+    after = counts(engine, ids)
+    assert after[ids[0]] == ("delivered", 1, 0)
+    assert {after[i] for i in ids[1:]} == {("pending", 0, 0)}  # no attempt, no deferral
+    with engine.connect() as conn:
+        last_error = conn.execute(
+            sa.text("SELECT last_error FROM outbox_message WHERE id = :id"), {"id": ids[1]}
+        ).scalar_one()
+        paused_for = conn.execute(
+            sa.text(
+                "SELECT EXTRACT(EPOCH FROM paused_until - now()) FROM outbox_destination"
+                " WHERE channel = 'scripted' AND destination = ''"
+            )
+        ).scalar_one()
+    assert last_error == "HTTP 429"
+    assert 50 < float(paused_for) <= 60  # the pause asked for
+    assert claim(engine) == []  # paused: nothing claimed, nothing counted
+
+    # the pause over, the rows go, one attempt each (none was counted before)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_destination SET paused_until = now(), rate = 100, rate_at = now(),"
+                " tokens = 100, tokens_at = now()"
+            )
+        )
+    report = run_sender(engine, claim(engine))
+    assert report.statuses == {"delivered": 5}
+    assert {counts(engine, ids)[i] for i in ids} == {("delivered", 1, 0)}
+
+
+def test_a_throttled_answer_in_flight_while_paused_does_not_cut_the_rate_again(
+    engine: sa.Engine,
+) -> None:
+    with engine.begin() as conn:
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 1, 100)})
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 3, 100)})
+    [figures] = _figures(engine)
+    assert figures.rate == pytest.approx(80, rel=0.05)  # cut once: 100 x 0.8
+    assert figures.throttled_total == 4
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -5.0, 0.0, None, float("inf"), 1e12])
+def test_a_bad_pause_is_bounded(engine: sa.Engine, bad: Any) -> None:
+    with engine.begin() as conn:
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(bad, 1, 1)})
+        seconds = conn.execute(
+            sa.text("SELECT EXTRACT(EPOCH FROM paused_until - now()) FROM outbox_destination")
+        ).scalar_one()
+    assert 0 < float(seconds) <= store.rates.MAX_PAUSE_SECONDS
+
+
+# --- the sender: quotas ----------------------------------------------------------
+
+
+def test_a_quota_answer_pauses_the_channel_until_resumed(engine: sa.Engine) -> None:
+    quota = Outcome.quota("ThrottlingException: daily quota exceeded", 3600)
+    channel = install_channel(
+        DestinationChannel(answers=[Outcome.delivered(), quota, quota, quota, quota])
+    )
+    ids = enqueue_scripted(engine, 8)
+    first, second = claim(engine, batch=4), claim(engine, batch=4)  # two events in flight
+    run_sender(engine, first)
+    assert channel.calls == 2  # the refused call, then nothing more
+    with engine.connect() as conn:
+        [paused] = store.paused_channels(conn)
+    assert (paused.channel, paused.reason) == (
+        "scripted",
+        "quota: ThrottlingException: daily quota exceeded",
+    )
+    assert paused.paused_until is not None
+    # the other sender, already under way: at most one refused call
+    run_sender(engine, second)
+    assert channel.calls == 3
+    assert claim(engine) == []
+    after = counts(engine, ids)
+    assert {after[i] for i in ids if i != ids[0]} == {("pending", 0, 0)}
+
+    # an operator's resume (the quota was raised): delivered, one attempt each
+    channel.answers.clear()
+    with engine.begin() as conn:
+        assert store.resume_channel(conn, "scripted")
+    run_sender(engine, claim(engine))
+    assert {counts(engine, ids)[i] for i in ids} == {("delivered", 1, 0)}
+
+
+def test_a_quota_pause_ends_by_itself_and_an_operator_pause_outlasts_it(
+    engine: sa.Engine,
+) -> None:
+    install_channel(ScriptedChannel())
+    ids = enqueue_scripted(engine, 2)
+    with engine.begin() as conn:
+        store.record_throttling(conn, "scripted", {}, ("quota: daily", 3600))
+    assert claim(engine) == []
+    with engine.begin() as conn:  # the reset time comes
+        conn.execute(sa.text("UPDATE outbox_channel_pause SET paused_until = now()"))
+        assert store.paused_channels(conn) == []
+    assert sorted(c.id for c in claim(engine)) == ids
+
+    with engine.begin() as conn:  # an operator's pause is not ended by a quota's
+        store.pause_channel(conn, "scripted", "incident")
+        store.record_throttling(conn, "scripted", {}, ("quota: daily", 60))
+        [paused] = store.paused_channels(conn)
+    assert (paused.reason, paused.paused_until) == ("incident", None)
