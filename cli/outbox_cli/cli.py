@@ -456,14 +456,16 @@ def enqueue(
 @json_option
 def status(as_json: bool) -> None:
     """Messages per channel and status, oldest due age, claims past their lease,
-    and pending messages held behind a failed row of their ordering key."""
+    pending messages held behind a failed row of their ordering key, paused
+    channels, and the destinations that throttled (rate, pauses)."""
     from outbox import store
 
     with database() as engine, engine.connect() as conn:
         groups = store.channel_status_counts(conn)
         backlog = store.backlog(conn)
         paused = store.paused_channels(conn)
-    render_status(groups, backlog, STATUSES, as_json, paused)
+        destinations = store.destination_figures(conn)
+    render_status(groups, backlog, STATUSES, as_json, paused, destinations)
 
 
 @cli.command("list")

@@ -175,6 +175,7 @@ def render_status(
     statuses: Sequence[str],
     as_json: bool,
     paused: Sequence[Any] = (),
+    destinations: Sequence[Any] = (),
 ) -> None:
     if as_json:
         emit_json(
@@ -197,8 +198,24 @@ def render_status(
                 "dead": backlog.dead,
                 "held": backlog.held,
                 "paused_channels": [
-                    {"channel": p.channel, "reason": p.reason, "paused_at": p.paused_at}
+                    {
+                        "channel": p.channel,
+                        "reason": p.reason,
+                        "paused_at": p.paused_at,
+                        "paused_until": p.paused_until,
+                    }
                     for p in paused
+                ],
+                "destinations": [
+                    {
+                        "channel": d.channel,
+                        "destination": d.destination,
+                        "rate_per_second": None if d.rate is None else round(d.rate, 3),
+                        "paused_until": d.paused_until,
+                        "throttled_last_minute": d.throttled_last_minute,
+                        "throttled_total": d.throttled_total,
+                    }
+                    for d in destinations
                 ],
             }
         )
@@ -208,7 +225,16 @@ def render_status(
         why = f": {inert(p.reason)}" if p.reason else ""
         since = p.paused_at.isoformat(timespec="seconds")
         channel = inert(p.channel)
-        click.echo(f"channel {channel} is PAUSED since {since}{why} (outbox resume {channel})")
+        until = (
+            f" until {p.paused_until.isoformat(timespec='seconds')} (or"
+            if p.paused_until is not None
+            else " ("
+        )
+        click.echo(
+            f"channel {channel} is PAUSED since {since}{why}{until} outbox resume {channel})"
+        )
+    if destinations:
+        render_destinations(destinations)
     click.echo(
         f"pending {backlog.pending} (due {backlog.due}, oldest due "
         f"{backlog.oldest_due_age_seconds:.1f}s), claimed {backlog.claimed} "
@@ -219,6 +245,30 @@ def render_status(
             f"held {backlog.held}: pending behind a failed, dead or expired message of their "
             "ordering key; redrive or cancel that message to let them go"
         )
+
+
+def render_destinations(destinations: Sequence[Any]) -> None:
+    """The destinations that asked the relay to slow down, and what it learned."""
+    table = _table(
+        "channel",
+        "destination",
+        "rate/s",
+        "throttled (1 min)",
+        "throttled",
+        "paused until",
+        title="destinations that throttled",
+    )
+    for d in destinations:
+        add_row(
+            table,
+            d.channel,
+            d.destination or "(the account)",
+            "" if d.rate is None else f"{d.rate:.2f}",
+            d.throttled_last_minute,
+            d.throttled_total,
+            "" if d.paused_until is None else d.paused_until.isoformat(timespec="seconds"),
+        )
+    console().print(table)
 
 
 def render_status_table(

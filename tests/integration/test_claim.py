@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
 from collections import Counter
+from typing import Any
 
 import sqlalchemy as sa
 

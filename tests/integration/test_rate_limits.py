@@ -18,14 +18,6 @@ from outbox.channels import Outcome
 from outbox.handoff import HandOff
 from support import ScriptedChannel, install_channel, settings
 
-pytestmark = pytest.mark.usefixtures("clean_destinations")
-
-
-@pytest.fixture
-def clean_destinations(engine: sa.Engine) -> None:
-    with engine.begin() as conn:
-        conn.execute(sa.text("TRUNCATE outbox_destination"))
-
 
 def hook(host: str, n: int = 0) -> dict[str, Any]:
     return {"url": f"https://{host}/hooks/{n}", "event_type": "t", "body": {"n": n}}
