@@ -206,17 +206,7 @@ def render_status(
                     }
                     for p in paused
                 ],
-                "destinations": [
-                    {
-                        "channel": d.channel,
-                        "destination": d.destination,
-                        "rate_per_second": None if d.rate is None else round(d.rate, 3),
-                        "paused_until": d.paused_until,
-                        "throttled_last_minute": d.throttled_last_minute,
-                        "throttled_total": d.throttled_total,
-                    }
-                    for d in destinations
-                ],
+                "destinations": [destination_json(d) for d in destinations],
             }
         )
         return
@@ -234,7 +224,7 @@ def render_status(
             f"channel {channel} is PAUSED since {since}{why}{until} outbox resume {channel})"
         )
     if destinations:
-        render_destinations(destinations)
+        render_destinations(destinations, False)
     click.echo(
         f"pending {backlog.pending} (due {backlog.due}, oldest due "
         f"{backlog.oldest_due_age_seconds:.1f}s), claimed {backlog.claimed} "
@@ -247,22 +237,47 @@ def render_status(
         )
 
 
-def render_destinations(destinations: Sequence[Any]) -> None:
-    """The destinations that asked the relay to slow down, and what it learned."""
+def destination_json(d: Any) -> dict[str, Any]:
+    """One destination's figures (``store.DestinationFigures``) as JSON."""
+    return {
+        "channel": d.channel,
+        "destination": d.destination,
+        "limit_per_second": d.limit_rate,
+        "limit_burst": d.limit_burst,
+        "rate_per_second": None if d.rate is None else round(d.rate, 3),
+        "paused_until": d.paused_until,
+        "throttled_last_minute": d.throttled_last_minute,
+        "throttled_total": d.throttled_total,
+    }
+
+
+def render_destinations(destinations: Sequence[Any], as_json: bool) -> None:
+    """The destinations with a limit or that asked the relay to slow down: the
+    limit, the rate it learned, how often they throttled, until when paused."""
+    if as_json:
+        emit_json({"destinations": [destination_json(d) for d in destinations]})
+        return
+    if not destinations:
+        click.echo("no limits set, and no destination has throttled")
+        return
     table = _table(
         "channel",
         "destination",
-        "rate/s",
+        "limit/s",
+        "burst",
+        "learned rate/s",
         "throttled (1 min)",
         "throttled",
         "paused until",
-        title="destinations that throttled",
+        title="destinations",
     )
     for d in destinations:
         add_row(
             table,
             d.channel,
             d.destination or "(the account)",
+            "" if d.limit_rate is None else f"{d.limit_rate:g}",
+            "" if d.limit_burst is None else f"{d.limit_burst:g}",
             "" if d.rate is None else f"{d.rate:.2f}",
             d.throttled_last_minute,
             d.throttled_total,

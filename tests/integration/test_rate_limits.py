@@ -331,3 +331,89 @@ def test_a_quota_pause_ends_by_itself_and_an_operator_pause_outlasts_it(
         store.record_throttling(conn, "scripted", {}, ("quota: daily", 60))
         [paused] = store.paused_channels(conn)
     assert (paused.reason, paused.paused_until) == ("incident", None)
+
+
+# --- the operator's limits -------------------------------------------------------
+
+
+def test_an_operator_limit_holds_the_claim_to_its_burst_then_its_rate(engine: sa.Engine) -> None:
+    limited = enqueue_hooks(engine, "limited.example", 10)
+    free = enqueue_hooks(engine, "free.example", 10)
+    with engine.begin() as conn:  # a rate so low that no token comes back during the test
+        assert store.set_limit(conn, "webhook", "limited.example", 0.001, 3) == (0.001, 3)
+    first = {c.id for c in claim(engine)}
+    assert len(first & set(limited)) == 3 and set(free) <= first
+    assert claim(engine) == []  # the bucket is empty: the rest waits, pending
+    with engine.connect() as conn:
+        [figures] = store.destination_figures(conn)
+    assert (figures.limit_rate, figures.limit_burst, figures.rate) == (0.001, 3, None)
+
+
+def test_a_learned_rate_never_exceeds_the_limit(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        store.set_limit(conn, "webhook", "a.example", 10)
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(1, 1, 100)})
+        [figures] = store.destination_figures(conn)
+    assert (figures.limit_rate, figures.limit_burst) == (10, 10)
+    assert figures.rate == pytest.approx(8, rel=0.05)  # 0.8 x the limit, not x 100
+
+
+def test_clearing_a_limit_keeps_what_was_learned(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        store.set_limit(conn, "webhook", "a.example", 10)
+        store.set_limit(conn, "webhook", "b.example", 10)
+        store.record_throttling(conn, "webhook", {"b.example": store.Throttled(1, 1, 5)})
+        assert store.clear_limit(conn, "webhook", "a.example") is True
+        assert store.clear_limit(conn, "webhook", "a.example") is False
+        assert store.clear_limit(conn, "webhook", "b.example") is True
+        [left] = store.destination_figures(conn)
+    assert (left.destination, left.limit_rate, left.rate is not None) == ("b.example", None, True)
+
+
+@pytest.mark.parametrize(
+    ("rate", "burst", "problem"),
+    [
+        (0, None, "rate must be above 0"),
+        (-1, None, "rate must be above 0"),
+        (float("nan"), None, "rate must be a finite number"),
+        (float("inf"), None, "rate must be a finite number"),
+        (1e9, None, "rate must be above 0 and at most 100000"),
+        ("5", None, "rate must be a number"),
+        (5, 0, "burst must be between 1"),
+        (5, float("nan"), "burst must be a finite number"),
+        (5, 1e12, "burst must be between 1"),
+    ],
+)
+def test_a_bad_limit_is_refused_and_changes_nothing(
+    engine: sa.Engine, rate: Any, burst: Any, problem: str
+) -> None:
+    with pytest.raises(ValueError, match=problem), engine.begin() as conn:
+        store.set_limit(conn, "webhook", "a.example", rate, burst)
+    assert _figures(engine) == []
+
+
+@pytest.mark.parametrize(
+    ("channel", "destination", "expected"),
+    [
+        ("webhook", "Hooks.Example.com", "hooks.example.com"),
+        ("webhook", "hooks.example.com:8443", "hooks.example.com:8443"),
+        ("webhook", "[2001:db8::1]:443", "[2001:db8::1]:443"),
+        ("webhook", "10.0.0.1", "10.0.0.1"),
+        ("webhook", "https://hooks.example.com/x", None),
+        ("webhook", "hooks example", None),
+        ("webhook", "", None),
+        ("webhook", "hooks.example.com:99999", None),
+        ("webhook", "hooks.example.com:0", None),
+        ("email", "", ""),
+        ("email", "example.com", None),
+        ("sqs", "https://sqs.x/123456789012/q", "https://sqs.x/123456789012/q"),
+        ("eventbridge", "", ""),
+        ("eventbridge", "bus\x1b[2J", None),
+    ],
+)
+def test_destination_keys_are_checked(channel: str, destination: str, expected: str | None) -> None:
+    if expected is None:
+        with pytest.raises(ValueError):
+            store.check_destination(channel, destination)
+    else:
+        assert store.check_destination(channel, destination) == expected

@@ -102,8 +102,12 @@ from .policy import (
 from .rates import (
     DestinationFigures,
     Throttled,
+    check_destination,
+    check_limit,
+    clear_limit,
     destination_figures,
     record_throttling,
+    set_limit,
 )
 from .upkeep import (
     LEASE_EXPIRED_ERROR,
@@ -155,8 +159,11 @@ __all__ = [
     "channel_load",
     "channel_status_counts",
     "channels_with_rows",
+    "check_destination",
+    "check_limit",
     "claim",
     "claim_and_receive",
+    "clear_limit",
     "count_prunable",
     "destination_figures",
     "drop_outcome_events",
@@ -186,6 +193,7 @@ __all__ = [
     "release",
     "resume_channel",
     "set_delivered_outcome_events",
+    "set_limit",
     "settle",
     "settle_with_outcomes",
     "statuses_of",

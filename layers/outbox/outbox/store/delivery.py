@@ -18,7 +18,7 @@ from ..payloads import MAX_STORED_BYTES
 from ..states import SETTLE_OUTCOMES
 from ._sql import array_literal, json_document, statement
 from .policy import BACKOFF_SQL, DEADLINE_SQL, EXHAUSTED_SQL, EXPIRED_PREFIX, Backoff, bounded_delay
-from .rates import TOKENS_NOW_SQL
+from .rates import BUCKETED_SQL, TOKENS_NOW_SQL
 
 
 # The per-row records of the hot path (claim, receipt, settle) are NamedTuples,
@@ -89,14 +89,15 @@ class Held(Protocol):
 
 _CLAIM = f"""
     WITH bucket AS (
-        -- The destinations that throttled and are not paused: the rows each may
-        -- have now (its token bucket, refilled at its learned rate). Locked, so
+        -- The destinations that throttled or have a limit, and are not paused: the
+        -- rows each may have now (its token bucket, refilled at its limit or its
+        -- learned rate, whichever is lower). Locked, so
         -- that concurrent claimers draw from one bucket one after the other
         -- (a second claimer reads the tokens the first left). A few rows: only
         -- destinations that ever throttled are here.
         SELECT d.channel, d.destination, {TOKENS_NOW_SQL} AS tokens
         FROM outbox_destination AS d
-        WHERE d.rate IS NOT NULL AND (d.paused_until IS NULL OR d.paused_until <= now())
+        WHERE {BUCKETED_SQL} AND (d.paused_until IS NULL OR d.paused_until <= now())
         FOR UPDATE
     ),
     candidate AS (
@@ -127,7 +128,7 @@ _CLAIM = f"""
           -- scan (one hashed subplan), so other destinations' rows fill the batch.
           AND (m.channel, COALESCE(m.destination, '')) NOT IN (
                 SELECT d.channel, d.destination FROM outbox_destination AS d
-                WHERE d.paused_until > now() OR (d.rate IS NOT NULL AND {TOKENS_NOW_SQL} < 1))
+                WHERE d.paused_until > now() OR ({BUCKETED_SQL} AND {TOKENS_NOW_SQL} < 1))
           -- One row of an ordering key at a time, in id order: none of its key
           -- is claimed, and no earlier one is unfinished or holds the key
           -- (failed, dead or expired: its successors wait for an operator).

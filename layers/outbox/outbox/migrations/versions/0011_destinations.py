@@ -9,11 +9,13 @@ what the relay knows about each one's rate.
   push and custom channels. Rows settled before this revision keep NULL; the
   unfinished ones are backfilled here.
 * ``outbox_destination``: one row per (channel, destination) that has told
-  the relay to slow down. ``paused_until``: the claim skips its rows until
-  then; ``rate`` (messages a second) and ``rate_at``: the rate learned when it
-  last throttled, which grows again with time since (additive increase) and
-  is cut on every throttling answer (multiplicative decrease); ``tokens`` and
-  ``tokens_at``: the bucket the claim draws from, refilled at that rate.
+  the relay to slow down, or that an operator limited (``limit_rate``
+  messages a second, ``limit_burst`` at once: ``outbox limit set``).
+  ``paused_until``: the claim skips its rows until then; ``rate`` (messages
+  a second) and ``rate_at``: the rate learned when it last throttled, which
+  grows again with time since (additive increase) and is cut on every
+  throttling answer (multiplicative decrease); ``tokens`` and ``tokens_at``:
+  the bucket the claim draws from, refilled at the limit or that rate.
   ``throttled_total``, ``throttled_minute``, ``minute_start``: how often.
 * ``outbox_channel_pause.paused_until``: a pause that ends by itself (a
   provider's quota resets); NULL, as before, waits for an operator.
@@ -90,6 +92,8 @@ def upgrade() -> None:
             destination      text        NOT NULL,
             paused_until     timestamptz,
             rate             float8      CHECK (rate > 0),
+            limit_rate       float8      CHECK (limit_rate > 0 AND limit_rate <= 100000),
+            limit_burst      float8      CHECK (limit_burst >= 1 AND limit_burst <= 1000000),
             rate_at          timestamptz,
             tokens           float8,
             tokens_at        timestamptz,
