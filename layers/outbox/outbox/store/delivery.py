@@ -87,24 +87,14 @@ class Held(Protocol):
     def claim_token(self) -> uuid.UUID | str: ...
 
 
-_CLAIM = f"""
-    WITH bucket AS (
-        -- The destinations that throttled or have a limit, and are not paused: the
-        -- rows each may have now (its token bucket, refilled at its limit or its
-        -- learned rate, whichever is lower). Locked, so
-        -- that concurrent claimers draw from one bucket one after the other
-        -- (a second claimer reads the tokens the first left). A few rows: only
-        -- destinations that ever throttled are here.
-        SELECT d.channel, d.destination, {TOKENS_NOW_SQL} AS tokens
-        FROM outbox_destination AS d
-        WHERE {BUCKETED_SQL} AND (d.paused_until IS NULL OR d.paused_until <= now())
-        FOR UPDATE
-    ),
-    candidate AS (
-        SELECT m.id, m.priority, m.available_at, m.channel,
-               COALESCE(m.destination, '') AS destination
-        FROM outbox_message AS m
-        WHERE m.status = 'pending' AND m.available_at <= now() {{channel_filter}}
+# How many throttled or limited destinations one claim draws from (each a
+# probe of the per-destination index); the others wait for the next claim.
+BUCKETS_PER_CLAIM = 8
+
+# What makes a pending row claimable now, whatever its destination (the
+# claim's two scans below share it).
+_CLAIMABLE = f"""
+          m.status = 'pending' AND m.available_at <= now() {{channel_filter}}
           -- never hand out a row past its deliver-by time (the reaper expires it):
           -- ({DEADLINE_SQL} > now()) IS NOT FALSE, spelt so that the planner
           -- estimates it from the columns' statistics (nearly every due row
@@ -124,11 +114,6 @@ _CLAIM = f"""
           -- The pause table's channel is its primary key, so never NULL.
           AND m.channel NOT IN (SELECT cp.channel FROM outbox_channel_pause AS cp
                                 WHERE cp.paused_until IS NULL OR cp.paused_until > now())
-          -- Nor a paused destination, or one whose bucket is empty: skipped in the
-          -- scan (one hashed subplan), so other destinations' rows fill the batch.
-          AND (m.channel, COALESCE(m.destination, '')) NOT IN (
-                SELECT d.channel, d.destination FROM outbox_destination AS d
-                WHERE d.paused_until > now() OR ({BUCKETED_SQL} AND {TOKENS_NOW_SQL} < 1))
           -- One row of an ordering key at a time, in id order: none of its key
           -- is claimed, and no earlier one is unfinished or holds the key
           -- (failed, dead or expired: its successors wait for an operator).
@@ -138,11 +123,60 @@ _CLAIM = f"""
                   AND (p.status = 'claimed'
                        OR (p.id < m.id
                            AND p.status IN ('pending', 'failed', 'dead', 'expired')))))
+"""
+
+_CLAIM = f"""
+    WITH bucket AS (
+        -- The destinations that throttled or have a limit, are not paused and
+        -- hold a token: the rows each may have now (its token bucket, refilled at
+        -- its limit or its learned rate, whichever is lower). Locked, so that
+        -- concurrent claimers draw from one bucket one after the other (a second
+        -- claimer reads the tokens the first left). At most BUCKETS_PER_CLAIM,
+        -- the least recently drawn first (so all take turns): the planner then
+        -- costs their probes below as that many, never as a guess at the table.
+        SELECT d.channel, d.destination, {TOKENS_NOW_SQL} AS tokens
+        FROM outbox_destination AS d
+        WHERE {BUCKETED_SQL} AND (d.paused_until IS NULL OR d.paused_until <= now())
+          AND {TOKENS_NOW_SQL} >= 1
+        ORDER BY d.tokens_at NULLS FIRST
+        LIMIT {BUCKETS_PER_CLAIM}
+        FOR UPDATE
+    ),
+    unbucketed AS (
+        -- The due rows of every other destination, in claim order (the due index).
+        -- A paused or bucketed destination is skipped in the scan (one hashed
+        -- subplan), so the rows of the others fill the batch.
+        SELECT m.id, m.priority, m.available_at, m.channel,
+               COALESCE(m.destination, '') AS destination
+        FROM outbox_message AS m
+        WHERE {{claimable}}
+          AND (m.channel, COALESCE(m.destination, '')) NOT IN (
+                SELECT d.channel, d.destination FROM outbox_destination AS d
+                WHERE d.paused_until > now() OR {BUCKETED_SQL})
         ORDER BY m.priority DESC, m.available_at, m.id
         -- Twice the batch, for the fair share below to choose from; locked, so
         -- that concurrent claimers each get rows of their own.
         LIMIT CAST(:batch_size AS int) * 2
         FOR UPDATE SKIP LOCKED
+    ),
+    bucketed AS (
+        -- Each bucketed destination's first rows, as many as its bucket holds
+        -- (the per-destination due index: a probe each).
+        SELECT r.* FROM bucket AS b
+        CROSS JOIN LATERAL (
+            SELECT m.id, m.priority, m.available_at, m.channel, b.destination
+            FROM outbox_message AS m
+            WHERE m.channel = b.channel AND m.destination = b.destination AND {{claimable}}
+            ORDER BY m.priority DESC, m.available_at, m.id
+            -- (at most the batch; the fair share below takes what its bucket
+            -- holds: a limit the planner cannot see would cost it a tenth of
+            -- the table per destination, and the claim a JIT compile)
+            LIMIT CAST(:batch_size AS int)
+            FOR UPDATE SKIP LOCKED
+        ) AS r
+    ),
+    candidate AS (
+        SELECT * FROM unbucketed UNION ALL SELECT * FROM bucketed
     ),
     turn AS (
         -- Fair share: each destination's rows take turns (its first row, then
@@ -195,19 +229,21 @@ _CLAIMED = (
     + _DESTINATION
 )
 _CLAIMED_COLUMNS = "id, channel, claim_token, attempt"
-_CLAIM_ALL = statement(
-    _CLAIM.format(
-        channel_filter="", received_at="NULL", returning=_CLAIMED, columns=_CLAIMED_COLUMNS
+
+
+def _claim_statement(channel_filter: str, received_at: str, returning: str, columns: str) -> Any:
+    return statement(
+        _CLAIM.format(
+            claimable=_CLAIMABLE.format(channel_filter=channel_filter),
+            received_at=received_at,
+            returning=returning,
+            columns=columns,
+        )
     )
-)
-_CLAIM_CHANNELS = statement(
-    _CLAIM.format(
-        channel_filter=_CHANNEL_FILTER,
-        received_at="NULL",
-        returning=_CLAIMED,
-        columns=_CLAIMED_COLUMNS,
-    )
-)
+
+
+_CLAIM_ALL = _claim_statement("", "NULL", _CLAIMED, _CLAIMED_COLUMNS)
+_CLAIM_CHANNELS = _claim_statement(_CHANNEL_FILTER, "NULL", _CLAIMED, _CLAIMED_COLUMNS)
 # The claim of a process that sends its rows itself (``outbox worker``): the
 # same compare-and-set, with the receipt taken in the same statement and the
 # payloads returned, so no hand-off and no second statement before the sends.
@@ -230,18 +266,9 @@ _RECEIVED_COLUMNS = (
     "id, channel, payload, attempt, max_attempts, claim_token, dedupe_key, ordering_key, "
     "lease_left, destination"
 )
-_CLAIM_AND_RECEIVE_ALL = statement(
-    _CLAIM.format(
-        channel_filter="", received_at="now()", returning=_RECEIVED, columns=_RECEIVED_COLUMNS
-    )
-)
-_CLAIM_AND_RECEIVE_CHANNELS = statement(
-    _CLAIM.format(
-        channel_filter=_CHANNEL_FILTER,
-        received_at="now()",
-        returning=_RECEIVED,
-        columns=_RECEIVED_COLUMNS,
-    )
+_CLAIM_AND_RECEIVE_ALL = _claim_statement("", "now()", _RECEIVED, _RECEIVED_COLUMNS)
+_CLAIM_AND_RECEIVE_CHANNELS = _claim_statement(
+    _CHANNEL_FILTER, "now()", _RECEIVED, _RECEIVED_COLUMNS
 )
 
 
