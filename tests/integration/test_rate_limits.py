@@ -417,3 +417,20 @@ def test_destination_keys_are_checked(channel: str, destination: str, expected: 
             store.check_destination(channel, destination)
     else:
         assert store.check_destination(channel, destination) == expected
+
+
+def test_a_limited_destination_behind_a_long_backlog_still_gets_its_share(
+    engine: sa.Engine,
+) -> None:
+    """Its rows are found by a probe of their own index, not by walking the
+    claim order: 300 rows of another destination ahead do not hide them, and
+    their few tokens do not shrink the batch of the others."""
+    free = enqueue_hooks(engine, "free.example", 300)
+    limited = enqueue_hooks(engine, "limited.example", 5)
+    with engine.begin() as conn:
+        store.set_limit(conn, "webhook", "limited.example", 0.001, 3)
+    claimed = {c.id for c in claim(engine, batch=10)}
+    assert len(claimed) == 10
+    assert len(claimed & set(limited)) == 3 and len(claimed & set(free)) == 7
+    claimed = {c.id for c in claim(engine, batch=10)}  # the bucket is empty now
+    assert claimed <= set(free) and len(claimed) == 10
