@@ -93,7 +93,12 @@ class _Limits:
         self.began = time.monotonic()
         self.throttled: dict[str, list[float | None]] = {}  # destination -> pauses asked
         self.quota: Outcome | None = None
-        self.delivered: Counter[str] = Counter()  # by destination
+        self.calls: Counter[str] = Counter()  # answered, by destination
+        # By destination: the rate this batch asked at until its first
+        # throttling answer (calls answered / seconds), the first estimate of
+        # what the destination admits. Over rather than under: a cut too few
+        # costs a refused call, a rate too low a slow climb back.
+        self.asked_rate: dict[str, float] = {}
 
     def blocked(self, row: store.ClaimedMessage) -> Outcome | None:
         """The outcome of a row that must not be started, else None."""
@@ -105,23 +110,24 @@ class _Limits:
 
     def note(self, row: store.ClaimedMessage, outcome: Outcome) -> None:
         with self._lock:
+            self.calls[row.destination] += 1
             if outcome.pause == CHANNEL:
                 if self.quota is None:
                     self.quota = outcome
             elif outcome.pause == DESTINATION:
+                if row.destination not in self.asked_rate:
+                    seconds = max(time.monotonic() - self.began, 0.001)
+                    self.asked_rate[row.destination] = self.calls[row.destination] / seconds
                 self.throttled.setdefault(row.destination, []).append(outcome.delay_seconds)
-            elif outcome.kind == AttemptOutcome.DELIVERED:
-                self.delivered[row.destination] += 1
 
     def records(self) -> tuple[dict[str, store.Throttled], tuple[str, float | None] | None]:
         """What to write: each throttled destination, and the channel's quota pause."""
-        elapsed = max(time.monotonic() - self.began, 0.001)
         throttled = {
             destination: store.Throttled(
                 # the longest pause asked for (None: the relay's own)
                 max((p for p in pauses if p is not None), default=None),
                 len(pauses),
-                self.delivered[destination] / elapsed,
+                self.asked_rate[destination],
             )
             for destination, pauses in self.throttled.items()
         }

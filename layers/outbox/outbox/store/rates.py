@@ -77,12 +77,12 @@ def bounded_pause(seconds: Any, default: float) -> float:
 @dataclass(frozen=True)
 class Throttled:
     """What one sender saw of a destination that throttled: the longest pause
-    asked for, how many answers said so, and the rate this sender had
-    delivered to it (messages a second), the first estimate of its rate."""
+    asked for, how many answers said so, and the rate this sender had asked
+    at until then (calls a second), the first estimate of what it admits."""
 
     pause_seconds: float | None  # None: the relay's own pause
     answers: int
-    delivered_rate: float
+    asked_rate: float
 
 
 # One statement for every throttled destination of a batch. A destination
@@ -95,10 +95,10 @@ _THROTTLED = statement(
         (channel, destination, paused_until, rate, rate_at, tokens, tokens_at,
          throttled_total, throttled_minute, minute_start)
     SELECT :channel, t.destination, now() + make_interval(secs => t.pause_s),
-           GREATEST({MIN_RATE}, t.delivered_rate * {RATE_DECREASE}), now(),
+           GREATEST({MIN_RATE}, t.asked_rate * {RATE_DECREASE}), now(),
            0, now() + make_interval(secs => t.pause_s), t.answers, t.answers, now()
     FROM jsonb_to_recordset(CAST(:throttled AS jsonb))
-        AS t(destination text, pause_s float8, answers int, delivered_rate float8)
+        AS t(destination text, pause_s float8, answers int, asked_rate float8)
     ON CONFLICT (channel, destination) DO UPDATE SET
         paused_until = GREATEST(d.paused_until, EXCLUDED.paused_until),
         rate = CASE WHEN d.paused_until > now() AND d.rate IS NOT NULL THEN d.rate
@@ -153,7 +153,7 @@ def record_throttling(
                 "destination": destination,
                 "pause_s": bounded_pause(t.pause_seconds, THROTTLE_PAUSE_SECONDS),
                 "answers": t.answers,
-                "delivered_rate": max(float(t.delivered_rate), MIN_RATE),
+                "asked_rate": max(float(t.asked_rate), MIN_RATE),
             }
             for destination, t in throttled.items()
         ]
