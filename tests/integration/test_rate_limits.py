@@ -434,3 +434,25 @@ def test_a_limited_destination_behind_a_long_backlog_still_gets_its_share(
     assert len(claimed & set(limited)) == 3 and len(claimed & set(free)) == 7
     claimed = {c.id for c in claim(engine, batch=10)}  # the bucket is empty now
     assert claimed <= set(free) and len(claimed) == 10
+
+
+def test_next_resume_is_when_a_pause_ends_or_a_token_comes(engine: sa.Engine) -> None:
+    """What a relay that sleeps until its next event must wake for."""
+    with engine.begin() as conn:
+        assert store.next_resume(conn) is None
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 1, 10)})
+        store.record_throttling(conn, "email", {}, ("quota: daily", 10))
+        seconds = conn.execute(
+            sa.text("SELECT EXTRACT(EPOCH FROM CAST(:t AS timestamptz) - now())"),
+            {"t": store.next_resume(conn)},
+        ).scalar_one()
+        assert 9 < float(seconds) <= 10  # the channel's pause ends first
+        conn.execute(sa.text("DELETE FROM outbox_channel_pause"))
+        conn.execute(sa.text("DELETE FROM outbox_destination"))
+        store.set_limit(conn, "webhook", "b.example", 2, 1)
+        conn.execute(sa.text("UPDATE outbox_destination SET tokens = 0, tokens_at = now()"))
+        seconds = conn.execute(
+            sa.text("SELECT EXTRACT(EPOCH FROM CAST(:t AS timestamptz) - now())"),
+            {"t": store.next_resume(conn)},
+        ).scalar_one()
+        assert float(seconds) == pytest.approx(0.5)  # one token at 2 a second

@@ -106,6 +106,7 @@ from .rates import (
     check_limit,
     clear_limit,
     destination_figures,
+    next_resume,
     record_throttling,
     set_limit,
 )
@@ -174,6 +175,7 @@ __all__ = [
     "insert_messages",
     "list_messages",
     "matching_ids",
+    "next_resume",
     "outcome_event_backlog",
     "pause_channel",
     "paused_channels",
