@@ -94,10 +94,12 @@ class _Limits:
         self.throttled: dict[str, list[float | None]] = {}  # destination -> pauses asked
         self.quota: Outcome | None = None
         self.calls: Counter[str] = Counter()  # answered, by destination
-        # By destination: the rate this batch asked at until its first
-        # throttling answer (calls answered / seconds), the first estimate of
-        # what the destination admits. Over rather than under: a cut too few
-        # costs a refused call, a rate too low a slow climb back.
+        self.delivered: Counter[str] = Counter()  # by destination
+        # By destination: the first estimate of what it admits, at its first
+        # throttling answer: the rate this batch delivered to it until then;
+        # when nothing was (another sender had spent what it admits), the rate
+        # it was called at: over rather than under, since a rate too high costs
+        # one refused call a cut, and one too low a long climb back.
         self.asked_rate: dict[str, float] = {}
 
     def blocked(self, row: store.ClaimedMessage) -> Outcome | None:
@@ -111,13 +113,16 @@ class _Limits:
     def note(self, row: store.ClaimedMessage, outcome: Outcome) -> None:
         with self._lock:
             self.calls[row.destination] += 1
+            if outcome.kind == AttemptOutcome.DELIVERED:
+                self.delivered[row.destination] += 1
             if outcome.pause == CHANNEL:
                 if self.quota is None:
                     self.quota = outcome
             elif outcome.pause == DESTINATION:
                 if row.destination not in self.asked_rate:
                     seconds = max(time.monotonic() - self.began, 0.001)
-                    self.asked_rate[row.destination] = self.calls[row.destination] / seconds
+                    answered = self.delivered[row.destination] or self.calls[row.destination]
+                    self.asked_rate[row.destination] = answered / seconds
                 self.throttled.setdefault(row.destination, []).append(outcome.delay_seconds)
 
     def records(self) -> tuple[dict[str, store.Throttled], tuple[str, float | None] | None]:
