@@ -4,28 +4,40 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+PYPROJECT_SUM := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# Two stamps, one venv: `make run` installs the `local` extra only (the demo,
+# `outbox worker`, `outbox invoke`); `make test` adds the dev tools (the PEP 735
+# group `dev` of pyproject.toml) on top.
+RUN_STAMP := $(VENV)/.installed-run-$(PYPROJECT_SUM)
+STAMP     := $(VENV)/.installed-dev-$(PYPROJECT_SUM)
 
-# What a producer installs (SQLAlchemy, fastjsonschema, a driver) and the
-# command's extra, kept as wheels: the packaging test installs the built wheel
-# from them into fresh venvs, offline.
+# What a producer installs (SQLAlchemy, fastjsonschema, a driver), the
+# command's extra and the worker's, kept as wheels: the packaging test installs
+# the built wheel from them into fresh venvs, offline.
 WHEELHOUSE_REQUIREMENTS := 'sqlalchemy>=2.0,<2.2' 'fastjsonschema>=2.19,<3' 'pg8000>=1.31,<2' \
-	'click>=8.1' 'rich>=13' 'alembic>=1.13,<2'
+	'click>=8.1' 'rich>=13' 'alembic>=1.13,<2' \
+	'aws-lambda-powertools>=3.0,<4' 'python-dateutil>=2.8.2,<3' 'boto3>=1.34'
 WHEELHOUSE := $(VENV)/wheelhouse/.complete-$(shell echo "$(WHEELHOUSE_REQUIREMENTS)" | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck pytest sam-check bench clean venv requirements requirements-check wheel docs
+.PHONY: run test lint typecheck pytest sam-check build bench clean venv requirements requirements-check wheel docs schema
 
 venv: $(STAMP) $(WHEELHOUSE)
 
-$(STAMP): pyproject.toml
+# pip 25.1 or newer reads dependency groups (--group); the venv's pip is upgraded first.
+$(RUN_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "Python 3.11 or newer is needed (found $$($(PYTHON) --version))"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	@# An editable install of releases before 0.1.0 left its metadata in the layer's folder.
 	rm -rf layers/outbox/outbox_relay.egg-info
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[local]'
 	rm -f $(VENV)/.installed-*
+	touch $@
+
+$(STAMP): $(RUN_STAMP)
+	$(BIN)/python -m pip install -q -e '.[local]' --group dev
+	rm -f $(VENV)/.installed-dev-*
 	touch $@
 
 $(WHEELHOUSE): $(STAMP)
@@ -33,7 +45,7 @@ $(WHEELHOUSE): $(STAMP)
 	$(BIN)/python -m pip download -q -d $(VENV)/wheelhouse $(WHEELHOUSE_REQUIREMENTS)
 	touch $@
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/python -m outbox_cli.local
 
 test: lint typecheck docs pytest sam-check
@@ -69,6 +81,12 @@ requirements-check: $(STAMP)
 	{ echo "$(LAYER_REQUIREMENTS) is out of step with pyproject.toml: run make requirements"; \
 	  rm -rf "$$tmp"; exit 1; }; rm -rf "$$tmp"
 
+# layers/outbox/outbox/store/schema.sql, the head schema for a reader, from the
+# migration chain (migrated into a throwaway database, then pg_dump). Run it
+# after adding a migration; tests/integration/test_schema_sql.py checks it.
+schema: $(STAMP)
+	$(BIN)/python -m outbox_cli.schema
+
 # The distribution (wheel and sdist) in dist/.
 wheel: $(STAMP)
 	$(BIN)/python -m build --outdir dist .
@@ -76,7 +94,18 @@ wheel: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) $(WHEELHOUSE)
+# checkov, for tests/template/test_scanners.py. It pins boto3, packaging and
+# networkx to versions of its own, so it lives in its own venv, as the SAM CLI does.
+CHECKOV_VENV  := .tools/checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
+
+$(CHECKOV_STAMP):
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install -q --upgrade pip
+	$(CHECKOV_VENV)/bin/python -m pip install -q 'checkov>=3.2,<4'
+	touch $@
+
+pytest: $(STAMP) $(WHEELHOUSE) $(CHECKOV_STAMP)
 	$(BIN)/pytest
 
 # --- sam-check: sam validate --lint, sam build, then the built-artifact test ----
@@ -116,16 +145,24 @@ sam-check: $(STAMP) $(SAM_STAMP) $(RT312_STAMP)
 	SAM_CLI_TELEMETRY=0 $(SAM) validate --lint --region us-east-1
 	@# The optional sample database stack (README: deploy to a test account).
 	SAM_CLI_TELEMETRY=0 $(SAM) validate --lint --region us-east-1 -t examples/database.yaml
-	@py312="$$($(FIND_PY312))"; \
-	if [ -z "$$py312" ]; then echo "sam build needs Python 3.12 on PATH (pyenv install 3.12)"; exit 1; fi; \
-	echo "sam build with $$py312"; \
-	PATH="$$(dirname "$$py312"):$$PATH" SAM_CLI_TELEMETRY=0 $(SAM) build --cached --parallel
-	@# Ship bytecode: /opt and /var/task are read-only in Lambda, so without it every
-	@# cold start compiles the layer again (about 3x slower imports). Hash-checked,
-	@# because zip packaging does not keep the sources' timestamps.
-	$(RT312)/bin/python -m compileall -q --invalidation-mode unchecked-hash \
-		.aws-sam/build/OutboxLayer/python .aws-sam/build/*Function
+	$(MAKE) --no-print-directory build
 	$(BIN)/pytest -m build tests/template/test_built.py
+
+# sam build with the Lambda runtime's Python (3.12, found as above; a plain
+# `sam build` fails with "Binary validation failed for python" unless 3.12 is
+# first on PATH), then bytecode: /opt and /var/task are read-only in Lambda, so
+# without it every cold start compiles the layer again (about 3x slower
+# imports). Hash-checked, because zip packaging does not keep the sources'
+# timestamps. Then `sam deploy` ships .aws-sam/build.
+build: $(SAM_STAMP)
+	@py312="$$($(FIND_PY312))"; \
+	if [ -z "$$py312" ]; then \
+	  echo "sam build needs Python 3.12 (the Lambda runtime): install it (pyenv install 3.12)" \
+	       "or put python3.12 on PATH"; exit 1; fi; \
+	echo "sam build with $$py312"; \
+	PATH="$$(dirname "$$py312"):$$PATH" SAM_CLI_TELEMETRY=0 $(SAM) build --cached --parallel && \
+	"$$py312" -m compileall -q --invalidation-mode unchecked-hash \
+		.aws-sam/build/OutboxLayer/python .aws-sam/build/*Function
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -49,8 +49,14 @@ def _producer(url: str, rate: float, seconds: float, per_tx: int, out: Any) -> N
 
 
 def run(
-    url: str, rate: float = 100.0, seconds: float = 10.0, warmup: float = 1.0
+    url: str,
+    rate: float = 100.0,
+    seconds: float = 10.0,
+    warmup: float = 1.0,
+    linger: float | None = None,
 ) -> dict[str, Any]:
+    """``linger``: run the dispatcher as sleep mode does (PACING_MODE=sleep:
+    it would end after that many seconds with nothing due); None: poll mode."""
     from outbox import dispatcher, sender
     from outbox.config import RelaySettings
     from outbox.handoff import CallableInvoker
@@ -77,6 +83,7 @@ def run(
         invoker,
         settings,
         lambda: stop_at - time.monotonic() + settings.poll_interval_seconds,
+        linger=linger,
     )
     produced = out.get(timeout=60)
     producer.join(timeout=10)
@@ -104,4 +111,6 @@ def run(
         "p99_ms": common.percentile(delivered, 99),
         "poll_interval_ms": settings.poll_interval_seconds * 1000,
         "dispatch_batches": report.batches,
+        "pacing": "poll" if linger is None else "sleep",
+        "ended": report.ended,
     }

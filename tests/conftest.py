@@ -76,14 +76,17 @@ socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
 @pytest.fixture(scope="session")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Postgres server we may create databases on: DATABASE_URL's, else the
-    local one, else an embedded one (``OUTBOX_TEST_DB=embedded`` forces it)."""
+    local one, else an embedded one (``OUTBOX_DEV_DB=embedded``, ``local`` or
+    ``url`` forces one; the same switch as `make run`'s)."""
     from outbox_cli import devdb
 
-    forced_embedded = os.environ.get("OUTBOX_TEST_DB") == "embedded"
+    forced = devdb.dev_db_choice()
     explicit = os.environ.get("DATABASE_URL")
-    if explicit and not forced_embedded:
+    if forced == "url" and not explicit:
+        pytest.fail(f"{devdb.DEV_DB_VARIABLE}=url but DATABASE_URL is not set")
+    if explicit and forced in ("", "url"):
         yield devdb.pg8000_url(explicit)
-    elif not forced_embedded and devdb.answers(LOCAL_POSTGRES):
+    elif forced == "local" or (forced == "" and devdb.answers(LOCAL_POSTGRES)):
         yield devdb.pg8000_url(LOCAL_POSTGRES)
     else:
         with devdb.embedded(tmp_path_factory.mktemp("pgdata")) as url:

@@ -187,6 +187,16 @@ DOCS = ROOT / "docs"
 CONFIGURATION_HEADER = "| environment variable | template parameter | default | meaning |"
 
 
+def doc_sql(name: str) -> str:
+    """The docs' SQL block marked ``<!-- test: <name> -->`` (the database
+    recipes: tests run them as written), on whichever page holds it."""
+    for page in sorted(DOCS.rglob("*.md")):
+        block = doc_blocks(page).get(name)
+        if block is not None:
+            return block.code
+    raise ValueError(f"no block marked '<!-- test: {name} -->' under {DOCS}")
+
+
 def configuration_rows(text: str) -> list[ConfigurationRow]:
     """The rows of the table under CONFIGURATION_HEADER (in the generated
     reference, docgen.configuration.settings_table); ValueError when the header

@@ -1,6 +1,7 @@
 """The ``outbox`` command: operate the relay against its database.
 
-    outbox migrate | enqueue | status | list | show | history | redrive | cancel | prune
+    outbox migrate | enqueue | status | list | show | history | redrive | cancel | uncancel
+    outbox prune
     outbox pause CHANNEL | resume CHANNEL
     outbox worker            the relay in one process (dispatcher, senders, reaper)
     outbox invoke FN EVENT   run a function of template.yaml in process (no Docker;
@@ -36,9 +37,15 @@ import click
 import sqlalchemy as sa
 
 import outbox
-from outbox.errors import ConfigError, ValidationError
+from outbox.errors import (
+    UNDEFINED_OBJECT_SQLSTATES,
+    ConfigError,
+    SchemaMissing,
+    ValidationError,
+)
+from outbox.errors import sqlstate as error_sqlstate
 from outbox.handoff import MAX_MESSAGES_PER_EVENT
-from outbox.settings import BATCH_SIZE, read_all
+from outbox.settings import BATCH_SIZE, RETENTION_DAYS, read_all
 from outbox.states import (
     CANCELLABLE_STATUSES,
     REDRIVABLE_STATUSES,
@@ -48,6 +55,7 @@ from outbox.states import (
     Status,
 )
 
+from . import missing_extra
 from .render import (
     emit_json,
     inert,
@@ -103,7 +111,8 @@ class CommandError(click.ClickException):
     bad_argument, not_found, conflict, confirmation_required, aborted,
     config, schema_missing, database_unavailable (no server answered),
     database_login_refused (the server refused the user or its password),
-    database_missing (the server has no such database), database, failed."""
+    database_missing (the server has no such database), database_tls_refused
+    (TLS asked for, the server has none), database, failed."""
 
     exit_code = 1
 
@@ -126,6 +135,13 @@ def fail(message: str, code: int = 1, kind: str | None = None) -> NoReturn:
     if code == 2:
         raise BadArgument(message, kind or "bad_argument")
     raise CommandError(message, kind or "failed")
+
+
+def require_extra(what: str, extra: str, *modules: str) -> None:
+    """Stop with one line naming the extra to install when a module is missing."""
+    problem = missing_extra(what, extra, *modules)
+    if problem is not None:
+        fail(problem, 1, "missing_extra")
 
 
 def _wants_json(args: Sequence[str] | None) -> bool:
@@ -176,6 +192,28 @@ def yes_option(f: F) -> F:
 
 # --- the database ------------------------------------------------------------
 
+_DATABASE_URL_HELP = (
+    "postgresql://user:password@host:port/db, any driver (psycopg, pg8000...), "
+    "libpq's ?sslmode= and sslrootcert= understood (default: DATABASE_URL)."
+)
+
+
+def _take_database_url(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value:  # given after the command: it wins over one given before it
+        ctx.obj = Options(database_url=value)
+
+
+def database_url_option(f: F) -> F:
+    """``--database-url`` after the command too (``outbox status --database-url ...``)."""
+    return click.option(
+        "--database-url",
+        default=None,
+        metavar="URL",
+        expose_value=False,
+        callback=_take_database_url,
+        help=_DATABASE_URL_HELP,
+    )(f)
+
 
 @dataclass(frozen=True)
 class Options:
@@ -221,21 +259,26 @@ def database(*, autocommit: bool = False) -> Iterator[sa.Engine]:
     engine = _engine(autocommit)
     try:
         yield engine
+    except SchemaMissing as exc:  # from outbox.enqueue
+        fail(str(exc), 1, "schema_missing")
     except sa.exc.DBAPIError as exc:
         message = _db_message(exc)
-        sqlstate = _sqlstate(exc)
+        sqlstate = error_sqlstate(exc)
         # The server answered and refused the session: the network is fine,
         # the credentials or the database name are not.
         if sqlstate.startswith("28"):
             fail(f"the database refused the login: {message}", 1, "database_login_refused")
         if sqlstate == "3D000":
             fail(f"no such database: {message}", 1, "database_missing")
-        if "outbox_message" in message and "does not exist" in message:
+        if "refuses SSL" in message:  # pg8000's words: the server answered, without TLS
             fail(
-                "the outbox tables do not exist yet: run `outbox migrate` first",
+                "the database server does not offer TLS, which the URL's sslmode asks for "
+                "(a local server without TLS: sslmode=disable)",
                 1,
-                "schema_missing",
+                "database_tls_refused",
             )
+        if sqlstate in UNDEFINED_OBJECT_SQLSTATES:
+            fail(str(SchemaMissing()), 1, "schema_missing")
         if isinstance(exc, sa.exc.InterfaceError) or (
             exc.connection_invalidated and not _server_reported(exc)
         ):
@@ -257,11 +300,6 @@ def _server_reported(exc: sa.exc.DBAPIError) -> bool:
     """The server answered with an error; the engine still discards such a
     connection, but the database was reached."""
     return _server_fields(exc) is not None
-
-
-def _sqlstate(exc: sa.exc.DBAPIError) -> str:
-    """The server's SQLSTATE, '' when no server answered."""
-    return str((_server_fields(exc) or {}).get("C") or "")
 
 
 def _db_message(exc: sa.exc.DBAPIError) -> str:
@@ -355,7 +393,7 @@ def confirm(question: str, yes: bool) -> None:
     "--database-url",
     default=None,
     metavar="URL",
-    help="postgresql://user:password@host:port/db (default: DATABASE_URL).",
+    help=_DATABASE_URL_HELP,
 )
 @click.pass_context
 def cli(ctx: click.Context, database_url: str | None) -> None:
@@ -364,14 +402,66 @@ def cli(ctx: click.Context, database_url: str | None) -> None:
 
 
 @cli.command()
+@database_url_option
+@click.option(
+    "--sql",
+    "as_sql",
+    is_flag=True,
+    help="Print the SQL the upgrade would run on this database; change nothing.",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Change nothing; exit 1, saying how far behind, unless the schema is at the latest "
+    "revision.",
+)
 @json_option
-def migrate(as_json: bool) -> None:
-    """Bring the outbox schema to the latest revision."""
+def migrate(as_sql: bool, check: bool, as_json: bool) -> None:
+    """Bring the outbox schema to the latest revision.
+
+    --sql prints the statements instead (from the database's current
+    revision); --check only says whether the schema is current (for a deploy
+    pipeline: exit 0 when it is, 1 when it is behind)."""
     from outbox import migrate as migrations
 
+    if as_sql and check:
+        fail("give --sql or --check, not both", 2)
+    if not (as_sql or check):
+        with database() as engine:
+            revision = migrations.upgrade(engine)
+        render_revision(revision, as_json)
+        return
     with database() as engine:
-        revision = migrations.upgrade(engine)
-    render_revision(revision, as_json)
+        revision = migrations.current(engine)
+    head = migrations.head()
+    try:
+        behind = migrations.pending(revision)
+    except migrations.UnknownRevision:
+        fail(
+            f"the schema is at revision {revision}, which this release does not know "
+            "(a newer release migrated it?)",
+            1,
+            "schema_unknown",
+        )
+    if as_sql:
+        click.echo(
+            migrations.upgrade_sql(revision)
+            if behind
+            else f"-- the schema is at revision {head}: nothing to run"
+        )
+        return
+    if as_json:
+        emit_json({"revision": revision, "head": head, "behind": len(behind)})
+    elif behind:
+        where = f"at revision {revision}" if revision else "missing (no revision)"
+        click.echo(
+            f"the schema is {where}, {len(behind)} revision(s) behind {head}: run `outbox migrate`",
+            err=True,
+        )
+    else:
+        click.echo(f"schema at revision {head}: current")
+    if behind:
+        sys.exit(1)
 
 
 def _parse_json(text: str, what: str) -> Any:
@@ -397,6 +487,7 @@ def _read_payload(text: str) -> Any:
 
 
 @cli.command()
+@database_url_option
 @click.option("--channel", required=True, help="The channel, e.g. email.")
 @click.option("--payload", required=True, help="The payload as JSON, or @file (@- for stdin).")
 @click.option(
@@ -455,6 +546,7 @@ def enqueue(
 
 
 @cli.command()
+@database_url_option
 @json_option
 def status(as_json: bool) -> None:
     """Messages per channel and status, oldest due age, claims past their lease,
@@ -471,6 +563,7 @@ def status(as_json: bool) -> None:
 
 
 @cli.command("list")
+@database_url_option
 @click.option("--status", "statuses", multiple=True, help="Filter by status (repeat or a,b).")
 @click.option("--channel", "channels_", multiple=True, help="Filter by channel (repeat or a,b).")
 @click.option("--dedupe-key", default=None, help="Only the messages with this dedupe key.")
@@ -512,6 +605,7 @@ def list_(
 
 
 @cli.command()
+@database_url_option
 @click.argument("message_id", type=int)
 @json_option
 def show(message_id: int, as_json: bool) -> None:
@@ -587,6 +681,7 @@ def _change(
 
 
 @cli.command()
+@database_url_option
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--status", "statuses", multiple=True, help="Redrive every message in this status.")
 @click.option("--channel", "channels_", multiple=True, help="With --status: only these channels.")
@@ -627,6 +722,7 @@ def redrive(
 
 
 @cli.command()
+@database_url_option
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--channel", "channels_", multiple=True, help="Cancel the pending messages of these.")
 @click.option("--ordering-key", default=None, help="Cancel the pending messages with this key.")
@@ -645,7 +741,7 @@ def cancel(
     yes: bool,
     as_json: bool,
 ) -> None:
-    """Cancel messages.
+    """Cancel messages (undo with `outbox uncancel`).
 
     Either IDS: pending ones, or failed, dead or expired ones holding their
     ordering key (its later messages then go); all must qualify, or nothing
@@ -677,7 +773,42 @@ def cancel(
 
 
 @cli.command()
-@click.option("--older-than", type=Duration(), required=True, help="e.g. 7d: settled before then.")
+@database_url_option
+@click.argument("ids", nargs=-1, type=int, required=True)
+@dry_run_option
+@json_option
+def uncancel(ids: tuple[int, ...], dry_run: bool, as_json: bool) -> None:
+    """Undo `outbox cancel`: cancelled messages IDS go back to pending, with a
+    fresh set of attempts numbered on from the last one; the history stays.
+
+    All must be cancelled, or nothing changes. A message with an ordering key
+    stays cancelled once a later message of its key has gone ahead (it would
+    be delivered out of order)."""
+    from outbox import store
+
+    def apply(conn: sa.Connection, chosen: list[int]) -> set[int]:
+        done = store.uncancel(conn, chosen)
+        overtaken = sorted(set(chosen) - done)
+        if overtaken:  # raised inside the transaction: nothing changes
+            fail(
+                f"cannot uncancel {', '.join(map(str, overtaken))}: a later message of "
+                "its ordering key has gone ahead",
+                1,
+                "conflict",
+            )
+        return done
+
+    _change("uncancel", ids, None, [Status.CANCELLED], apply, dry_run, True, as_json)
+
+
+@cli.command()
+@database_url_option
+@click.option(
+    "--older-than",
+    type=Duration(),
+    default=None,
+    help="e.g. 7d: settled before then (default: RETENTION_DAYS, the reaper's window).",
+)
 @click.option(
     "--status",
     "statuses",
@@ -688,9 +819,10 @@ def cancel(
 @yes_option
 @json_option
 def prune(
-    older_than: float, statuses: tuple[str, ...], dry_run: bool, yes: bool, as_json: bool
+    older_than: float | None, statuses: tuple[str, ...], dry_run: bool, yes: bool, as_json: bool
 ) -> None:
-    """Delete terminal messages settled before the window.
+    """Delete terminal messages settled longer ago than --older-than (by
+    default RETENTION_DAYS, the window the reaper prunes by).
 
     Their attempt history stays for `outbox history` (the reaper prunes it
     after ATTEMPT_RETENTION_DAYS), and so do their dedupe keys (DEDUPE_WINDOW_DAYS).
@@ -703,6 +835,11 @@ def prune(
     wanted = _statuses(statuses, TERMINAL_STATUSES, "prune") or [
         s for s in TERMINAL_STATUSES if s not in UNRESOLVED_STATUSES
     ]
+    if older_than is None:
+        try:
+            older_than = RETENTION_DAYS.read(os.environ) * 86400.0
+        except ConfigError as exc:
+            fail(str(exc), 2, "config")
     total = 0
     with database() as engine:
         with engine.connect() as conn:
@@ -712,16 +849,20 @@ def prune(
             render_change("prune", count, None, dry_run, as_json)
             return
         confirm(f"delete {count} message(s) settled before {cutoff:%Y-%m-%d %H:%M:%S %Z}", yes)
-        while True:
+        # No more than was counted and confirmed: a row that reached a
+        # prunable status since the count stays for the next prune.
+        while total < count:
+            batch = min(PRUNE_BATCH, count - total)
             with engine.begin() as conn:
-                deleted = store.prune_settled_before(conn, cutoff, PRUNE_BATCH, wanted)
+                deleted = store.prune_settled_before(conn, cutoff, batch, wanted)
             total += deleted
-            if deleted < PRUNE_BATCH:
+            if deleted < batch:
                 break
     render_change("prune", total, None, False, as_json)
 
 
 @cli.command()
+@database_url_option
 @click.option(
     "--recipient",
     required=True,
@@ -770,6 +911,7 @@ def _pausable_channel(conn: sa.Connection, channel: str) -> str:
 
 
 @cli.command()
+@database_url_option
 @click.argument("channel")
 @click.option("--reason", default=None, help="Why, shown by `outbox status`.")
 @json_option
@@ -788,6 +930,7 @@ def pause(channel: str, reason: str | None, as_json: bool) -> None:
 
 
 @cli.command()
+@database_url_option
 @click.argument("channel")
 @json_option
 def resume(channel: str, as_json: bool) -> None:
@@ -884,6 +1027,7 @@ def limit_show(as_json: bool) -> None:
 
 
 @cli.command()
+@database_url_option
 @click.option("--once", is_flag=True, help="Claim and send one batch, then exit.")
 @click.option("--until-empty", is_flag=True, help="Exit when nothing is due any more.")
 @click.option(
@@ -910,6 +1054,7 @@ def worker(
     """
     import dataclasses
 
+    require_extra("outbox worker", "worker", "aws_lambda_powertools", "boto3")
     from outbox.config import OutcomeEventSettings, RelaySettings
     from outbox.worker import Worker
 
@@ -1000,6 +1145,9 @@ def invoke_(
     and print its JSON result: `sam local invoke` without Docker.
 
     The result is JSON either way; --json prints it on one line."""
+    require_extra(
+        "outbox invoke", "local", "yaml", "samtranslator", "aws_lambda_powertools", "boto3"
+    )
     from . import invoke
 
     if (event_file is None) == (claim_limit is None):
@@ -1030,6 +1178,7 @@ def invoke_(
             )
         else:
             event = _read_json_file(str(event_file), "event file")
+            invoke.refuse_custom_resource_event(spec, event)
     except invoke.InvokeError as exc:
         fail(str(exc), 2)
     for name, reason in sorted(spec.unresolved.items()):
@@ -1051,6 +1200,14 @@ def invoke_(
             fail(f"{spec.logical_id} failed at init: {error_type}: {message}")
         fail(f"{spec.logical_id} raised {error_type}: {message}")
     click.echo(json.dumps(_jsonable(outcome.result), indent=None if as_json else 2))
+    never_live = outcome.result.get("unknown") if isinstance(outcome.result, dict) else None
+    if never_live:  # the function logs it at INFO, below the template's log level
+        click.echo(
+            f"no such claim for id(s) {', '.join(map(str, never_live))}: the event's "
+            "claims were never live here (events/ samples carry placeholder claim tokens); "
+            f"`outbox invoke {spec.logical_id} --claim N` claims due messages for a live event",
+            err=True,
+        )
     if outcome.timed_out:
         fail(
             f"{spec.logical_id} ran {outcome.duration_seconds:.2f}s, past its "

@@ -45,6 +45,8 @@ from typing import Any
 
 from outbox.errors import OutboxError
 
+from . import missing_extra
+
 FUNCTION_TYPE = "AWS::Serverless::Function"
 LAYER_TYPE = "AWS::Serverless::LayerVersion"
 DEFAULT_TIMEOUT_SECONDS = 3
@@ -125,9 +127,9 @@ def load_template(path: Path) -> dict[str, Any]:
     try:
         import yaml
         from samtranslator.yaml_helper import intrinsics_multi_constructor
-    except ImportError:  # pragma: no cover - both come with the dev extras
+    except ImportError as exc:  # pragma: no cover - both come with the local extra
         raise InvokeError(
-            "reading template.yaml needs PyYAML and aws-sam-translator (pip install -e '.[dev]')"
+            missing_extra("reading template.yaml", "local", "yaml", "samtranslator") or str(exc)
         ) from None
 
     class Loader(yaml.SafeLoader):
@@ -725,6 +727,20 @@ def _progress(
         thread.join()
 
 
+def refuse_custom_resource_event(spec: FunctionSpec, event: Any) -> None:
+    """A CloudFormation custom-resource event is answered at its ResponseURL,
+    which the function only accepts as CloudFormation's own S3 bucket (so a
+    forged event cannot send its answer anywhere): a local run could apply the
+    migration but never answer. Refused before anything runs."""
+    if isinstance(event, Mapping) and "ResponseURL" in event:
+        raise InvokeError(
+            f"{spec.logical_id}: this is a CloudFormation custom-resource event, answered "
+            "only at CloudFormation's S3 ResponseURL, which a local run cannot reach; nothing "
+            "ran: use events/migrate-invoke.json (a plain invoke that returns the revision) "
+            "or `outbox migrate`"
+        )
+
+
 def invoke(
     spec: FunctionSpec,
     event: Any,
@@ -736,6 +752,7 @@ def invoke(
     its stdout and logs go to stderr. ``event`` may be a callable, called after
     the cold start succeeded (a live claim is made only for a function that
     started)."""
+    refuse_custom_resource_event(spec, event)
     os.environ.update(spec.environment)
     os.environ.update(
         {

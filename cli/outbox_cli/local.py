@@ -3,10 +3,13 @@
     python -m outbox_cli.local
 
 * Database: ``DATABASE_URL`` when set; else the Postgres on 127.0.0.1:5432
-  (a dedicated database ``outbox_demo``, recreated each run) when it answers;
-  else an embedded Postgres (pgserver) in ``.local/pgdata``.
-  ``OUTBOX_LOCAL_DB=embedded`` (or ``local``) forces one of the last two;
-  ``OUTBOX_LOCAL_DBNAME`` and ``OUTBOX_LOCAL_PGDATA`` change the name and folder.
+  when it answers; else an embedded Postgres (pgserver) in ``.local/pgdata``.
+  On either of the last two, the demo's own database ``outbox_demo``: made
+  with a marker comment, and dropped by the next run only when it still
+  carries it and nobody is connected (a database of that name that the demo
+  did not make is left alone). ``OUTBOX_DEV_DB=local`` (or ``embedded``,
+  ``url``) forces a choice; ``OUTBOX_LOCAL_DBNAME`` and ``OUTBOX_LOCAL_PGDATA``
+  change the database's name and the embedded server's folder.
 * AWS: an in-process moto server on 127.0.0.1 with fake credentials; SES has
   the sender domain verified. Channels other than email get their provider
   set up when they exist (SNS platform endpoint, Secrets Manager webhook
@@ -16,7 +19,8 @@
   dispatcher ticks that hand off through an in-process Lambda invoker to the
   channel functions, and reaper ticks, until every message is settled.
 
-Development only: imports moto, pgserver and rich, which no Lambda ships.
+Development only: imports moto, pgserver and rich, which no Lambda ships
+(the ``local`` extra: ``pip install -e '.[local]'``).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from outbox import channels, store
 from outbox.channels import Deadline, Message, Outcome, SchemaChannel
 from outbox.states import STATUSES, TERMINAL_STATUSES
 
-from . import devdb
+from . import devdb, missing_extra
 from .invoke import LambdaContext, load_module
 
 REPO = Path(__file__).resolve().parents[2]
@@ -322,7 +326,7 @@ class WebhookReceiver:
 
             Webhook(self.secret).verify(body, headers)
             return True
-        except ImportError:  # pragma: no cover - the dev extras bring standardwebhooks
+        except ImportError:  # pragma: no cover - the dev group brings standardwebhooks
             return self._verify_by_hand(body, headers)
         except Exception:
             return False
@@ -346,24 +350,54 @@ class WebhookReceiver:
 @contextlib.contextmanager
 def database(say: Callable[[str], None]) -> Iterator[str]:
     """The database URL to use, and say which one it is."""
-    forced = os.environ.get("OUTBOX_LOCAL_DB", "").strip().lower()
-    if forced not in ("", "local", "embedded", "url"):
-        raise SystemExit(f"OUTBOX_LOCAL_DB must be local, embedded or url, not {forced!r}")
+    try:
+        forced = devdb.dev_db_choice()
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     url = os.environ.get("DATABASE_URL")
     if url and forced in ("", "url"):
         say("database: DATABASE_URL (your own database; the demo adds rows to it)")
         yield url
         return
+    if forced == "url":
+        raise SystemExit(f"{devdb.DEV_DB_VARIABLE}=url but DATABASE_URL is not set")
     if forced in ("", "local") and devdb.answers(LOCAL_POSTGRES):
         say(f"database: local Postgres on 127.0.0.1:5432, database {DEMO_DATABASE!r} (recreated)")
-        yield devdb.recreate_database(LOCAL_POSTGRES, DEMO_DATABASE)
+        yield _own_database(LOCAL_POSTGRES, say)
         return
     if forced == "local":
-        raise SystemExit("OUTBOX_LOCAL_DB=local but no Postgres answers on 127.0.0.1:5432")
+        raise SystemExit(f"{devdb.DEV_DB_VARIABLE}=local but no Postgres answers on 127.0.0.1:5432")
     shown = PGDATA.relative_to(REPO) if PGDATA.is_relative_to(REPO) else PGDATA
+    problem = missing_extra("the embedded Postgres", "local", "pgserver")
+    if problem is not None:
+        raise SystemExit(f"Error: {problem}")
     say(f"database: embedded Postgres (pgserver) in {shown}")
     with devdb.embedded(PGDATA) as server_url:
-        yield devdb.recreate_database(server_url, DEMO_DATABASE)
+        yield _own_database(server_url, say)
+
+
+def _own_database(server_url: str, say: Callable[[str], None]) -> str:
+    """The demo's database, made afresh: one an earlier run made is dropped and
+    made again. One of the same name that the demo did not make (an older
+    release's, or yours), or one in use (a --keep-running demo), is left alone,
+    and the demo takes the next free name of its own instead."""
+    names = [DEMO_DATABASE] + [f"{DEMO_DATABASE}_{n}" for n in range(2, 10)]
+    for name in names:
+        try:
+            url = devdb.recreate_own_database(server_url, name)
+        except devdb.NotOwnDatabase:
+            say(f"database {name!r} exists without make run's mark: left alone")
+            continue
+        except devdb.DatabaseInUse:
+            say(f"database {name!r} is in use (a --keep-running demo?): left alone")
+            continue
+        if name != DEMO_DATABASE:
+            say(f"database: using {name!r} instead")
+        return url
+    raise SystemExit(
+        f"databases {names[0]!r} to {names[-1]!r} are all taken or in use: drop those you no "
+        "longer need, or pick another name with OUTBOX_LOCAL_DBNAME=<name>"
+    )
 
 
 @contextlib.contextmanager
@@ -446,6 +480,9 @@ def _flaky_handler() -> Any:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
+    problem = missing_extra("make run", "local", "rich", "moto", "boto3", "aws_lambda_powertools")
+    if problem is not None:
+        raise SystemExit(f"Error: {problem}")
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table

@@ -409,7 +409,7 @@ def render_history(rows: Sequence[Any], as_json: bool) -> None:
     console().print(table)
 
 
-_PAST = {"redrive": "redriven", "cancel": "cancelled", "prune": "pruned"}
+_PAST = {"redrive": "redriven", "cancel": "cancelled", "uncancel": "uncancelled", "prune": "pruned"}
 
 
 def render_change(

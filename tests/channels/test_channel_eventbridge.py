@@ -13,6 +13,7 @@ from botocore.stub import Stubber
 from channel_support import REGION, deliver, settled
 
 import outbox
+from outbox import outcomes
 from outbox.channels import Deadline, Message
 from outbox.channels.eventbridge import EventBridgeChannel
 
@@ -152,3 +153,68 @@ def test_invalid_events_are_refused_at_enqueue(
     with engine.begin() as conn, pytest.raises(outbox.ValidationError) as caught:
         outbox.enqueue(conn, "eventbridge", payload)
     assert caught.value.field == field
+
+
+# --- outcome events cannot be forged through the relay (issue 23, finding 5) --
+
+FORGED = {
+    "source": outcomes.SOURCE,
+    "detail_type": outcomes.DETAIL_TYPES["bounced"],
+    "detail": {"id": 1, "status": "bounced"},
+}
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        (FORGED, "payload.source"),
+        ({**FORGED, "source": " Outbox.Relay"}, "payload.source"),
+        ({**FORGED, "source": "outbox.relay.audit"}, "payload.source"),
+        ({**EVENT, "detail_type": outcomes.DETAIL_TYPES["dead"]}, "payload.detail_type"),
+        ({**EVENT, "detail_type": "outbox message failed"}, "payload.detail_type"),
+    ],
+)
+def test_the_relays_own_source_and_detail_types_are_refused_at_enqueue(
+    engine: sa.Engine, payload: dict[str, Any], field: str
+) -> None:
+    with engine.begin() as conn, pytest.raises(outbox.ValidationError) as caught:
+        outbox.enqueue(conn, "eventbridge", payload)
+    assert caught.value.field == field
+    assert "outcome events" in str(caught.value)
+
+
+def test_a_forged_outcome_event_enqueued_in_sql_never_reaches_the_bus(
+    engine: sa.Engine, aws: None
+) -> None:
+    # The SQL enqueue does not run the channel's Python checks: the sender's do.
+    events, sqs = (
+        boto3.client("events", region_name=REGION),
+        boto3.client("sqs", region_name=REGION),
+    )
+    url = sqs.create_queue(QueueName="application")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    # the application's rule, as the README tells it to write it
+    events.put_rule(Name="app", EventPattern=json.dumps({"source": [outcomes.SOURCE]}))
+    events.put_targets(Rule="app", Targets=[{"Id": "q", "Arn": arn}])
+    with engine.begin() as conn:
+        message_id = conn.execute(
+            sa.text("SELECT outbox_enqueue('eventbridge', CAST(:p AS jsonb))"),
+            {"p": json.dumps(FORGED)},
+        ).scalar_one()
+    _, report = deliver(engine, "eventbridge", None, message_id=message_id)
+    row, history = settled(engine, message_id)
+    assert report.statuses == {"failed": 1} and row.status == "failed"
+    assert history[-1].error.startswith("invalid payload: payload.source")
+    assert received(url) == []
+
+
+def test_the_channel_refuses_to_put_a_forged_event_even_unvalidated() -> None:
+    # Defence in depth: send() checks again, whoever calls it. Stubber with no
+    # answers queued: any PutEvents call would raise instead of returning.
+    client = boto3.client("events", region_name=REGION)
+    with Stubber(client):
+        outcome = EventBridgeChannel(client).send(Message(1, "eventbridge", FORGED, 1), Deadline(5))
+    assert outcome.kind == "failed"
+    assert outcome.error is not None and "outcome events" in outcome.error

@@ -1,7 +1,7 @@
 """A real receiver on 127.0.0.1 that admits a few requests, then answers
 429 with Retry-After: the relay pauses that destination after one refused
 call, counts no attempt and no deferral, and keeps sending to another
-receiver in the same batch (docs/design.md, invariant 9)."""
+receiver in the same batch (docs/design.md, invariant 10)."""
 
 from __future__ import annotations
 

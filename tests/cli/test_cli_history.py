@@ -165,7 +165,12 @@ def test_a_bounce_shows_in_the_recipients_history(run: Any, engine: sa.Engine) -
     settle_due(engine, "delivered", provider_id="ses-bounce-1")
     with engine.begin() as conn:
         (result,) = store.record_feedback(
-            conn, [store.Feedback("ses-bounce-1", "bounced", "fb-1", "Permanent: General")]
+            conn,
+            [
+                store.Feedback(
+                    "ses-bounce-1", "bounced", "ada@example.net", "Permanent/General", "General"
+                )
+            ],
         )
     assert result.new_status == "bounced"
     rows = json.loads(run("history", "--recipient", "Ada@example.net", "--json").stdout)["attempts"]

@@ -45,8 +45,9 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def invoke(
-    project: Path, *args: str, event: Any = None, env: dict[str, str] | None = None
+    project: Path, *args: str, event: Any = None, env: dict[str, str | None] | None = None
 ) -> Result:
+    """``outbox invoke *args``; ``env`` adds variables, and unsets those set to None."""
     if event is not None:
         (project / "event.json").write_text(json.dumps(event))
     return CliRunner().invoke(cli, ["invoke", *args], env=env)
@@ -68,7 +69,9 @@ def test_probe_gets_handler_env_context_and_its_folder_first(project: Path) -> N
         "--env-vars",
         "env.json",
         event={"hello": "world"},
-        env={"LEASE_SECONDS": "300"},
+        # DATABASE_URL unset: the note below is about the template's parameter,
+        # whatever the shell running the tests has (`DATABASE_URL=... make test`).
+        env={"LEASE_SECONDS": "300", "DATABASE_URL": None},
     )
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
@@ -157,7 +160,7 @@ def test_handler_init_failure_names_the_setting(project: Path) -> None:
         "--env-vars",
         "env.json",
         event={},
-        env={"DATABASE_URL": None},  # type: ignore[dict-item]
+        env={"DATABASE_URL": None},
     )
     assert result.exit_code == 1
     assert "DATABASE_URL" in result.stderr and "ConfigError" in result.stdout
@@ -248,8 +251,8 @@ def test_the_feedback_samples_run_through_the_real_template(
     event_file = REPO / "events" / f"{sample}.json"
     (notification,) = feedback.notifications(json.loads(event_file.read_text()))
     provider_id = notification["mail"]["messageId"]
-    with engine.begin() as conn:
-        mid = outbox.enqueue(conn, "email", EMAIL)
+    with engine.begin() as conn:  # to the samples' recipient: feedback matches it
+        mid = outbox.enqueue(conn, "email", {**EMAIL, "to": ["recipient@example.com"]})
     with engine.begin() as conn:
         (claim,) = store.claim(conn, 1, 60)
         store.settle(
@@ -313,3 +316,37 @@ def test_each_invocation_starts_with_a_logger_free_of_earlier_keys(
     probe = invoke_module.function_spec(template, project, "ProbeFunction", shell={})
     assert invoke_module.invoke(probe, {}).error is None
     assert "correlation_id" not in logger.get_current_keys()
+
+
+def test_a_custom_resource_event_is_refused_before_anything_runs(server_url: str) -> None:
+    """events/migrate.json is CloudFormation's request: its ResponseURL is
+    CloudFormation's S3 bucket, which a local run cannot answer. One line says
+    so and what to run instead, and the database is left alone."""
+    import uuid
+
+    from outbox_cli import devdb
+
+    name = f"outbox_refused_{uuid.uuid4().hex[:8]}"
+    url = devdb.recreate_database(server_url, name)
+    try:
+        result = CliRunner().invoke(
+            cli,
+            [
+                "invoke",
+                "MigrateFunction",
+                str(REPO / "events" / "migrate.json"),
+                "--template",
+                str(REPO / "template.yaml"),
+            ],
+            env={"DATABASE_URL": url},
+        )
+        assert result.exit_code == 2  # refused before the banner: nothing was invoked
+        assert "invoking" not in result.stderr
+        lines = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+        assert len(lines) == 1 and "custom-resource event" in lines[0], result.stderr
+        assert "migrate-invoke.json" in lines[0] and "Traceback" not in result.output
+        engine = sa.create_engine(url)
+        assert sa.inspect(engine).get_table_names() == []  # nothing ran
+        engine.dispose()
+    finally:
+        devdb.drop_database(server_url, name)

@@ -158,6 +158,9 @@ def test_every_function_of_the_template_runs_with_the_shipped_env_file(
             quiet(result)
             assert result.stderr.startswith(f"invoking {name} (app.handler, Timeout ")
             results[name] = json.loads(result.stdout)
+            if results[name].get("unknown"):  # a sample event's placeholder claims
+                assert "no such claim for id(s) 1: " in result.stderr
+                assert f"`outbox invoke {name} --claim N`" in result.stderr
     assert [
         f"{w.category.__name__}: {w.message}"
         for w in caught
@@ -174,14 +177,16 @@ def test_every_function_of_the_template_runs_with_the_shipped_env_file(
     assert (dispatched["claimed"], dispatched["handed_off"], dispatched["batches"]) == (1, 1, 1)
     with engine.connect() as conn:
         assert store.statuses_of(conn, [message_id]) == {message_id: "claimed"}
-    # The sample events carry fixed claim tokens: they reach the function, which
-    # finds nothing it owns (id 1 is claimed under another token) and sends nothing.
+    # The sample events carry placeholder claim tokens: they reach the
+    # function, which finds nothing it owns and sends nothing, and says the
+    # claim was never live (id 1 is an email, claimed under a real token).
     for name in ("EmailFunction", "SmsFunction", "PushFunction", "WebhookFunction"):
         assert results[name] == {
             "received": 1,
             "owned": 0,
-            "lease_lost": [1],
+            "lease_lost": [],
             "duplicates": [],
+            "unknown": [1],
             "statuses": {},
         }
     for name in ("EventBridgeFunction", "SqsFunction"):
@@ -231,6 +236,7 @@ def test_invoke_claim_hands_a_live_claim_to_the_channel_function(
         "owned": 2,
         "lease_lost": [],
         "duplicates": [],
+        "unknown": [],
         "statuses": {"delivered": 2},
     }
     assert "claimed 2 email message(s)" in result.stderr

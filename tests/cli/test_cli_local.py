@@ -11,11 +11,14 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from outbox_cli import devdb
 from support import DOCS, doc_blocks
 
 
@@ -68,6 +71,13 @@ def test_make_run_on_the_local_postgres(server_url: str) -> None:
             assert "python -m outbox_cli.local --keep-running" in result.stdout
             engine = sa.create_engine(make_url(server_url).set(database=name))
             with engine.connect() as conn:
+                marker = conn.execute(
+                    sa.text(
+                        "SELECT shobj_description(oid, 'pg_database') FROM pg_database "
+                        "WHERE datname = current_database()"
+                    )
+                ).scalar()
+                assert marker == devdb.OWN_DATABASE_MARKER  # so the next run may drop it
                 rows = conn.execute(
                     sa.text(
                         "SELECT channel, status, count(*) FROM outbox_message "
@@ -204,6 +214,99 @@ def test_keep_running_serves_the_worker_and_invoke_recipes(tmp_path: Path) -> No
 
 
 def test_an_unknown_database_choice_is_refused() -> None:
-    result = run_local({"OUTBOX_LOCAL_DB": "oracle"})
+    result = run_local({"OUTBOX_DEV_DB": "oracle"})
     assert result.returncode != 0
-    assert "OUTBOX_LOCAL_DB must be local, embedded or url" in result.stderr
+    assert result.stderr.strip() == "OUTBOX_DEV_DB must be local, embedded or url, not 'oracle'"
+
+
+def test_the_old_names_of_the_switch_still_work_and_say_so() -> None:
+    for old in ("OUTBOX_LOCAL_DB", "OUTBOX_TEST_DB"):
+        result = run_local({old: "oracle"})
+        assert result.returncode != 0
+        assert result.stderr.splitlines() == [
+            f"note: {old} is deprecated: use OUTBOX_DEV_DB=oracle",
+            "OUTBOX_DEV_DB must be local, embedded or url, not 'oracle'",
+        ]
+
+
+# --- the demo's own database ---------------------------------------------------------
+
+
+def database_names(server_url: str) -> set[str]:
+    admin = sa.create_engine(server_url)
+    try:
+        with admin.connect() as conn:
+            return set(conn.execute(sa.text("SELECT datname FROM pg_database")).scalars())
+    finally:
+        admin.dispose()
+
+
+def tables(url: str) -> list[str]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return list(
+                conn.execute(
+                    sa.text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+                ).scalars()
+            )
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def demo_name(server_url: str) -> Iterator[str]:
+    name = f"outbox_demo_{uuid.uuid4().hex[:8]}"
+    yield name
+    devdb.drop_database(server_url, name)
+
+
+def test_the_demo_recreates_only_a_database_it_made(server_url: str, demo_name: str) -> None:
+    url = devdb.recreate_own_database(server_url, demo_name)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE left_by_the_last_run (id int)"))
+    engine.dispose()
+    assert tables(url) == ["left_by_the_last_run"]
+    # Made by an earlier run (it carries the marker): dropped and made again.
+    assert devdb.recreate_own_database(server_url, demo_name) == url
+    assert tables(url) == []
+
+
+def test_a_database_of_the_demos_name_that_it_did_not_make_is_left_alone(
+    server_url: str, demo_name: str
+) -> None:
+    url = devdb.recreate_database(server_url, demo_name)  # someone else's: no marker
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE theirs (id int)"))
+    engine.dispose()
+    with pytest.raises(devdb.NotOwnDatabase):
+        devdb.recreate_own_database(server_url, demo_name)
+    assert tables(url) == ["theirs"]
+    if make_url(server_url).host in ("127.0.0.1", "localhost"):  # the demo's own Postgres
+        # The demo runs all the same, in the next name of its own.
+        try:
+            result = run_local({"OUTBOX_DEV_DB": "local", "OUTBOX_LOCAL_DBNAME": demo_name})
+            output = result.stdout + result.stderr
+            assert result.returncode == 0, output[-3000:]
+            assert f"database {demo_name!r} exists without make run's mark: left alone" in output
+            assert f"database: using '{demo_name}_2' instead" in output
+            assert f"/{demo_name}_2" in output  # the export line names the one it used
+            assert tables(url) == ["theirs"]
+        finally:
+            devdb.drop_database(server_url, f"{demo_name}_2")
+
+
+def test_the_demos_database_in_use_is_not_dropped(server_url: str, demo_name: str) -> None:
+    """Without FORCE: a session on it (a --keep-running demo, someone's psql) is
+    never cut; the run stops and says so."""
+    url = devdb.recreate_own_database(server_url, demo_name)
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect():
+            with pytest.raises(devdb.DatabaseInUse):
+                devdb.recreate_own_database(server_url, demo_name)
+            assert demo_name in database_names(server_url)
+    finally:
+        engine.dispose()

@@ -371,7 +371,6 @@ def test_prune_deletes_only_terminal_rows_older_than_the_window(
     before = snapshot(engine)
     one_error_line(run("prune", "--older-than", "a while"), "duration")
     one_error_line(run("prune", "--older-than", "7d", "--status", "pending"), "cannot prune")
-    one_error_line(run("prune"), "--older-than")
     assert snapshot(engine) == before
 
     # Without --status, failed (dead, expired) rows wait for an operator, as
@@ -389,6 +388,90 @@ def test_prune_deletes_only_terminal_rows_older_than_the_window(
         ).scalar_one()
     # the attempt history has its own retention (ATTEMPT_RETENTION_DAYS, the reaper)
     assert left == [*recent, pending] and kept_history == 2
+
+
+def test_prune_defaults_to_the_configured_retention(database_url: str, engine: sa.Engine) -> None:
+    """Without --older-than, prune uses RETENTION_DAYS (7 by default), the
+    window the reaper's routine retention uses."""
+    seed(engine, 3)
+    settle_all(engine, "delivered")
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_message SET settled_at = now() - make_interval(days => d) "
+                "FROM (VALUES (1, 8), (2, 3), (3, 1)) AS age(id, d) WHERE outbox_message.id = age.id"
+            )
+        )
+    runner = CliRunner()
+
+    def prune(retention: str | None) -> dict[str, Any]:
+        env = {"DATABASE_URL": database_url, "RETENTION_DAYS": retention}
+        result = runner.invoke(cli, ["prune", "--yes", "--json"], env=env)
+        assert result.exit_code == 0, result.output
+        return dict(json.loads(result.stdout))
+
+    assert prune(None)["count"] == 1  # the default 7 days: the 8-day-old row
+    assert prune("2")["count"] == 1  # the 3-day-old row
+    assert statuses(engine) == {"delivered": 1}
+    bad = runner.invoke(
+        cli, ["prune", "--yes"], env={"DATABASE_URL": database_url, "RETENTION_DAYS": "soon"}
+    )
+    one_error_line(bad, "RETENTION_DAYS")
+
+
+def test_uncancel_brings_cancelled_messages_back_all_or_nothing(
+    run: Any, engine: sa.Engine
+) -> None:
+    first, second, pending = seed(engine, 3)
+    run("cancel", str(first), str(second), "--reason", "oops")
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE outbox_message SET attempts = 2 WHERE id = :id"), {"id": first}
+        )
+    before = snapshot(engine)
+    one_error_line(run("uncancel", str(first), str(pending)), f"{pending} is pending")
+    one_error_line(run("uncancel", str(first), "777"), "unknown message id(s): 777")
+    one_error_line(run("uncancel"), "IDS")
+    assert snapshot(engine) == before
+    assert json.loads(run("uncancel", str(first), "--dry-run", "--json").stdout)["dry_run"]
+    assert snapshot(engine) == before
+
+    result = run("uncancel", str(first), str(second), "--json")
+    assert json.loads(result.stdout) == {
+        "action": "uncancel",
+        "dry_run": False,
+        "count": 2,
+        "ids": [first, second],
+    }
+    with engine.connect() as conn:
+        back = conn.execute(
+            sa.text(
+                "SELECT status, attempts, attempts_at_redrive, settled_at, last_error "
+                "FROM outbox_message WHERE id = :id"
+            ),
+            {"id": first},
+        ).one()
+    # a fresh set of attempts numbered on from the last one, the reason cleared
+    assert tuple(back) == ("pending", 2, 2, None, None)
+    assert statuses(engine) == {"pending": 3}
+    one_error_line(run("uncancel", str(first)), f"{first} is pending")
+
+
+def test_uncancel_refuses_a_message_whose_ordering_key_went_ahead(
+    run: Any, engine: sa.Engine
+) -> None:
+    """Cancelling the head of a key lets the next one go; once it has gone
+    (here: delivered), bringing the head back would send it out of order."""
+    head, later = seed(engine, 2, ordering_key="order-7")
+    one_more = seed(engine, 1, ordering_key="order-8")
+    run("cancel", str(head), *map(str, one_more))
+    settle_all(engine, "delivered")  # the key's next message, and nothing of order-8
+    before = snapshot(engine)
+    one_error_line(run("uncancel", str(head), *map(str, one_more)), f"cannot uncancel {head}")
+    assert snapshot(engine) == before  # all or nothing: order-8's row stayed cancelled too
+    assert json.loads(run("uncancel", *map(str, one_more), "--json").stdout)["count"] == 1
+    with engine.connect() as conn:
+        assert store.statuses_of(conn, [head, later]) == {head: "cancelled", later: "delivered"}
 
 
 def test_commands_without_a_database_or_schema_say_so(database_url: str, engine: sa.Engine) -> None:

@@ -18,6 +18,7 @@ RUN_BY = {
     "custom-channel": "tests/docs/test_examples.py",
     "psql-enqueue": "tests/integration/test_sql_enqueue.py",
     "grants": "tests/integration/test_grants.py",
+    "own-schema": "tests/integration/test_schema_recipe.py",
     "quickstart-commands": "tests/cli/test_cli_local.py",
     "quickstart-script": "tests/cli/test_cli_local.py",
     "quickstart-run-script": "tests/cli/test_cli_local.py",

@@ -68,6 +68,7 @@ def test_enqueue_dispatch_send_delivered_and_visible_in_moto(
             "owned": 1,
             "lease_lost": [],
             "duplicates": [],
+            "unknown": [],
             "statuses": {"delivered": 1},
         }
     ]

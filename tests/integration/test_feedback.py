@@ -11,12 +11,15 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import test_least_privilege
 
 import outbox
 from outbox import feedback, store
 from support import EMAIL, LambdaContext, attempts, row
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
+# The fixture of a relay login user's engine, shared with the least-privilege tests.
+relay_user = test_least_privilege.relay_user
 
 
 def sample(name: str) -> dict[str, Any]:
@@ -35,12 +38,20 @@ def with_ses_message(sns_event: dict[str, Any], message: dict[str, Any]) -> dict
     return event
 
 
-def delivered_email(engine: sa.Engine, provider_id: str) -> int:
-    """An email message sent and settled delivered with this SES message id,
-    through the real claim and settle."""
+# The recipient of the recorded samples in events/.
+RECIPIENT = "recipient@example.com"
+
+
+def delivered_email(engine: sa.Engine, provider_id: str, to: tuple[str, ...] = (RECIPIENT,)) -> int:
+    """An email message to ``to``, sent and settled delivered with this SES
+    message id, through the real claim and settle."""
     with engine.begin() as conn:
         mid = outbox.enqueue(
-            conn, "email", EMAIL, dedupe_key=f"k-{provider_id}", ordering_key="customer-7"
+            conn,
+            "email",
+            {**EMAIL, "to": list(to)},
+            dedupe_key=f"k-{provider_id}",
+            ordering_key="customer-7",
         )
     with engine.begin() as conn:
         (claim,) = store.claim(conn, 10, 60, ["email"])
@@ -197,7 +208,7 @@ def test_unmatched_and_unrecorded_event_types_are_counted(engine: sa.Engine) -> 
     assert not report.recorded
 
 
-def test_a_batch_is_recorded_by_one_statement(engine: sa.Engine) -> None:
+def test_a_batch_is_recorded_by_two_statements(engine: sa.Engine) -> None:
     bounce_event = sample("feedback-bounce")
     records, ids = [], []
     for n in range(5):
@@ -218,7 +229,9 @@ def test_a_batch_is_recorded_by_one_statement(engine: sa.Engine) -> None:
     finally:
         sa.event.remove(engine, "before_cursor_execute", count)
     assert report.moved == {"bounced": 5}
-    assert [s for s in statements if "outbox_" in s] == [statements[-1]]
+    # the messages' locks, then the whole batch's record (invariant 7)
+    ours = [s for s in statements if "outbox_" in s]
+    assert ours == statements[-2:] and "FOR UPDATE" in ours[0]
     assert sum("outbox_attempt" in s for s in statements) == 1
 
 
@@ -266,3 +279,163 @@ def test_the_same_bounce_delivered_concurrently_is_recorded_once(engine: sa.Engi
     assert sorted(a.outcome for a in history) == ["bounced", "complained", "delivered"]
     assert [e.status for e in outcome_events(engine)] == [final]
     assert final in ("bounced", "complained")
+
+
+# --- refuse what cannot be matched precisely; per recipient; bounded ---------
+# (issue 23, item 8: each of these failed on the feedback of 0.x)
+
+
+def bounce_for(
+    provider_id: str, *recipients: str, feedback_id: str = "fb-1", subtype: str = "General"
+) -> dict[str, Any]:
+    """The SNS bounce sample, about ``recipients`` of ``provider_id``."""
+    event = sample("feedback-bounce")
+    message = ses_message(event)
+    message["mail"]["messageId"] = provider_id
+    message["bounce"]["feedbackId"] = feedback_id
+    message["bounce"]["bounceSubType"] = subtype
+    message["bounce"]["bouncedRecipients"] = [
+        {"emailAddress": r, "action": "failed", "status": "5.1.1",
+         "diagnosticCode": f"smtp; 550 5.1.1 <{r}>: user unknown"}
+        for r in recipients
+    ]  # fmt: skip
+    return with_ses_message(event, message)
+
+
+def test_a_forged_bounce_naming_only_the_message_id_changes_nothing(engine: sa.Engine) -> None:
+    mid = delivered_email(engine, "ses-forged")
+    no_recipient = bounce_for("ses-forged")
+    message = ses_message(no_recipient)
+    del message["bounce"]["bouncedRecipients"]
+    reports = [
+        feedback.handle(engine, with_ses_message(no_recipient, message)),
+        feedback.handle(engine, bounce_for("ses-forged", "someone.else@example.org")),
+    ]
+    assert (reports[0].unrecognized, reports[1].unmatched) == (1, 1)
+    assert not any(r.recorded or r.moved for r in reports)
+    with engine.connect() as conn:
+        assert row(conn, mid).status == "delivered" and len(attempts(conn, mid)) == 1
+
+
+def test_a_message_bounces_only_when_every_recipient_did(engine: sa.Engine) -> None:
+    ada, bob = "ada@example.net", "Bob@Example.NET"
+    mid = delivered_email(engine, "ses-two", to=(ada, bob))
+
+    first = feedback.handle(engine, bounce_for("ses-two", ada))
+    with engine.connect() as conn:
+        after_one = row(conn, mid).status
+        fingerprints = conn.execute(
+            sa.text("SELECT outbox_fingerprint(:a) AS ada, outbox_fingerprint(:b) AS bob"),
+            {"a": ada, "b": bob.lower()},
+        ).one()
+    second = feedback.handle(engine, bounce_for("ses-two", " bob@example.net", feedback_id="fb-2"))
+
+    assert first.recorded == {"bounced": 1} and not first.moved and after_one == "delivered"
+    assert second.moved == {"bounced": 1}
+    with engine.connect() as conn:
+        message, history = row(conn, mid), attempts(conn, mid)
+    assert message.status == "bounced"
+    # one attempt row per recipient, each naming only its recipient
+    assert [(a.outcome, a.recipient_fingerprints) for a in history[1:]] == [
+        ("bounced", [fingerprints.ada]),
+        ("bounced", [fingerprints.bob]),
+    ]
+    assert [e.status for e in outcome_events(engine)] == ["bounced"]
+
+
+def test_a_complaint_from_one_recipient_of_two_is_recorded_without_moving(
+    engine: sa.Engine,
+) -> None:
+    mid = delivered_email(engine, "ses-c2", to=("ada@example.net", "bob@example.net"))
+    complaint = ses_message(sample("feedback-complaint"))
+    complaint["mail"]["messageId"] = "ses-c2"
+    complaint["complaint"]["complainedRecipients"] = [{"emailAddress": "ada@example.net"}]
+    report = feedback.handle(engine, with_ses_message(sample("feedback-complaint"), complaint))
+    assert report.recorded == {"complained": 1} and not report.moved
+    # the other recipient's bounce completes it: one complained, so complained
+    assert feedback.handle(engine, bounce_for("ses-c2", "bob@example.net")).moved == {
+        "complained": 1
+    }
+    with engine.connect() as conn:
+        assert row(conn, mid).status == "complained"
+
+
+def test_the_same_bounce_replayed_with_fresh_feedback_ids_is_recorded_once(
+    engine: sa.Engine,
+) -> None:
+    mid = delivered_email(engine, "ses-replay")
+    replays = [
+        bounce_for("ses-replay", RECIPIENT, feedback_id=f"fresh-{n}")["Records"][0]
+        for n in range(200)
+    ]
+    batch = feedback.handle(engine, {"Records": replays})
+    again = feedback.handle(engine, bounce_for("ses-replay", RECIPIENT, feedback_id="fresh-x"))
+    assert batch.recorded == {"bounced": 1} and batch.repeated == 199
+    assert again.repeated == 1 and not again.recorded
+    # another kind of notice from the same recipient is news, and recorded
+    other = feedback.handle(engine, bounce_for("ses-replay", RECIPIENT, subtype="Suppressed"))
+    assert other.recorded == {"bounced": 1}
+    with engine.connect() as conn:
+        assert [a.outcome for a in attempts(conn, mid)] == ["delivered", "bounced", "bounced"]
+
+
+def test_an_oversized_or_too_deep_record_fails_alone(engine: sa.Engine) -> None:
+    mid = delivered_email(engine, "ses-good")
+    good = bounce_for("ses-good", RECIPIENT)["Records"][0]
+    huge_id = bounce_for("ses-good", RECIPIENT, feedback_id="f" * 1_000_000)["Records"][0]
+    deep = copy.deepcopy(good)
+    deep["Sns"]["Message"] = "[" * 100_000 + "]" * 100_000
+    deep_but_small = copy.deepcopy(good)
+    message = ses_message(bounce_for("ses-good", RECIPIENT))
+    nested: Any = "x"
+    for _ in range(200):
+        nested = {"n": nested}
+    message["mail"]["tags"] = nested
+    deep_but_small["Sns"]["Message"] = json.dumps(message)
+    long_address = bounce_for("ses-good", "a" * 10_000 + "@example.com")["Records"][0]
+
+    report = feedback.handle(
+        engine, {"Records": [huge_id, deep, deep_but_small, long_address, good]}
+    )
+
+    assert (report.received, report.unrecognized) == (5, 4)
+    assert report.recorded == {"bounced": 1} and report.moved == {"bounced": 1}
+    with engine.connect() as conn:
+        assert row(conn, mid).status == "bounced"
+
+
+def test_two_recipients_bouncing_in_concurrent_invocations_move_the_message(
+    engine: sa.Engine,
+) -> None:
+    import threading
+
+    ada, bob = "ada@example.net", "bob@example.net"
+    mid = delivered_email(engine, "ses-race", to=(ada, bob))
+    start = threading.Barrier(2)
+    reports: list[feedback.FeedbackReport] = []
+
+    def deliver(address: str) -> None:
+        start.wait()
+        reports.append(feedback.handle(engine, bounce_for("ses-race", address)))
+
+    threads = [threading.Thread(target=deliver, args=(a,)) for a in (ada, bob)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r.recorded["bounced"] for r in reports) == 2
+    assert sum(r.moved["bounced"] for r in reports) == 1
+    with engine.connect() as conn:
+        assert row(conn, mid).status == "bounced"
+
+
+def test_the_feedback_statements_run_as_the_relay_user(
+    engine: sa.Engine, relay_user: sa.Engine
+) -> None:
+    """The feedback function logs in as a relay user: its lock, the recipient's
+    fingerprint and the record need no more than the relay role's grants."""
+    mid = delivered_email(engine, "ses-least")
+    report = feedback.handle(relay_user, bounce_for("ses-least", RECIPIENT))
+    assert report.moved == {"bounced": 1}
+    with engine.connect() as conn:
+        assert row(conn, mid).status == "bounced"

@@ -152,15 +152,17 @@ def test_a_payload_too_deep_to_decode_fails_alone_and_the_batch_is_delivered(
 def test_a_row_far_past_the_size_limit_fails_alone_at_send(engine: sa.Engine) -> None:
     """The 256 KiB limit holds at send time too, for a row the producer never
     saw (raw SQL, another language): it fails alone, unsent, and the rest of
-    its batch is delivered. The stored text may be up to twice the canonical
-    JSON (jsonb prints ", " and ": "), so a valid payload is never refused."""
+    its batch is delivered. The sender's own bound is twice the limit (the
+    stored text of a row written before the producer measured it as jsonb
+    stores it could be up to twice its canonical JSON), so such a row is
+    never refused at send."""
     scripted = install_channel(ScriptedChannel())
     with engine.begin() as conn:
         good = outbox.enqueue_many(conn, [{"channel": "scripted", "payload": {"n": 1}}])
-        # Many small values: the stored text (", " between them) is well past
-        # 256 KiB while the canonical JSON the producer measured is not.
-        many_small = {"n": 2, "pad": [[0] * 9_000 for _ in range(11)]}
-        good += outbox.enqueue_many(conn, [{"channel": "scripted", "payload": many_small}])
+    # Many small values: the stored text (", " between them) is past 256 KiB
+    # while the canonical JSON is not (the producer refuses it now).
+    many_small = {"n": 2, "pad": [[0] * 9_000 for _ in range(11)]}
+    good.append(insert_raw(engine, "scripted", json.dumps(many_small, separators=(",", ":"))))
     huge = insert_raw(engine, "scripted", json.dumps({"n": 3, "pad": "x" * 5_000_000}))
     with engine.begin() as conn:
         stored = conn.execute(

@@ -181,6 +181,31 @@ def test_an_applications_autogenerate_ignores_the_relays_tables(
     assert filtered == []
 
 
+def test_an_applications_own_outbox_named_table_is_not_skipped(
+    fresh_database: sa.Engine,
+) -> None:
+    """include_object names the relay's tables exactly: an application table
+    that merely starts with ``outbox_`` is the application's, and its
+    autogenerate creates it."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    migrate.upgrade(fresh_database)
+    app_metadata = sa.MetaData()
+    sa.Table("outbox_preferences", app_metadata, sa.Column("id", sa.BigInteger, primary_key=True))
+    with fresh_database.begin() as conn:
+        context = MigrationContext.configure(conn, opts={"include_object": migrate.include_object})
+        diff = compare_metadata(context, app_metadata)
+    assert [(d[0], d[1].name) for d in diff] == [("add_table", "outbox_preferences")]
+
+
+def test_relay_tables_are_exactly_the_tables_the_migrations_create(
+    fresh_database: sa.Engine,
+) -> None:
+    migrate.upgrade(fresh_database)
+    assert tables(fresh_database) == migrate.RELAY_TABLES
+
+
 HEAD = migrate.head()
 
 
@@ -267,6 +292,35 @@ def test_custom_resource_reports_a_failed_migration(response_url: list[dict[str,
     result = migrate_handler(custom_resource_event(url, "Create"), LambdaContext(), lambda: broken)
     assert result == {"status": "FAILED"}
     assert response_url[0]["Status"] == "FAILED" and "migration failed" in response_url[0]["Reason"]
+
+
+def test_a_migration_whose_answer_fails_is_not_logged_as_a_failed_migration(
+    fresh_database: sa.Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The schema is migrated; then CloudFormation's URL does not answer (here
+    a loopback port nobody listens on). That is one error about the answer,
+    without a chain of tracebacks, and the log says the migration succeeded."""
+    import socket
+
+    monkeypatch.setattr(runtime, "RESPONSE_URL_HOST", re.compile(r"^127\.0\.0\.1$"))
+    with socket.socket() as closed:  # bound, never listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        url = f"https://127.0.0.1:{closed.getsockname()[1]}/stack-response"
+        with (
+            caplog.at_level("INFO", logger="outbox"),
+            pytest.raises(runtime.CustomResourceAnswerFailed) as raised,
+        ):
+            migrate_handler(
+                custom_resource_event(url, "Create"), LambdaContext(), lambda: fresh_database
+            )
+    assert migrate.current(fresh_database) == HEAD
+    assert "SUCCESS answer" in str(raised.value) and "stack-response" not in str(raised.value)
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+    messages = [r.getMessage() for r in caplog.records]
+    assert "schema migrated" in messages
+    assert "schema migration failed" not in messages
 
 
 def test_plain_invoke_returns_the_revision(fresh_database: sa.Engine) -> None:

@@ -49,10 +49,25 @@ def waiting(engine: sa.Engine) -> list[sa.Row[Any]]:
 
 
 def bounce_event(provider_id: str, kind: str = "Bounce") -> dict[str, Any]:
+    """An SES notice about EMAIL's recipient (feedback counts only those)."""
+    recipients = [{"emailAddress": to} for to in EMAIL["to"]]
     part = (
-        {"bounce": {"bounceType": "Permanent", "bounceSubType": "General", "feedbackId": "f1"}}
+        {
+            "bounce": {
+                "bounceType": "Permanent",
+                "bounceSubType": "General",
+                "feedbackId": "f1",
+                "bouncedRecipients": recipients,
+            }
+        }
         if kind == "Bounce"
-        else {"complaint": {"complaintFeedbackType": "abuse", "feedbackId": "f2"}}
+        else {
+            "complaint": {
+                "complaintFeedbackType": "abuse",
+                "feedbackId": "f2",
+                "complainedRecipients": recipients,
+            }
+        }
     )
     message = {"eventType": kind, "mail": {"messageId": provider_id}, **part}
     return {"Records": [{"EventSource": "aws:sns", "Sns": {"Message": json.dumps(message)}}]}
@@ -112,6 +127,7 @@ def test_every_kind_of_transition_publishes_one_event_and_never_the_payload(
     }
     assert all(e["source"] == "outbox.relay" for e in got)
     assert by_id[failed]["detail"] == {
+        "version": 2,
         "event_id": by_id[failed]["detail"]["event_id"],
         "id": failed,
         "channel": "email",
@@ -119,10 +135,8 @@ def test_every_kind_of_transition_publishes_one_event_and_never_the_payload(
         "attempts": 1,
         "last_error": "MessageRejected",
         "provider_message_id": None,
-        "dedupe_key": "order-42",
-        "ordering_key": "c-7",
         "occurred_at": by_id[failed]["detail"]["occurred_at"],
-    }
+    }  # no dedupe or ordering key: OUTCOME_EVENTS_INCLUDE_KEYS is off by default
     assert by_id[bounced]["detail"]["provider_message_id"] == f"ses-{bounced}"
     assert by_id[reaped]["detail"]["last_error"] == store.LEASE_EXPIRED_ERROR
     for event in got:  # no payload, address or token in anything the relay wrote
@@ -316,3 +330,72 @@ def test_a_message_past_its_deliver_by_time_publishes_expired(engine: sa.Engine,
     (event,) = bus.received()
     assert event["detail-type"] == "Outbox Message Expired"
     assert (event["detail"]["id"], event["detail"]["status"]) == (late, "expired")
+
+
+# --- no free text or producer keys on the bus (issue 23, finding 6) -----------
+
+
+def test_outcome_events_carry_scrubbed_errors_and_keys_only_when_asked(
+    engine: sa.Engine, bus: Bus
+) -> None:
+    chatty, keyed = enqueue(engine, 2, dedupe_key=None, ordering_key=None)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_message SET dedupe_key = 'ada@example.net', "
+                "ordering_key = 'customer +44 20 7946 0958/' || id WHERE id = ANY(:ids)"
+            ),
+            {"ids": [chatty, keyed]},
+        )
+    with engine.begin() as conn:
+        claims = {c.id: c for c in store.claim(conn, 100, 60)}
+    # Settled straight through the store, as a message settled before the
+    # sender scrubbed errors was: the publisher scrubs again.
+    gateway = "refused +1 (415) 555-2671 code 482913 for Ada <ada@example.net> " + "x" * 5000
+    with engine.begin() as conn:
+        store.settle(
+            conn,
+            [
+                store.Settlement(i, claims[i].claim_token, "failed", gateway, f"Ada {i} <a@b.c>")
+                for i in (chatty, keyed)
+            ],
+            BACKOFF,
+        )
+        conn.execute(  # a second event for `keyed`, published with the keys
+            sa.text("DELETE FROM outbox_outcome_event WHERE message_id = :id"), {"id": keyed}
+        )
+    reap(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE outbox_message SET status = 'dead' WHERE id = :id"), {"id": keyed}
+        )
+    reap(engine, events=OutcomeEventSettings(bus=BUS, include_keys=True))
+
+    default, opted_in = (e["detail"] for e in bus.received())
+    assert default["id"] == chatty and opted_in["id"] == keyed
+    assert "dedupe_key" not in default and "ordering_key" not in default
+    assert (opted_in["dedupe_key"], opted_in["ordering_key"]) == (
+        "ada@example.net",
+        f"customer +44 20 7946 0958/{keyed}",
+    )
+    for detail in (default, opted_in):
+        assert detail["last_error"].startswith("refused <number> code <number> for <address>")
+        assert len(detail["last_error"]) <= 200
+        assert detail["provider_message_id"] is None  # free text, not a provider's token
+    assert find_leaks(default) == []
+
+
+def test_a_custom_channels_provider_id_stays_off_the_bus() -> None:
+    import dataclasses
+    from datetime import UTC, datetime
+
+    from outbox import outcomes
+
+    custom = store.OutcomeEvent(
+        1, 7, "memo", "failed", 1, None, "15551234567", "k", "o", datetime.now(UTC)
+    )
+    sqs = dataclasses.replace(
+        custom, channel="sqs", provider_message_id="b6f0b8a4-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
+    )
+    assert outcomes.detail(custom)["provider_message_id"] is None
+    assert outcomes.detail(sqs)["provider_message_id"] == sqs.provider_message_id

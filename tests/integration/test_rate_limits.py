@@ -1,4 +1,4 @@
-"""Destinations and their limits (docs/design.md, invariant 9): a throttling
+"""Destinations and their limits (docs/design.md, invariant 10): a throttling
 answer pauses its destination, never counting an attempt or a deferral, while
 other destinations keep going; the claim draws a throttled destination's rows
 from its token bucket, in bulk, however many claimers; a quota answer pauses

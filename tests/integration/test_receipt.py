@@ -300,3 +300,42 @@ def test_a_duplicated_hand_off_is_counted_as_one_not_as_a_lost_lease(
         "claims already taken by another delivery of this hand-off; skipped": "INFO",
         "claims no longer held (settled, reaped or claimed again); skipped": "WARNING",
     }
+
+
+def test_a_sample_events_claim_is_reported_as_never_live_not_as_a_lost_lease(
+    engine: sa.Engine, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sample event (events/*.json) carries a placeholder token no claim
+    issues, here for a real message's id; another names an id no message of
+    the channel has: INFO "no such claim" saying where a live claim comes
+    from; no `LeaseLost` is counted and nothing changes. A real id under a
+    stale token is still a lost lease."""
+    import json
+
+    from outbox import observability
+
+    observability.flush_metrics()
+    capsys.readouterr()
+    sampled, mid = enqueue(engine, 2)
+    sample = store.Claim(sampled, "scripted", "00000000-0000-0000-0000-000000000001", 1)
+    elsewhere = store.Claim(mid + 1000, "scripted", str(uuid.uuid4()), 1)
+    stale = store.Claim(mid, "scripted", str(uuid.uuid4()), 1)
+    event = HandOff("scripted", (sample, elsewhere, stale)).to_event()
+    with caplog.at_level("INFO", logger="outbox"):
+        report = run_sender(engine, event)
+    assert (report.owned, sorted(report.unknown), report.lease_lost) == (
+        0,
+        [sampled, mid + 1000],
+        [mid],
+    )
+    observability.flush_metrics()
+    records = [
+        json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line
+    ]
+    assert [r["LeaseLost"] for r in records if "LeaseLost" in r] == [[1.0]]
+    levels = {r.getMessage(): r.levelname for r in caplog.records if "skipped" in r.getMessage()}
+    never_live = [m for m in levels if m.startswith("no such claim:")]
+    assert len(never_live) == 1 and levels[never_live[0]] == "INFO"
+    assert "--claim" in never_live[0]
+    with engine.connect() as conn:
+        assert store.statuses_of(conn, [sampled, mid]) == {sampled: "pending", mid: "pending"}

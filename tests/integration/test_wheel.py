@@ -5,9 +5,12 @@ into the real Postgres. Offline: the dependencies come from the wheels that
 
 from __future__ import annotations
 
+import email
 import json
+import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -116,6 +119,19 @@ def test_the_wheel_installs_bare_and_enqueues(
     ]
 
 
+def test_the_metadata_publishes_the_users_extras_and_no_dev_tools(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = email.message_from_bytes(archive.read(name))
+    assert sorted(metadata.get_all("Provides-Extra")) == ["cli", "lambda", "local", "worker"]
+    required = " ".join(metadata.get_all("Requires-Dist"))
+    assert "pytest" not in required and "mypy" not in required and "ruff" not in required
+    classifiers = metadata.get_all("Classifier")
+    assert "Programming Language :: Python :: 3.12" in classifiers
+    assert "Typing :: Typed" in classifiers
+    assert metadata["Requires-Python"] == ">=3.11"
+
+
 def test_the_command_without_its_extra_says_what_to_install(producer_venv: Path) -> None:
     out = run(producer_venv.parent / "outbox", "--version")
     assert out.returncode == 1
@@ -157,3 +173,91 @@ def test_the_cli_extra_is_enough_for_the_operator_commands(
     assert enqueued.returncode == 0, enqueued.stderr
     status = run(outbox_command, "--database-url", url, "status", "--json")
     assert json.loads(status.stdout)["pending"] == 1
+
+    # The commands of the other extras are listed, explain themselves, and
+    # say in one line which extra they need instead of a traceback.
+    listed_commands = run(outbox_command, "--help").stdout
+    assert "worker" in listed_commands and "invoke" in listed_commands
+    for command in ("worker", "invoke"):
+        helped = run(outbox_command, command, "--help")
+        assert helped.returncode == 0 and "Usage: outbox " + command in helped.stdout
+    worker = run(outbox_command, "--database-url", url, "worker", "--once")
+    assert (worker.returncode, worker.stdout, worker.stderr) == (
+        1,
+        "",
+        "Error: outbox worker needs aws_lambda_powertools: pip install 'outbox-relay[worker]'\n",
+    )
+    invoked = run(outbox_command, "invoke", "EmailFunction", "events/email.json", cwd=ROOT)
+    assert (invoked.returncode, invoked.stdout, invoked.stderr) == (
+        1,
+        "",
+        "Error: outbox invoke needs yaml: pip install 'outbox-relay[local]'\n",
+    )
+    as_json = run(outbox_command, "worker", "--once", "--json")
+    assert json.loads(as_json.stdout)["error"]["kind"] == "missing_extra"
+
+
+def test_the_worker_extra_runs_the_worker(
+    wheel: Path, tmp_path: Path, engine: sa.Engine, database_url: str
+) -> None:
+    """`pip install 'outbox-relay[worker]'`: `outbox worker` claims, reaps and
+    stops, with no development library installed."""
+    python = fresh_venv(tmp_path / "venv", f"{wheel}[worker]")
+    listed = run(sys.executable, "-m", "pip", "--python", python, "list", "--format=json")
+    names = {p["name"].lower().replace("_", "-") for p in json.loads(listed.stdout)}
+    assert {"click", "alembic", "pg8000", "aws-lambda-powertools", "boto3"} <= names
+    assert not names & {"moto", "pgserver", "aws-sam-translator", "pytest"}
+    url = sa.engine.make_url(database_url).render_as_string(hide_password=False)
+    worker = run(
+        python.parent / "outbox",
+        "--database-url",
+        url,
+        "worker",
+        "--once",
+        "--json",
+        env={**os.environ, "POWERTOOLS_LOG_LEVEL": "WARNING"},
+    )
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    report = json.loads(worker.stdout[worker.stdout.index("{\n") :])  # after any log line
+    assert report["batches"] == 1 and report["claimed"] == 0
+
+
+WAKE_WITHOUT_BOTO3 = """
+import sys
+import sqlalchemy as sa
+import outbox
+from outbox import wake
+
+engine = sa.create_engine(sys.argv[1])
+for _ in range(3):
+    with engine.begin() as conn:
+        outbox.enqueue(conn, "email", {"from": "shop@example.com", "to": ["ada@example.net"],
+                                       "subject": "Shipped", "text": "On its way."})
+wake.current().close(timeout=60)  # let the thread report before the process ends
+"""
+
+
+def test_wake_on_enqueue_without_boto3_warns_once_and_enqueues(
+    producer_venv: Path, engine: sa.Engine, database_url: str
+) -> None:
+    """OUTBOX_DISPATCHER_FUNCTION on a bare install: one warning naming what to
+    install, and every enqueue commits. The opt-in SQL script ships in the package."""
+    url = sa.engine.make_url(database_url).set(drivername="postgresql+pg8000")
+    out = run(
+        producer_venv,
+        "-c",
+        WAKE_WITHOUT_BOTO3,
+        url.render_as_string(hide_password=False),
+        env={**os.environ, "OUTBOX_DISPATCHER_FUNCTION": "outbox-DispatcherFunction"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stderr.count("pip install boto3") == 1, out.stderr
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox_message")).scalar() == 3
+    located = run(
+        producer_venv,
+        "-c",
+        "import outbox, pathlib; print((pathlib.Path(outbox.__file__).parent / 'sql' / "
+        "'wake_on_enqueue.sql').is_file())",
+    )
+    assert located.stdout.strip() == "True", located.stderr

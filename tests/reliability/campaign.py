@@ -542,10 +542,23 @@ def check(url: str, report: RunReport, default_max: int, poisoned: list[int] | N
             conn.execute(
                 sa.text(
                     "SELECT kind, count(DISTINCT batch) FROM rel_events "
-                    "WHERE kind IN ('abandoned', 'lease_lost') GROUP BY kind"
-                )
+                    "WHERE kind IN ('abandoned', 'lease_lost', :timeout) GROUP BY kind"
+                ),
+                {"timeout": harness.INVOKE_TIMEOUT},
             ).all()  # type: ignore[arg-type]
         )
+        # An Invoke that timed out after Lambda queued its event (harness
+        # INVOKE_TIMEOUT): its sender may run it, so the dispatcher's release
+        # must take back only claims no sender received. A claim both released
+        # and sent under the same token was taken back from its sender: the
+        # next claim sends the message again (0 such sends allowed).
+        if bad := ids(
+            "SELECT DISTINCT r.message_id FROM rel_events r "
+            "JOIN rel_accepts p ON p.token = r.token AND p.message_id = r.message_id "
+            "WHERE r.kind = :released",
+            released=harness.RELEASED,
+        ):
+            v.append(f"a release took back a claim its sender had sent: {bad}")
         report.crashes = conn.execute(
             sa.text("SELECT count(DISTINCT batch) FROM rel_events WHERE kind = 'crash'")
         ).scalar_one()
@@ -655,7 +668,13 @@ def campaign(
 
 
 # Faults besides the kill points that every campaign must have produced.
-OTHER_FAULTS = ("statement_timeout", "connection_dropped", "abandoned", "lease_lost")
+OTHER_FAULTS = (
+    "statement_timeout",
+    "connection_dropped",
+    "abandoned",
+    "lease_lost",
+    harness.INVOKE_TIMEOUT,
+)
 
 
 def missing_points(reports: list[RunReport]) -> set[str]:

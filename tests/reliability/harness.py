@@ -49,6 +49,11 @@ STALL = "stall_before_settle"
 ALL_POINTS = (*DISPATCHER_POINTS, *SENDER_POINTS, STALL)
 # Hand-offs waiting for a sender before the invoke is refused (claims released).
 MAX_QUEUED_EVENTS = 4
+# Hand-offs whose Invoke answer is lost after Lambda queued the event (the
+# dispatcher sees a timeout and releases): they must send nothing twice.
+INVOKE_TIMEOUT = "invoke_timeout"
+RELEASED = "released"
+INVOKE_TIMEOUT_RATE = 0.05
 # Every sender also stalls now and then, whatever its kill point.
 STALL_RATE = 0.06
 # Settles that first run a statement longer than the statement_timeout the
@@ -326,10 +331,18 @@ def install_wrappers(
         settled = settle_with_outcomes(conn, settlements, backoff)
         return {i: row.status for i, row in settled.items()}
 
-    def release(conn: sa.Connection, claims: Any, reason: str, delay_seconds: float = 0) -> Any:
+    def release(
+        conn: sa.Connection, claims: Any, reason: str, delay_seconds: float = 0, **kwargs: Any
+    ) -> Any:
         held = list(claims)
         writer(conn, [(c.id, c.claim_token) for c in held])
-        return original_release(conn, held, reason, delay_seconds)
+        released = original_release(conn, held, reason, delay_seconds, **kwargs)
+        # A claim released and also sent under the same token is a release
+        # that took back a started claim (campaign.check counts them).
+        taken_back = [(c.id, c.claim_token) for c in held if c.id in released]
+        if taken_back:
+            recorder.events(RELEASED, taken_back)
+        return released
 
     def receive_claimed(conn: sa.Connection, channel: str, claims: Any, default_max: int) -> Any:
         held = list(claims)
@@ -354,14 +367,26 @@ def install_wrappers(
 
 
 class QueueInvoker:
-    """Hand-off through ``rel_queue``; fails now and then, like a throttled invoke."""
+    """Hand-off through ``rel_queue``; fails now and then, like a throttled
+    invoke; and (outside calm runs) now and then queues the event and then
+    raises, like an Invoke call whose answer timed out after Lambda accepted
+    the event: it waits for the sender's receipt first, so the dispatcher's
+    release meets a claim its sender already started."""
 
-    def __init__(self, aux: sa.Engine, killer: Killer | None, fail_rate: float, seed: int) -> None:
+    def __init__(
+        self,
+        aux: sa.Engine,
+        killer: Killer | None,
+        fail_rate: float,
+        seed: int,
+        timeout_rate: float = INVOKE_TIMEOUT_RATE,
+    ) -> None:
         import random
 
         self.aux = aux
         self.killer = killer
         self.fail_rate = fail_rate
+        self.timeout_rate = timeout_rate if killer is not None else 0.0
         self.rng = random.Random(seed)
 
     def can_route(self, channel: str) -> bool:
@@ -386,6 +411,25 @@ class QueueInvoker:
             )
         if self.killer is not None:
             self.killer.hit("after_handoff", pairs)
+        if self.rng.random() < self.timeout_rate:
+            self._wait_for_receipt(pairs)
+            Recorder(self.aux).events(INVOKE_TIMEOUT, pairs)
+            raise TimeoutError("Read timeout on endpoint URL (injected: the event was queued)")
+
+    def _wait_for_receipt(self, pairs: list[tuple[int, Any]], seconds: float = 1.0) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with self.aux.connect() as conn:
+                received = conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM outbox_message WHERE id = ANY(CAST(:ids AS bigint[])) "
+                        "AND received_at IS NOT NULL"
+                    ),
+                    {"ids": [i for i, _ in pairs]},
+                ).scalar_one()
+            if received:
+                return
+            time.sleep(0.02)
 
 
 def pop_event(aux: sa.Engine) -> dict[str, Any] | None:

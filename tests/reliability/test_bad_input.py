@@ -525,7 +525,8 @@ def test_unknown_tokens_and_ids_change_nothing(
         ],
     }
     result = runtime.send("email", event, LambdaContext())
-    assert result["owned"] == 0 and len(result["lease_lost"]) == len(event["messages"])
+    assert result["owned"] == 0 and len(result["lease_lost"]) == len(claimed_world)
+    assert result["unknown"] == [999_999, 2**62]  # no message has these ids
     assert snapshot(engine) == before
 
 

@@ -474,6 +474,7 @@ def test_email_function_delivers_its_event_through_ses(
         "owned": 1,
         "lease_lost": [],
         "duplicates": [],
+        "unknown": [],
         "statuses": {"delivered": 1},
     }
     with engine.connect() as conn:
@@ -497,7 +498,8 @@ def test_feedback_function_records_the_sample_bounce(
     event = load_event("feedback-bounce")
     provider_id = json.loads(event["Records"][0]["Sns"]["Message"])["mail"]["messageId"]
     with engine.begin() as conn:
-        message_id = outbox.enqueue(conn, "email", EMAIL)
+        # to the sample's recipient: feedback matches it
+        message_id = outbox.enqueue(conn, "email", {**EMAIL, "to": ["recipient@example.com"]})
         (claim,) = store.claim(conn, 10, 120)
         store.settle(
             conn,
@@ -529,7 +531,8 @@ def test_channel_function_refuses_claims_it_does_not_hold(
     tmp_path: Path,
     import_times: Any,
 ) -> None:
-    """With no such claim in the database, the event changes nothing: lease lost."""
+    """With no such claim in the database, the event changes nothing: its
+    claims are reported as never live (unknown), not as a lost lease."""
     event = load_event(channel)
     out = invoke(
         channel,
@@ -545,8 +548,9 @@ def test_channel_function_refuses_claims_it_does_not_hold(
     assert result_of(out) == {
         "received": len(ids),
         "owned": 0,
-        "lease_lost": ids,
+        "lease_lost": [],
         "duplicates": [],
+        "unknown": ids,
         "statuses": {},
     }
     with engine.connect() as conn:

@@ -28,6 +28,8 @@ from support import ConfigurationRow, configuration_rows
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
 NON_CHANNEL_FUNCTIONS = {"dispatcher", "reaper", "migrate", "feedback"}
+# Functions whose every event is a wake-up (docs/how-to/pacing.md).
+WAKE_UP_FUNCTIONS = {"DispatcherFunction"}
 # The one function triggered by SNS: SES events from the configuration set's topic.
 FEEDBACK_TRIGGER = ("FeedbackFunction", "SNS", "SesFeedbackTopic")
 SCHEDULER_INPUT = {
@@ -258,7 +260,12 @@ def invoke_violations(template: dict[str, Any]) -> list[str]:
         if config.get("MaximumRetryAttempts") != 0:
             found.append(f"{name}: async retries are not off")
         destination = config.get("DestinationConfig", {}).get("OnFailure", {})
-        if destination.get("Type") != "SQS" or not destination.get("Destination"):
+        if name in WAKE_UP_FUNCTIONS:
+            # Its events are wake-ups that carry no data: one throttled out in a
+            # storm of nudges is dropped quietly, not sent to the FailureQueue.
+            if destination:
+                found.append(f"{name}: a failure destination for wake-ups")
+        elif destination.get("Type") != "SQS" or not destination.get("Destination"):
             found.append(f"{name}: no OnFailure SQS destination")
         age = default(template, config.get("MaximumEventAgeInSeconds"))
         if not isinstance(age, int) or age + sender_timeout >= lease:
@@ -352,10 +359,11 @@ def layout_violations(template: dict[str, Any], root: Path = ROOT) -> list[str]:
 
 def alarm_violations(template: dict[str, Any]) -> list[str]:
     found = []
+    # Alarms that exist whatever the parameters: an optional one watches nothing by default.
     alarms = [
         r["Properties"]
         for r in template["Resources"].values()
-        if r["Type"] == "AWS::CloudWatch::Alarm"
+        if r["Type"] == "AWS::CloudWatch::Alarm" and "Condition" not in r
     ]
 
     def watched(metric: str) -> set[str]:
@@ -371,9 +379,15 @@ def alarm_violations(template: dict[str, Any]) -> list[str]:
                     names.add(_getatt_resource(value))
         return names
 
-    for name in functions(template):
-        if name not in watched("Errors"):
-            found.append(f"{name}: no Errors alarm")
+    for name, props in functions(template).items():
+        # A function with a failure destination is watched by FailureQueueAlarm
+        # (its per-function Errors alarm is optional: DetailedAlarms); one without
+        # needs an Errors alarm of its own.
+        config = props.get("EventInvokeConfig", {})
+        if not config.get("DestinationConfig", {}).get("OnFailure") and name not in watched(
+            "Errors"
+        ):
+            found.append(f"{name}: no Errors alarm and no failure destination")
     queues = {n for n, r in template["Resources"].items() if r["Type"] == "AWS::SQS::Queue"}
     for queue in sorted(queues - watched("ApproximateNumberOfMessagesVisible")):
         found.append(f"{queue}: no queue depth alarm")
@@ -855,6 +869,11 @@ def test_event_files_are_what_the_triggers_send() -> None:
         if name in ("dispatcher", "reaper"):
             assert set(event) == set(SCHEDULER_INPUT), name
             assert all(isinstance(v, str) and not v.startswith("<") for v in event.values()), name
+        elif name.startswith(("dispatcher-", "reaper-")):
+            # The wake-ups the relay sends itself (docs/how-to/pacing.md).
+            from outbox.runtime import WAKE_SOURCES
+
+            assert event["version"] == 1 and event["source"] in WAKE_SOURCES, name
         elif name == "migrate":
             assert event["RequestType"] == "Create"
             assert event["ResponseURL"].startswith("https://")
@@ -866,7 +885,8 @@ def test_event_files_are_what_the_triggers_send() -> None:
 
             (notification,) = feedback.notifications(event)
             parsed = feedback.from_notification(notification)
-            assert parsed is not None and parsed.provider_message_id.startswith("EXAMPLE"), name
+            assert parsed, name
+            assert all(p.provider_message_id.startswith("EXAMPLE") for p in parsed), name
         else:
             assert HandOff.from_event(event).channel == name
 
@@ -909,8 +929,9 @@ def test_checks_catch_a_broken_template(template: dict[str, Any], tmp_path: Path
     del res["EmailFunction"]["Properties"]["ReservedConcurrentExecutions"]
     bad["Parameters"]["MaxEventAgeSeconds"]["Default"] = 100
     violations = invoke_violations(bad)
-    assert sum("MaximumEventAge" in v for v in violations) == len(functions(bad))
-    assert len(violations) == len(functions(bad)) + 3
+    # (the dispatcher's wake-ups wait at most Lambda's shortest age, not the parameter's)
+    assert sum("MaximumEventAge" in v for v in violations) == len(functions(bad)) - 1
+    assert len(violations) == len(functions(bad)) + 2
 
     event = res["ReaperFunction"]["Properties"]["Events"]["EveryMinute"]["Properties"]
     event["RetryPolicy"]["MaximumRetryAttempts"] = 185
@@ -939,4 +960,12 @@ def test_checks_catch_a_broken_template(template: dict[str, Any], tmp_path: Path
     assert any(v.startswith("the dispatcher may invoke") for v in found)
     assert "EmailFunction: no Errors alarm" not in alarm_violations(bad)  # gone, not unwatched
     del res["FailureQueueAlarm"]
-    assert alarm_violations(bad) == ["FailureQueue: no queue depth alarm"]
+    del res["DispatcherErrorsAlarm"]
+    res["DispatcherFunction"]["Properties"]["EventInvokeConfig"]["DestinationConfig"] = {
+        "OnFailure": {"Type": "SQS", "Destination": "x"}
+    }
+    assert alarm_violations(bad) == [
+        "SqsFunction: no Errors alarm and no failure destination",
+        "FailureQueue: no queue depth alarm",
+    ]
+    assert "DispatcherFunction: a failure destination for wake-ups" in invoke_violations(bad)

@@ -229,3 +229,27 @@ def test_a_batch_of_timings_is_recorded_as_one_add_metric_per_value_would(
         if m["Name"] == "SendMilliseconds"
     }
     assert unit == "Milliseconds"
+
+
+def test_a_sleeping_reaper_publishes_only_levels_that_are_not_zero(
+    engine: sa.Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/how-to/pacing.md: an idle stack publishes no metric (a custom
+    metric is billed by the hours it has data), a real backlog still does."""
+
+    def reap(e: Any, c: Any) -> None:
+        reaper.run(engine, settings(), lambda: 30.0, quiet_when_idle=True)
+
+    observability.log_metrics(reap)({}, None)
+    assert emf_records(capsys.readouterr().out) == []  # idle: nothing at all
+    with engine.begin() as conn:
+        outbox.enqueue_many(conn, [{"channel": "email", "payload": EMAIL}] * 2)
+        conn.execute(sa.text("UPDATE outbox_message SET available_at = now() - interval '9 s'"))
+    observability.log_metrics(reap)({}, None)
+    records = emf_records(capsys.readouterr().out)
+    [relay_wide] = [r for r in records if "channel" not in r]
+    assert relay_wide["PendingMessages"] == [2.0]
+    assert relay_wide["OldestPendingAgeSeconds"][0] >= 9
+    assert "DeadMessages" not in relay_wide and "PausedChannels" not in relay_wide
+    [email] = [r for r in records if r.get("channel") == "email"]
+    assert "Paused" not in email and email["PendingMessages"] == [2.0]

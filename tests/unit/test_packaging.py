@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = ROOT / "layers" / "outbox" / "outbox"
@@ -143,3 +144,56 @@ def test_validating_every_built_in_channel_stays_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def extra_requirements(extra: str) -> set[str]:
+    """The distributions an extra brings, its own ``outbox-relay[...]`` included."""
+    names: set[str] = set()
+    for text in pyproject()["project"]["optional-dependencies"][extra]:
+        req = Requirement(text)
+        if req.name == "outbox-relay":
+            for inner in req.extras:
+                names |= extra_requirements(inner)
+        else:
+            names.add(canonicalize_name(req.name))
+    return names
+
+
+def test_each_missing_extra_hint_names_the_extra_that_brings_the_module() -> None:
+    """Every ``missing_extra(what, extra, *modules)`` / ``require_extra`` call of
+    the command: each module it checks comes with the extra it names."""
+    from importlib.metadata import packages_distributions
+
+    distributions = {
+        m: {canonicalize_name(d) for d in ds} for m, ds in packages_distributions().items()
+    }
+    calls = []
+    for path in (ROOT / "cli" / DEV_PACKAGE).glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) in ("missing_extra", "require_extra")
+                and all(isinstance(a, ast.Constant) for a in node.args)
+            ):
+                _what, extra, *modules = (a.value for a in node.args)
+                calls.append((path.name, extra, modules))
+    assert len(calls) >= 6, (
+        calls
+    )  # the command, worker, invoke, make run, its Postgres, the template
+    wrong = [
+        (file, extra, module)
+        for file, extra, modules in calls
+        for module in modules
+        if not distributions.get(module, set()) & extra_requirements(extra)
+    ]
+    assert wrong == []
+
+
+def test_dev_tools_are_a_dependency_group_not_an_extra() -> None:
+    project = pyproject()
+    assert set(project["project"]["optional-dependencies"]) == {"cli", "lambda", "worker", "local"}
+    dev = {Requirement(r).name for r in project["dependency-groups"]["dev"]}
+    assert {"pytest", "mypy", "ruff", "cfn-lint-serverless"} <= dev
+    # The extras a user installs never pull a development tool.
+    published = set().union(*(extra_requirements(e) for e in ("cli", "lambda", "worker", "local")))
+    assert not published & {"pytest", "mypy", "ruff", "hypothesis", "pgqueuer", "checkov"}

@@ -11,7 +11,6 @@ table (expecting nothing) and on a doctored copy
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -20,13 +19,14 @@ from unittest import mock
 
 import pytest
 
-from outbox import ConfigError
+from outbox import ConfigError, wake
 from outbox import settings as table
 from outbox.channels import aws
 from outbox.channels.email import EmailChannel
 from outbox.channels.eventbridge import EventBridgeChannel
 from outbox.channels.webhook import WebhookChannel
 from outbox.config import DatabaseSettings, OutcomeEventSettings, RelaySettings
+from outbox.migrations import revision_module
 from outbox.runtime import Runtime
 from outbox.settings import SETTINGS, Setting
 from outbox.worker import Worker
@@ -57,7 +57,8 @@ OFFLINE_AWS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
 }
-_RELAY_ROLE = importlib.import_module("outbox.migrations.versions.0003_relay_role").relay_role
+_RELAY_ROLE = revision_module("0003").relay_role
+_PRODUCER_ROLE = revision_module("0009").producer_role
 
 
 def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
@@ -81,8 +82,12 @@ def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
             "DB_CA_BUNDLE": db.ca_bundle,
             "DB_CONNECT_TIMEOUT": db.connect_timeout,
             "OUTBOX_RELAY_ROLE": _RELAY_ROLE(),
+            "OUTBOX_PRODUCER_ROLE": _PRODUCER_ROLE(),
+            "OUTBOX_SCHEMA": db.schema,
+            "OUTBOX_DISPATCHER_FUNCTION": wake.dispatcher_function(os.environ),  # producers
             "OUTCOME_EVENT_BUS": events.bus,
             "OUTCOME_EVENTS_DELIVERED": events.include_delivered,
+            "OUTCOME_EVENTS_INCLUDE_KEYS": events.include_keys,
             "SES_CONFIGURATION_SET": email.configuration_set,
             "SES_SUPPRESSION_CHECK": email.check_suppression,
             "WEBHOOK_SECRET_ARN": webhook.default_secret_id,
@@ -92,6 +97,8 @@ def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
             "WEBHOOK_ALLOW_INSECURE": webhook.allow_insecure,
             "EVENT_BUS_NAME": EventBridgeChannel(client=object()).event_bus,
             "PROVIDER_READ_TIMEOUT_SECONDS": aws.client("events").meta.config.read_timeout,
+            "WAKE_SCHEDULE_NAME": runtime.wake_schedule.name if runtime.wake_schedule else "",
+            "REAPER_FUNCTION": runtime.reaper_function,
             "WORKER_STOP_GRACE_SECONDS": Worker(engine=None, settings=relay).stop_grace_seconds,  # type: ignore[arg-type]
             # observability reads these two at import, with the setting itself
             "POWERTOOLS_SERVICE_NAME": table.POWERTOOLS_SERVICE_NAME.read(os.environ),
@@ -237,7 +244,12 @@ def test_a_channels_setting_fails_the_cold_start_naming_it(variable: str, text: 
 
 
 def test_booleans_are_true_or_false_in_any_case() -> None:
-    for variable in ("SES_SUPPRESSION_CHECK", "WEBHOOK_ALLOW_INSECURE", "OUTCOME_EVENTS_DELIVERED"):
+    for variable in (
+        "SES_SUPPRESSION_CHECK",
+        "WEBHOOK_ALLOW_INSECURE",
+        "OUTCOME_EVENTS_DELIVERED",
+        "OUTCOME_EVENTS_INCLUDE_KEYS",
+    ):
         assert relay_reads({**BASE, variable: " TRUE "})[variable] is True
         assert relay_reads({**BASE, variable: "False"})[variable] is False
 

@@ -10,16 +10,17 @@ The producer API is importable from the package root::
 SQLAlchemy and nothing of the relay's Lambda runtime.
 """
 
-from .errors import ConfigError, DedupeConflict, OutboxError, ValidationError
+from .errors import ConfigError, DedupeConflict, OutboxError, SchemaMissing, ValidationError
 from .producer import Enqueued, enqueue, enqueue_many
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "ConfigError",
     "DedupeConflict",
     "Enqueued",
     "OutboxError",
+    "SchemaMissing",
     "ValidationError",
     "__version__",
     "enqueue",

@@ -33,21 +33,11 @@ def _read_fields(cls: type, env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _check_database_url(url: str) -> None:
-    """One clear error for a malformed URL; never echoes it (it may hold a password)."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
+    """One clear error for a URL the relay cannot use; never echoes it (it may
+    hold a password). The parsing is ``db.parse_database_url``'s."""
+    from .db import parse_database_url
 
-    try:
-        parsed = make_url(url)
-        port = parsed.port
-    except (ArgumentError, ValueError, TypeError):
-        raise ConfigError(
-            "DATABASE_URL", "is not a valid URL (postgresql://user:password@host:port/database)"
-        ) from None
-    if parsed.get_backend_name() not in ("postgresql", "postgres"):
-        raise ConfigError("DATABASE_URL", "must be a postgresql:// URL")
-    if port is not None and not 1 <= port <= 65535:
-        raise ConfigError("DATABASE_URL", "has a port outside 1 to 65535")
+    parse_database_url(url)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +58,8 @@ class DatabaseSettings:
     sslmode: str = from_setting(declared.DB_SSLMODE)
     ca_bundle: str | None = from_setting(declared.DB_CA_BUNDLE)
     connect_timeout: float = from_setting(declared.DB_CONNECT_TIMEOUT)
+    # Where the outbox lives: the relay's connections resolve names there only.
+    schema: str = from_setting(declared.OUTBOX_SCHEMA)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> DatabaseSettings:
@@ -121,6 +113,8 @@ class RelaySettings:
     settle_margin_seconds: float = from_setting(declared.SETTLE_MARGIN_SECONDS)
     dispatch_budget_seconds: float = from_setting(declared.DISPATCH_BUDGET_SECONDS)
     poll_interval_seconds: float = from_setting(declared.POLL_INTERVAL_SECONDS)
+    pacing_mode: str = from_setting(declared.PACING_MODE)
+    idle_linger_seconds: float = from_setting(declared.IDLE_LINGER_SECONDS)
     # (from_setting gives a map a default_factory: no instance shares one.)
     channel_functions: dict[str, str] = from_setting(declared.CHANNEL_FUNCTIONS)  # noqa: RUF009
     # Reserved concurrency of each channel's function (the template builds it
@@ -196,6 +190,7 @@ class OutcomeEventSettings:
 
     bus: str = from_setting(declared.OUTCOME_EVENT_BUS)
     include_delivered: bool = from_setting(declared.OUTCOME_EVENTS_DELIVERED)
+    include_keys: bool = from_setting(declared.OUTCOME_EVENTS_INCLUDE_KEYS)
     # How long a publisher holds the events it took: longer than the reaper
     # runs (60 s), so a live publisher never has them taken from it. A
     # publisher that dies leaves them to be published again after this.

@@ -5,11 +5,14 @@ Manager secret (RDS format, cached and re-read on rotation) or an RDS IAM auth
 token minted per connection. TLS is verified whenever we are not on a local
 URL: pg8000 talks plaintext unless it is handed an SSL context, so we always
 hand it one. Nothing here issues a session ``SET``: that would pin the
-connection behind RDS Proxy.
+connection behind RDS Proxy. The relay's ``search_path`` (its schema, then
+``pg_temp``) is a startup parameter of each connection instead (a parameter
+of its own: RDS Proxy refuses ``options``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import socket
@@ -21,6 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 from .config import DatabaseSettings
+from .errors import ConfigError
 
 _SECRET_MAX_AGE_SECONDS = 300
 
@@ -35,6 +39,80 @@ def tls_context(settings: DatabaseSettings) -> ssl.SSLContext:
     return context
 
 
+# libpq's sslmode values a URL may carry, and how pg8000 is told (it takes an
+# SSL context, not URL arguments). "prefer" and "allow" are refused: they fall
+# back to plaintext when TLS fails, so an attacker in the path decides.
+URL_SSLMODES = ("disable", "require", "verify-ca", "verify-full")
+# The query arguments of a URL the relay understands: libpq's TLS ones, taken
+# out, and pg8000's unix_sock (a socket path: the embedded Postgres), passed
+# on. Anything else would reach pg8000's connect() as an unknown keyword.
+_URL_ARGUMENTS = ("sslmode", "sslrootcert")
+_PG8000_URL_ARGUMENTS = ("unix_sock",)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedUrl:
+    """A database URL as the relay connects with it."""
+
+    url: URL  # always the pg8000 driver, without sslmode and sslrootcert
+    sslmode: str | None  # the URL's own sslmode, if it gave one
+    sslrootcert: str | None
+
+
+def parse_database_url(text: str) -> ParsedUrl:
+    """Any Postgres URL an application's SQLAlchemy takes (``postgresql://``,
+    ``postgres://``, ``postgresql+psycopg://``, ``+psycopg2``, ``+pg8000``)
+    connects with the relay's driver, pg8000; libpq's ``sslmode`` and
+    ``sslrootcert`` become its TLS settings (pg8000's ``unix_sock`` passes
+    through). Raises ConfigError naming
+    DATABASE_URL, never echoing the URL (it may hold a password)."""
+    try:
+        url = make_url(text)
+        port = url.port
+    except (sa.exc.ArgumentError, ValueError, TypeError):
+        raise ConfigError(
+            "DATABASE_URL", "is not a valid URL (postgresql://user:password@host:port/database)"
+        ) from None
+    if url.get_backend_name() not in ("postgresql", "postgres"):
+        raise ConfigError("DATABASE_URL", "must be a postgresql:// URL")
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError("DATABASE_URL", "has a port outside 1 to 65535")
+    understood = (*_URL_ARGUMENTS, *_PG8000_URL_ARGUMENTS)
+    unknown = sorted(set(url.query) - set(understood))
+    if unknown:
+        raise ConfigError(
+            "DATABASE_URL",
+            f"has the query argument {unknown[0]!r}; only {', '.join(understood)} are understood",
+        )
+    values = {k: url.query[k] for k in _URL_ARGUMENTS if k in url.query}
+    if any(not isinstance(v, str) for v in values.values()):
+        raise ConfigError("DATABASE_URL", "gives sslmode or sslrootcert more than once")
+    sslmode = values.get("sslmode")
+    if sslmode is not None and sslmode not in URL_SSLMODES:
+        raise ConfigError(
+            "DATABASE_URL",
+            f"sslmode={sslmode} cannot be honoured: use one of {', '.join(URL_SSLMODES)} "
+            "(prefer and allow would silently fall back to plaintext)",
+        )
+    return ParsedUrl(
+        url=url.difference_update_query(_URL_ARGUMENTS).set(drivername="postgresql+pg8000"),
+        sslmode=sslmode,
+        sslrootcert=values.get("sslrootcert"),  # type: ignore[arg-type]
+    )
+
+
+def _url_tls_context(sslmode: str, cafile: str | None) -> ssl.SSLContext | None:
+    """pg8000's TLS for libpq's sslmode: none, encrypted only, or verified
+    (the CA; and for verify-full the host name too)."""
+    if sslmode == "disable":
+        return None
+    context = ssl.create_default_context(cafile=cafile)
+    context.check_hostname = sslmode == "verify-full"
+    if sslmode == "require":  # libpq's require checks no certificate
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
 def _secret_credentials(secret_arn: str, force_fetch: bool = False) -> dict[str, Any]:
     from aws_lambda_powertools.utilities import parameters
 
@@ -46,10 +124,7 @@ def _secret_credentials(secret_arn: str, force_fetch: bool = False) -> dict[str,
 
 def _base_url(settings: DatabaseSettings) -> URL:
     if settings.url:
-        url = make_url(settings.url)
-        if url.drivername in ("postgresql", "postgres"):
-            url = url.set(drivername="postgresql+pg8000")
-        return url
+        return parse_database_url(settings.url).url
     if settings.secret_arn:
         secret = _secret_credentials(settings.secret_arn)
         return URL.create(
@@ -68,6 +143,13 @@ def _base_url(settings: DatabaseSettings) -> URL:
     )
 
 
+def search_path(schema: str) -> str:
+    """The relay's names resolve in its own schema only: not in a schema named
+    after the login user (``"$user"``, first on Postgres's default path), nor
+    in ``pg_temp`` before it (listed last, it is searched last)."""
+    return f'"{schema}", pg_temp'
+
+
 def create_engine(
     settings: DatabaseSettings, *, pool_size: int = 1, autocommit: bool = False
 ) -> sa.Engine:
@@ -82,8 +164,16 @@ def create_engine(
     connect_args: dict[str, Any] = {
         "timeout": settings.connect_timeout,
         "application_name": "outbox-relay",
+        "startup_params": {"search_path": search_path(settings.schema)},
     }
-    if settings.sslmode != "disable":
+    parsed = parse_database_url(settings.url) if settings.url else None
+    if parsed is not None and parsed.sslmode is not None:
+        # The URL's own sslmode decides (libpq's convention); DB_CA_BUNDLE is
+        # the CA unless the URL names one.
+        context = _url_tls_context(parsed.sslmode, parsed.sslrootcert or settings.ca_bundle)
+        if context is not None:
+            connect_args["ssl_context"] = context
+    elif settings.sslmode != "disable":
         connect_args["ssl_context"] = tls_context(settings)
     engine = sa.create_engine(
         url,

@@ -1,9 +1,14 @@
 """The dispatcher: claim due rows in bounded batches and hand them off.
 
-One scheduled invocation keeps claiming until its time budget is spent,
-polling briefly when the backlog is empty, so a message enqueued while it
-runs goes out within about one poll interval. Several dispatchers may run at
-once: the claim's SKIP LOCKED compare-and-set keeps them apart.
+One invocation keeps claiming until its time budget is spent, polling briefly
+when the backlog is empty, so a message enqueued while it runs goes out
+within about one poll interval. In sleep mode (``PACING_MODE``, the default)
+it also ends once nothing was due for ``IDLE_LINGER_SECONDS``: the linger
+covers a nudge that arrives before its producer's row is visible, and a run
+that keeps finding work keeps its whole budget. What the run arranges before
+it ends (its successor, the wake schedule) is ``outbox.pacing``'s part.
+Several dispatchers may run at once: the claim's SKIP LOCKED compare-and-set
+keeps them apart.
 
 A channel with an in-flight budget (RelaySettings.in_flight_budgets) is never
 given more claimed rows than its function can start within the lease: a row
@@ -55,6 +60,12 @@ class DispatchReport:
     throttled: int = 0
     # Whether the claim took all it asked for (more may be due at once).
     full: bool = False
+    # How the run ended (run() only): "idle" after the linger with nothing
+    # due, "budget" when its time was spent.
+    ended: str = ""
+    # The run's time ran out while it was still finding work: a successor
+    # should start at once rather than wait for a schedule.
+    work_left: bool = False
 
     def add(self, other: DispatchReport) -> None:
         for name in ("claimed", "handed_off", "released", "unroutable", "batches", "throttled"):
@@ -262,19 +273,36 @@ def run(
     *,
     channels: Sequence[str] | None = None,
     until_empty: bool = False,
+    linger: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> DispatchReport:
-    """Claim and hand off until the budget is spent (or, with until_empty, the backlog is).
+    """Claim and hand off until the budget is spent (or, with until_empty, the
+    backlog is; or, with ``linger``, nothing was claimed for that many seconds).
 
     ``time_left()`` gives the seconds this run may still use.
     """
     total = DispatchReport()
     margin = settings.poll_interval_seconds
     cooling: dict[str, float] = {}
+    started = clock()
+    last_claim: float | None = None  # when a pass last claimed anything
     while True:  # at least one pass, even with no budget to spare
         report = dispatch_once(engine, invoker, settings, channels, cooling)
         total.add(report)
+        if report.claimed:
+            last_claim = clock()
+        idle_for = clock() - (started if last_claim is None else last_claim)
         if time_left() <= margin or (until_empty and report.claimed == 0):
+            total.ended = "budget"
+            # A run that found work within its last linger most likely leaves
+            # some: in sleep mode its caller starts a successor at once.
+            total.work_left = (
+                linger is not None and last_claim is not None and (report.full or idle_for < linger)
+            )
+            return total
+        if linger is not None and idle_for >= linger:
+            total.ended = "idle"
             return total
         if not report.full:  # caught up, or the channels are full: poll briefly
             sleep(min(settings.poll_interval_seconds, max(0.0, time_left() - margin)))

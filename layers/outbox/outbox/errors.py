@@ -25,6 +25,39 @@ class ConfigError(OutboxError):
         self.setting = setting
 
 
+class SchemaMissing(OutboxError):
+    """The database has no relay schema (or an older one than this release
+    needs): a table or function the statement names does not exist. Nothing
+    was written; run ``outbox migrate`` against this database."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the outbox schema is missing or out of date in this database: "
+            "run `outbox migrate` first"
+        )
+
+
+# SQLSTATEs that mean the statement named something the schema lacks.
+# undefined table, undefined function, and (OUTBOX_SCHEMA naming a schema that is not there)
+# invalid schema name
+UNDEFINED_OBJECT_SQLSTATES = frozenset({"42P01", "42883", "3F000"})
+
+
+def sqlstate(exc: BaseException) -> str:
+    """The server's SQLSTATE of a database error from any of the Postgres
+    drivers SQLAlchemy wraps (pg8000, psycopg, psycopg2, asyncpg), '' when
+    the driver raised on its own (no server answered)."""
+    orig = getattr(exc, "orig", exc)
+    args: tuple[object, ...] = getattr(orig, "args", ())
+    if args and isinstance(args[0], dict):  # pg8000: the server's fields, 'C' the code
+        return str(args[0].get("C") or "")
+    for attribute in ("sqlstate", "pgcode"):  # psycopg and asyncpg; psycopg2
+        code = getattr(orig, attribute, None)
+        if isinstance(code, str):
+            return code
+    return ""
+
+
 class DedupeConflict(ValidationError):
     """A dedupe key already names a message for the same recipient on the same
     channel, with a different payload: a replay must repeat its payload. Nothing

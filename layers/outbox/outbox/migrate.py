@@ -4,7 +4,8 @@ The relay keeps its migration state in a version table of its own,
 ``outbox_alembic_version``, so it shares a database with an application that
 uses Alembic itself: neither sees the other's revisions. Every object the
 relay creates is named ``outbox_*``; an application's autogenerate leaves
-them alone with :func:`include_object`.
+the relay's tables (``RELAY_TABLES``, by exact name) alone with
+:func:`include_object`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,22 @@ import sqlalchemy as sa
 VERSION_TABLE = "outbox_alembic_version"
 # Where releases before 0.1.0 kept the relay's revision: Alembic's default.
 LEGACY_VERSION_TABLE = "alembic_version"
-# The prefix of every table, index, constraint and function the relay creates.
-OBJECT_PREFIX = "outbox_"
+# The relay's own tables, by name: an application's autogenerate skips these
+# and nothing else, so its own ``outbox_preferences`` stays its own. A test
+# holds this set to the tables the migrations create.
+RELAY_TABLES = frozenset(
+    {
+        "outbox_message",
+        "outbox_attempt",
+        "outbox_dedupe",
+        "outbox_fingerprint_key",
+        "outbox_outcome_event",
+        "outbox_channel_pause",
+        "outbox_channel",
+        "outbox_destination",
+        VERSION_TABLE,
+    }
+)
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
 # Serialises concurrent migrators (two deploys, a deploy and `outbox migrate`).
@@ -123,6 +138,47 @@ def current(engine: sa.Engine) -> str | None:
         return _current(connection)
 
 
+class UnknownRevision(Exception):
+    """The database's revision is not one this release ships (a newer release
+    migrated it, or the version table was edited)."""
+
+
+def pending(revision: str | None) -> list[str]:
+    """The revisions an upgrade from ``revision`` (None: an empty database)
+    applies, oldest first; [] when it is the head."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(_config())
+    known = {s.revision for s in script.walk_revisions()}
+    if revision is not None and revision not in known:
+        raise UnknownRevision(revision)
+    # walk_revisions goes from the head down; stop at the database's revision.
+    ahead: list[str] = []
+    for step in script.walk_revisions():
+        if step.revision == revision:
+            break
+        ahead.append(step.revision)
+    return ahead[::-1]
+
+
+def upgrade_sql(revision: str | None) -> str:
+    """The SQL an upgrade from ``revision`` (None: an empty database) to the
+    head would run, as a script (Alembic's offline mode); runs nothing.
+
+    Not in it: moving a revision out of a pre-0.1.0 ``alembic_version`` row,
+    and switching the ``delivered`` outcome event trigger (read from the
+    database at run time); ``outbox migrate`` does both."""
+    import io
+
+    from alembic import command
+
+    buffer = io.StringIO()
+    config = _config()
+    config.output_buffer = buffer
+    command.upgrade(config, f"{revision}:head" if revision else "head", sql=True)
+    return buffer.getvalue()
+
+
 def include_object(
     obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
 ) -> bool:
@@ -135,4 +191,4 @@ def include_object(
     """
     table = obj if type_ == "table" else getattr(obj, "table", None)
     table_name = getattr(table, "name", None) or (name if type_ == "table" else None)
-    return not (table_name or "").startswith(OBJECT_PREFIX)
+    return table_name not in RELAY_TABLES

@@ -22,15 +22,17 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
-from . import store
+from . import channels, store
 from .channels import aws
 from .config import OutcomeEventSettings
+from .redact import scrub_optional
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,12 @@ DETAIL_TYPES = {
     "complained": "Outbox Message Complained",
     "delivered": "Outbox Message Delivered",
 }
+# The detail's shape; 2 since the error is scrubbed and the keys opt-in (CHANGELOG).
+DETAIL_VERSION = 2
+# A provider's message id goes on the bus only from a built-in channel (AWS's
+# ids, the relay's own) and only when it is a plain token: a custom channel's
+# id is its own free text, which may be anything.
+_PROVIDER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+=-]{0,199}")
 PUT_EVENTS_MAX_ENTRIES = 10
 BATCH_SIZE = 100
 _MIN_TIME_FOR_A_BATCH = 5.0
@@ -54,27 +62,42 @@ class PublishReport:
     refused: int = 0
 
 
-def detail(event: store.OutcomeEvent) -> dict[str, Any]:
-    """The event's ``detail``: ids, keys and the outcome, never the payload."""
-    return {
+def detail(event: store.OutcomeEvent, include_keys: bool = False) -> dict[str, Any]:
+    """The event's ``detail``: ids, the status, codes and a scrubbed, bounded
+    reason; never the payload, and the producer's keys only when the operator
+    asked for them (OUTCOME_EVENTS_INCLUDE_KEYS): the bus is read by every
+    rule of the account, and a key may name a person."""
+    provider_id = event.provider_message_id
+    body: dict[str, Any] = {
+        "version": DETAIL_VERSION,
         "event_id": str(event.id),
         "id": event.message_id,
         "channel": event.channel,
         "status": event.status,
         "attempts": event.attempts,
-        "last_error": event.last_error,
-        "provider_message_id": event.provider_message_id,
-        "dedupe_key": event.dedupe_key,
-        "ordering_key": event.ordering_key,
+        "last_error": scrub_optional(event.last_error),
+        "provider_message_id": (
+            provider_id
+            if event.channel in channels.BUILT_IN
+            and provider_id
+            and _PROVIDER_ID.fullmatch(provider_id)
+            else None
+        ),
         "occurred_at": event.occurred_at.isoformat(),
     }
+    if include_keys:
+        body["dedupe_key"] = event.dedupe_key
+        body["ordering_key"] = event.ordering_key
+    return body
 
 
-def entry(event: store.OutcomeEvent, bus: str) -> dict[str, Any]:
+def entry(event: store.OutcomeEvent, bus: str, include_keys: bool = False) -> dict[str, Any]:
     return {
         "Source": SOURCE,
         "DetailType": DETAIL_TYPES[event.status],
-        "Detail": json.dumps(detail(event), separators=(",", ":"), ensure_ascii=False),
+        "Detail": json.dumps(
+            detail(event, include_keys), separators=(",", ":"), ensure_ascii=False
+        ),
         "EventBusName": bus,
         "Time": event.occurred_at,
     }
@@ -94,7 +117,7 @@ def publish(
             events = store.take_outcome_events(conn, batch_size, settings.lease_seconds)
         if not events:
             break
-        published, refused = put(client, events, settings.bus)
+        published, refused = put(client, events, settings.bus, settings.include_keys)
         with engine.begin() as conn:
             store.finish_outcome_events(conn, published, refused)
         report.published += len(published)
@@ -114,7 +137,7 @@ def publish(
 
 
 def put(
-    client: Any, events: Sequence[store.OutcomeEvent], bus: str
+    client: Any, events: Sequence[store.OutcomeEvent], bus: str, include_keys: bool = False
 ) -> tuple[list[int], dict[int, str]]:
     """PutEvents in chunks of ten: (ids accepted, {id: error code} refused).
     A whole call that fails refuses its chunk; the entry codes say the rest."""
@@ -123,7 +146,7 @@ def put(
     for start in range(0, len(events), PUT_EVENTS_MAX_ENTRIES):
         chunk = events[start : start + PUT_EVENTS_MAX_ENTRIES]
         try:
-            response = client.put_events(Entries=[entry(e, bus) for e in chunk])
+            response = client.put_events(Entries=[entry(e, bus, include_keys) for e in chunk])
         except Exception as exc:
             refused.update({e.id: aws.describe(exc) for e in chunk})
             continue

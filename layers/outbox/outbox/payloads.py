@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from .errors import ValidationError
 
-# The canonical JSON text of a payload (what the producer measures).
+# The byte length of the jsonb's text (what Postgres stores and gives back,
+# what the enqueue functions measure, and what ``stored_size`` computes).
 MAX_PAYLOAD_BYTES = 256 * 1024
 # The stored text a sender reads is the database's rendering of the jsonb,
 # which adds a space after every ":" and ",": at most twice the canonical
@@ -95,6 +97,44 @@ def check_shape(value: Any, field: str = "payload") -> None:
 # least four characters and a separator (`"":0,`), an array element at least
 # two, any value one. MAX_OBJECT_KEYS is the tightest of the three.
 _SHORT_TEXT = 5 * MAX_OBJECT_KEYS
+
+
+# A float that Python writes in exponent notation, or a negative zero: the
+# only values whose jsonb text differs from Python's (it may also match
+# inside a string, which only costs the walk below).
+_FLOAT_HINT = re.compile(r"[0-9][eE][-+]?[0-9]|-0\.0")
+
+
+def stored_size(value: Any, text: str | None = None) -> int:
+    """The byte length of ``value``'s text as Postgres's jsonb writes it, the
+    one measure of the size limit: ``", "`` and ``": "`` between items,
+    strings escaped as Python escapes them, and numbers in positional
+    notation (``1e-07`` is stored as ``0.0000001``, ``1e+16`` as
+    ``10000000000000000``, ``-0.0`` as ``0.0``). ``text``: ``value`` already
+    dumped with those separators (``outbox.store.payload_json``)."""
+    if text is None:
+        text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "), allow_nan=False)
+    size = len(text.encode("utf-8"))
+    if _FLOAT_HINT.search(text):
+        size += _float_difference(value)
+    return size
+
+
+def _float_difference(value: Any) -> int:
+    """Bytes jsonb's numbers take beyond Python's ``repr`` of the floats in ``value``."""
+    difference = 0
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, float):
+            written = repr(node)
+            stored = "0.0" if node == 0 else format(Decimal(written), "f")
+            difference += len(stored) - len(written)
+        elif isinstance(node, dict | Mapping):
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return difference
 
 
 def _within_limits_by_its_text(text: str | bytes) -> bool:

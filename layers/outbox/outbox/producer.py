@@ -23,8 +23,8 @@ import sqlalchemy as sa
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-from . import channels, payloads, store
-from .errors import DedupeConflict, ValidationError
+from . import channels, payloads, store, wake
+from .errors import DedupeConflict, SchemaMissing, ValidationError
 from .payloads import MAX_PAYLOAD_BYTES
 from .states import PredecessorFailure
 from .store import Enqueued
@@ -135,7 +135,7 @@ def _payload_json(channel: channels.Channel, payload: Any) -> str:
         # Postgres jsonb cannot store NUL characters.
         raise ValidationError("payload", "must not contain NUL characters")
     try:
-        size = len(text.encode("utf-8"))
+        size = payloads.stored_size(payload, text)
     except UnicodeEncodeError:
         raise ValidationError("payload", "must be valid Unicode (no lone surrogates)") from None
     if size > MAX_PAYLOAD_BYTES:
@@ -182,12 +182,19 @@ def _redacted_errors() -> Iterator[None]:
     """The application's engine may show bound parameters in its errors (the
     payloads: phone numbers, one-time codes); an error from ``enqueue`` never
     does, whatever engine the caller built. The exception keeps its type, so
-    the caller's retry logic (a lock or serialization failure) still works."""
+    the caller's retry logic (a lock or serialization failure) still works.
+
+    An undefined table or function means the relay's schema is not there
+    (or older than this release): ``SchemaMissing`` says to migrate, without
+    the statement's text. Only the error path looks."""
     try:
         yield
     except sa.exc.StatementError as exc:
         from .db import redact
+        from .errors import UNDEFINED_OBJECT_SQLSTATES, sqlstate
 
+        if sqlstate(exc) in UNDEFINED_OBJECT_SQLSTATES:
+            raise SchemaMissing() from None
         redact(exc)
         raise
 
@@ -283,7 +290,10 @@ def enqueue(
         on_predecessor_failure=on_predecessor_failure,
     )
     with _redacted_errors():
-        (result,) = store.insert_messages(_check_connection(conn), [message])
+        connection = _check_connection(conn)
+        (result,) = store.insert_messages(connection, [message])
+    if result.created:
+        wake.arm(connection)  # nudge the dispatcher after the commit, if configured
     return result if return_created else result.id
 
 
@@ -342,4 +352,9 @@ def enqueue_many(
             first_index=exc.first_index,
             field=f"messages[{exc.index}].dedupe_key",
         ) from None
+    except ValidationError as exc:  # refused by the database's own check
+        index = getattr(exc, "index", 0)
+        raise ValidationError(f"messages[{index}].{exc.field}", exc.problem) from None
+    if any(r.created for r in results):
+        wake.arm(connection)  # nudge the dispatcher after the commit, if configured
     return results if return_created else [r.id for r in results]

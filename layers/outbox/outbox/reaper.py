@@ -79,38 +79,17 @@ def run(
     time_left: Callable[[], float],
     outcome_events: OutcomeEventSettings | None = None,
     events_client: Callable[[], Any] | None = None,
+    *,
+    quiet_when_idle: bool = False,
 ) -> ReapReport:
-    """``events_client`` makes the EventBridge client, on first need."""
+    """``events_client`` makes the EventBridge client, on first need.
+    ``quiet_when_idle`` (sleep mode): publish only the backlog levels that are
+    not zero."""
     report = ReapReport()
     outcome_events = outcome_events or OutcomeEventSettings()
-    backoff = settings.backoff()
-    while time_left() > _MIN_TIME_FOR_A_BATCH:
-        with engine.begin() as conn:
-            released = store.reap_expired(conn, settings.batch_size, backoff)
-        by_status: dict[str, list[int]] = {}
-        for message_id, r in released.items():
-            key = r.status if r.status != "pending" else "reclaimed" if r.started else "not_started"
-            by_status.setdefault(key, []).append(message_id)
-        report.dead += len(by_status.get("dead", ()))
-        report.expired += len(by_status.get("expired", ()))
-        report.reclaimed += len(by_status.get("reclaimed", ()))
-        report.not_started += len(by_status.get("not_started", ()))
-        if released:
-            log.warning("expired claims released", extra={"message_ids": _sorted_ids(by_status)})
-        if len(released) < settings.batch_size:
-            break
+    release_expired_leases(engine, settings, time_left, report)
 
-    while time_left() > _MIN_TIME_FOR_A_BATCH:
-        with engine.begin() as conn:
-            expired = store.expire_overdue(conn, settings.batch_size, backoff)
-        report.expired += len(expired)
-        if expired:
-            log.warning(
-                "messages past their deliver-by time expired",
-                extra={"message_ids": sorted(expired)},
-            )
-        if len(expired) < settings.batch_size:
-            break
+    expire_overdue_rows(engine, settings, time_left, report)
 
     while time_left() > _MIN_TIME_FOR_A_BATCH:
         with engine.begin() as conn:
@@ -124,12 +103,7 @@ def run(
         if len(cancelled) < settings.batch_size:
             break
 
-    count("Reclaimed", report.reclaimed)
-    # Leases that ended before any sender started them: the channel's
-    # senders cannot keep up (or crash at start). Alarmed in the template.
-    count("LeaseExpiredNotStarted", report.not_started)
-    count("Dead", report.dead)
-    count("Expired", report.expired)
+    count_released(report)
     count("HeldCancelled", report.cancelled)
 
     if outcome_events.bus and events_client is not None:
@@ -165,23 +139,33 @@ def run(
         report.backlog = store.backlog(conn)
         report.events_waiting, oldest_event_age = store.outcome_event_backlog(conn)
     b = report.backlog
-    # Gauges go out even at zero, so alarms see data rather than "missing".
-    gauge("PendingMessages", b.pending)
-    gauge("DeadMessages", b.dead)
-    gauge("ExpiredClaims", b.expired_claims)
-    gauge("HeldMessages", b.held)
-    gauge("OldestPendingAgeSeconds", b.oldest_due_age_seconds, seconds=True)
-    gauge("UnpublishedOutcomeEvents", report.events_waiting)
-    gauge("OldestUnpublishedOutcomeEventAgeSeconds", oldest_event_age, seconds=True)
+
+    def level(
+        name: str, value: float, *, seconds: bool = False, channel: str | None = None
+    ) -> None:
+        # Polling, gauges go out even at zero, so alarms see data rather than
+        # "missing". Sleeping, only a level that is not zero goes out: a
+        # custom metric costs by the hour it has data, and an idle stack's
+        # alarms read missing data as not breaching (docs/how-to/pacing.md).
+        if value or not quiet_when_idle:
+            gauge(name, value, seconds=seconds, channel=channel)
+
+    level("PendingMessages", b.pending)
+    level("DeadMessages", b.dead)
+    level("ExpiredClaims", b.expired_claims)
+    level("HeldMessages", b.held)
+    level("OldestPendingAgeSeconds", b.oldest_due_age_seconds, seconds=True)
+    level("UnpublishedOutcomeEvents", report.events_waiting)
+    level("OldestUnpublishedOutcomeEventAgeSeconds", oldest_event_age, seconds=True)
     with engine.begin() as conn:
         report.channels = store.channel_backlog(conn)
-    gauge("PausedChannels", sum(c.paused for c in report.channels))
+    level("PausedChannels", sum(c.paused for c in report.channels))
     for c in report.channels:
-        gauge("PendingMessages", c.pending, channel=c.channel)
-        gauge("OldestPendingAgeSeconds", c.oldest_due_age_seconds, seconds=True, channel=c.channel)
-        gauge("ExpiredClaims", c.expired_claims, channel=c.channel)
-        gauge("DeadMessages", c.dead, channel=c.channel)
-        gauge("Paused", int(c.paused), channel=c.channel)
+        level("PendingMessages", c.pending, channel=c.channel)
+        level("OldestPendingAgeSeconds", c.oldest_due_age_seconds, seconds=True, channel=c.channel)
+        level("ExpiredClaims", c.expired_claims, channel=c.channel)
+        level("DeadMessages", c.dead, channel=c.channel)
+        level("Paused", int(c.paused), channel=c.channel)
     log.info(
         "reaper run",
         extra={
@@ -204,6 +188,68 @@ def run(
         },
     )
     return report
+
+
+def release_expired_leases(
+    engine: sa.Engine,
+    settings: RelaySettings,
+    time_left: Callable[[], float],
+    report: ReapReport,
+) -> ReapReport:
+    """The reaping step proper: release the claims whose lease ran out, in
+    bounded batches, into ``report``. The reaper runs it, and in sleep mode
+    so does every dispatcher run (woken at the next lease expiry), so a lost
+    hand-off is recovered at its lease's end, not at the reaper's next run."""
+    backoff = settings.backoff()
+    while time_left() > _MIN_TIME_FOR_A_BATCH:
+        with engine.begin() as conn:
+            released = store.reap_expired(conn, settings.batch_size, backoff)
+        by_status: dict[str, list[int]] = {}
+        for message_id, r in released.items():
+            key = r.status if r.status != "pending" else "reclaimed" if r.started else "not_started"
+            by_status.setdefault(key, []).append(message_id)
+        report.dead += len(by_status.get("dead", ()))
+        report.expired += len(by_status.get("expired", ()))
+        report.reclaimed += len(by_status.get("reclaimed", ()))
+        report.not_started += len(by_status.get("not_started", ()))
+        if released:
+            log.warning("expired claims released", extra={"message_ids": _sorted_ids(by_status)})
+        if len(released) < settings.batch_size:
+            break
+    return report
+
+
+def expire_overdue_rows(
+    engine: sa.Engine,
+    settings: RelaySettings,
+    time_left: Callable[[], float],
+    report: ReapReport,
+) -> ReapReport:
+    """Pending rows past their deliver-by time end ``expired``, in bounded
+    batches, into ``report``. The reaper runs it, and in sleep mode so does
+    every dispatcher run (it may be woken at a deliver-by time)."""
+    backoff = settings.backoff()
+    while time_left() > _MIN_TIME_FOR_A_BATCH:
+        with engine.begin() as conn:
+            expired = store.expire_overdue(conn, settings.batch_size, backoff)
+        report.expired += len(expired)
+        if expired:
+            log.warning(
+                "messages past their deliver-by time expired",
+                extra={"message_ids": sorted(expired)},
+            )
+        if len(expired) < settings.batch_size:
+            break
+    return report
+
+
+def count_released(report: ReapReport) -> None:
+    count("Reclaimed", report.reclaimed)
+    # Leases that ended before any sender started them: the channel's
+    # senders cannot keep up (or crash at start). Alarmed in the template.
+    count("LeaseExpiredNotStarted", report.not_started)
+    count("Dead", report.dead)
+    count("Expired", report.expired)
 
 
 def _sorted_ids(by_status: dict[str, list[int]]) -> dict[str, list[int]]:

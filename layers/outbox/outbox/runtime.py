@@ -21,7 +21,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import dispatcher, reaper, sender
+from . import dispatcher, pacing, reaper, sender, store
+from . import settings as declared
 from .config import DatabaseSettings, OutcomeEventSettings, RelaySettings
 from .errors import ConfigError, ValidationError
 from .handoff import Invoker, LambdaInvoker
@@ -47,6 +48,11 @@ class Runtime:
         self._engine: sa.Engine | None = None
         self._invoker: Invoker | None = None
         self._events_client: Any = None
+        self._lambda_client: Any = None
+        self.sleeps = self.settings.pacing_mode == "sleep"
+        wake_name = declared.WAKE_SCHEDULE_NAME.read(env)
+        self.wake_schedule = pacing.WakeSchedule(wake_name) if wake_name else None
+        self.reaper_function = declared.REAPER_FUNCTION.read(env)
 
     @classmethod
     def for_dispatcher(cls, env: Mapping[str, str] | None = None) -> Runtime:
@@ -77,8 +83,18 @@ class Runtime:
             self._invoker = LambdaInvoker(self.settings.channel_functions)
         return self._invoker
 
+    @property
+    def lambda_client(self) -> Any:
+        """The client of the dispatcher's own invokes (its successor, the reaper)."""
+        if self._lambda_client is None:
+            self._lambda_client = getattr(self.invoker, "client", None)
+        return self._lambda_client
+
     def dispatch(self, event: Any, context: Any) -> dict[str, Any]:
-        scheduler_event(event)
+        """One dispatcher run, for any of its wake-ups (the safety-net
+        schedule, the wake schedule, a producer's nudge, its predecessor)."""
+        event = scheduler_event(event)
+        source = wake_source(event)
         remaining = _remaining(context)
         started, budget = time.monotonic(), self.settings.dispatch_budget_seconds
 
@@ -86,19 +102,92 @@ class Runtime:
             spent = time.monotonic() - started
             return min(budget - spent, remaining() - _EXIT_MARGIN_SECONDS)
 
-        report = dispatcher.run(self.engine, self.invoker, self.settings, time_left)
-        logger.info("dispatcher run", extra=asdict(report))
-        return asdict(report)
+        if not self.sleeps:
+            report = dispatcher.run(self.engine, self.invoker, self.settings, time_left)
+            logger.info("dispatcher run", extra={**asdict(report), "woken_by": source})
+            return asdict(report)
+        try:
+            # The reaping steps first: a wake-up at a lease's end or at a
+            # deliver-by time is for them. They take the invocation's time, not
+            # the claiming budget (which may be 0: one pass).
+            def reap_time_left() -> float:
+                return remaining() - _EXIT_MARGIN_SECONDS
+
+            released = reaper.release_expired_leases(
+                self.engine, self.settings, reap_time_left, reaper.ReapReport()
+            )
+            reaper.expire_overdue_rows(self.engine, self.settings, reap_time_left, released)
+            reaper.count_released(released)
+            report = dispatcher.run(
+                self.engine,
+                self.invoker,
+                self.settings,
+                time_left,
+                linger=self.settings.idle_linger_seconds,
+            )
+            consumed = pacing.scheduled_time(event) if source == "outbox.wake" else None
+            arranged = self._before_sleep(
+                report, getattr(context, "invoked_function_arn", None), consumed
+            )
+        finally:
+            self.release_connections()
+        result = {
+            **asdict(report),
+            "released_leases": released.reclaimed + released.not_started,
+            "expired": released.expired,
+        }
+        logger.info("dispatcher run", extra={**result, **arranged, "woken_by": source})
+        return {**result, **arranged}
+
+    def _before_sleep(
+        self,
+        report: dispatcher.DispatchReport,
+        own_arn: str | None,
+        consumed: Any = None,
+    ) -> dict[str, Any]:
+        """Arrange what wakes the relay next (outbox.pacing): the successor at
+        once when work is left, else the wake schedule at the next event; the
+        reaper when outcome events wait."""
+        arranged: dict[str, Any] = {"successor": False, "wake_at": None, "reaper_woken": False}
+        with self.engine.begin() as conn:
+            wake = store.next_wake(conn)
+        if report.work_left and own_arn:
+            arranged["successor"] = pacing.invoke_async(
+                self.lambda_client, own_arn, pacing.SUCCESSOR_EVENT
+            )
+        if not arranged["successor"] and wake.earliest is not None and self.wake_schedule:
+            self.wake_schedule.arrange(wake.earliest, wake.now, consumed)
+            arranged["wake_at"] = pacing.at_expression(wake.earliest)
+        if wake.outcome_events_due and self.outcome_events.bus and self.reaper_function:
+            arranged["reaper_woken"] = pacing.invoke_async(
+                self.lambda_client, self.reaper_function, pacing.REAPER_WAKE_EVENT
+            )
+        return arranged
+
+    def release_connections(self) -> None:
+        """Sleep mode: close the pool's connections before the environment is
+        frozen, so that between invocations no connection holds the database
+        awake (Aurora Serverless v2 pauses only with none open). The next
+        invocation connects again. (Run in process by several threads at
+        once, as `make run` and the tests do, the last one out closes them.)"""
+        if self.sleeps and self._engine is not None:
+            checked_out = getattr(self._engine.pool, "checkedout", lambda: 0)()
+            if not checked_out:
+                self._engine.dispose()
 
     def send(self, channel: str, event: Any, context: Any) -> dict[str, Any]:
-        report = sender.run(
-            self.engine, event, self.settings, _remaining(context), channel_name=channel
-        )
+        try:
+            report = sender.run(
+                self.engine, event, self.settings, _remaining(context), channel_name=channel
+            )
+        finally:
+            self.release_connections()
         return {
             "received": report.received,
             "owned": report.owned,
             "lease_lost": report.lease_lost,
             "duplicates": report.duplicates,
+            "unknown": report.unknown,
             "statuses": dict(report.statuses),
         }
 
@@ -112,13 +201,17 @@ class Runtime:
     def reap(self, event: Any, context: Any) -> dict[str, Any]:
         scheduler_event(event)
         remaining = _remaining(context)
-        report = reaper.run(
-            self.engine,
-            self.settings,
-            lambda: remaining() - _EXIT_MARGIN_SECONDS,
-            self.outcome_events,
-            self.events_client,
-        )
+        try:
+            report = reaper.run(
+                self.engine,
+                self.settings,
+                lambda: remaining() - _EXIT_MARGIN_SECONDS,
+                self.outcome_events,
+                self.events_client,
+                quiet_when_idle=self.sleeps,
+            )
+        finally:
+            self.release_connections()
         return {
             "reclaimed": report.reclaimed,
             "not_started": report.not_started,
@@ -139,7 +232,10 @@ class Runtime:
     def feedback(self, event: Any) -> dict[str, Any]:
         from . import feedback
 
-        return feedback.handle(self.engine, event).as_dict()
+        try:
+            return feedback.handle(self.engine, event).as_dict()
+        finally:
+            self.release_connections()
 
 
 def cold_start_done() -> None:
@@ -185,6 +281,18 @@ def scheduler_event(event: Any) -> dict[str, Any]:
     return dict(event)
 
 
+# The wake-ups of the dispatcher that say who sent them (events/dispatcher-*.json);
+# any other object is a schedule's event (the safety net's has no "source").
+WAKE_SOURCES = ("outbox.nudge", "outbox.wake", "outbox.successor", "outbox.dispatcher")
+
+
+def wake_source(event: Mapping[str, Any]) -> str:
+    """Who woke this run, for the logs. Unknown keys are ignored, and an
+    unknown source is only a run like any other (it carries no data)."""
+    source = event.get("source")
+    return source if source in WAKE_SOURCES else "schedule"
+
+
 # --- the migrate function: a CloudFormation custom resource, or a plain invoke --
 
 
@@ -203,19 +311,21 @@ def migrate(event: Any, context: Any, engine_factory: Callable[[], sa.Engine]) -
     check_response_url(event["ResponseURL"])  # before anything: a forged event does nothing
     request_type = event.get("RequestType")
     physical_id = event.get("PhysicalResourceId") or "outbox-schema"
+    data: dict[str, Any] = {}
     try:
-        data: dict[str, Any] = {}
         if request_type in ("Create", "Update"):
             data["Revision"] = migrations.upgrade(engine_factory())
+            logger.info("schema migrated", extra={"revision": data["Revision"]})
         # Delete: never drop the data with the stack.
-        _answer_cloudformation(event, "SUCCESS", physical_id, data, reason="")
-        return {"status": "SUCCESS", **data}
     except Exception as exc:
         logger.exception("schema migration failed")
         _answer_cloudformation(
             event, "FAILED", physical_id, {}, reason=f"migration failed: {type(exc).__name__}"
         )
         return {"status": "FAILED"}
+    # The migration is done; a failure from here on is the answer's, not its.
+    _answer_cloudformation(event, "SUCCESS", physical_id, data, reason="")
+    return {"status": "SUCCESS", **data}
 
 
 # Where CloudFormation's pre-signed response URLs point: its own S3 buckets,
@@ -245,6 +355,11 @@ def check_response_url(value: Any) -> str:
     return value
 
 
+class CustomResourceAnswerFailed(Exception):
+    """CloudFormation was not told the outcome (the migration's own outcome is
+    logged apart): the stack waits until its custom resource times out."""
+
+
 def _answer_cloudformation(
     event: Mapping[str, Any], status: str, physical_id: str, data: dict[str, Any], reason: str
 ) -> None:
@@ -263,5 +378,11 @@ def _answer_cloudformation(
     request = urllib.request.Request(  # noqa: S310 - scheme and host checked just above
         url, data=body, method="PUT", headers={"Content-Type": "", "Content-Length": str(len(body))}
     )
-    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
-        response.read()
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            response.read()
+    except OSError as exc:  # URLError, HTTPError, timeouts: one error, not a chain
+        raise CustomResourceAnswerFailed(
+            f"could not deliver the {status} answer to CloudFormation's ResponseURL: "
+            f"{type(exc).__name__}"
+        ) from None

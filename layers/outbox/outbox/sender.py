@@ -33,6 +33,7 @@ from .config import RelaySettings
 from .errors import ValidationError
 from .handoff import HandOff
 from .observability import count, timings
+from .redact import scrub_optional
 from .states import SEND_OUTCOMES, AttemptOutcome
 
 # Outcomes that leave a row pending without counting an attempt.
@@ -85,7 +86,7 @@ _METRIC = {
 class _Limits:
     """What one batch learned of its provider's limits while sending: after a
     destination's throttling answer no further call to it starts, after a
-    quota answer no further call at all (docs/design.md, invariant 9). The
+    quota answer no further call at all (docs/design.md, invariant 10). The
     rows not started go back pending, no attempt and no deferral counted."""
 
     def __init__(self) -> None:
@@ -149,6 +150,8 @@ class SendReport:
     lease_lost: list[int] = field(default_factory=list)
     # claims another sender took under the same claim: a duplicated event
     duplicates: list[int] = field(default_factory=list)
+    # claims naming no message of the channel: never live (a sample event)
+    unknown: list[int] = field(default_factory=list)
     statuses: Counter[str] = field(default_factory=Counter)
 
 
@@ -231,11 +234,22 @@ def run(
     if not_owned:
         # Not ours to send; touch nothing. Either another sender took them
         # under this very claim (the event came twice: expected, now and then),
-        # or the claim is over (settled, reaped, claimed again): say which.
+        # or no message has the id (never a live claim: a sample event), or
+        # the claim is over (settled, reaped, claimed again): say which.
         with engine.begin() as conn:
-            twin = store.received_elsewhere(conn, handoff.channel, not_owned)
-        report.duplicates.extend(c.id for c in not_owned if c.id in twin)
-        report.lease_lost.extend(c.id for c in not_owned if c.id not in twin)
+            why = store.unowned_claims(conn, handoff.channel, not_owned)
+        report.duplicates.extend(c.id for c in not_owned if c.id in why.duplicates)
+        report.unknown.extend(c.id for c in not_owned if c.id in why.unknown)
+        report.lease_lost.extend(
+            c.id for c in not_owned if c.id not in why.duplicates and c.id not in why.unknown
+        )
+        if report.unknown:
+            log.info(
+                "no such claim: this event's claims were never live here (events/ samples "
+                "carry placeholder claim tokens; get a live event with `outbox invoke "
+                "<Function> --claim N`); skipped",
+                extra={"message_ids": report.unknown},
+            )
         if report.duplicates:
             count("DuplicateHandOff", len(report.duplicates), channel=handoff.channel)
             log.info(
@@ -315,12 +329,14 @@ def send_then_settle(
     settlements = [
         # Settlement's fields in order: id, claim_token, outcome, error,
         # provider_message_id, delay_seconds, duration_ms (by position: a
-        # NamedTuple built by keyword costs twice as much, once a row)
+        # NamedTuple built by keyword costs twice as much, once a row). The
+        # error is a channel's text, maybe a remote server's: scrubbed and
+        # bounded before it is stored, logged or published.
         store.Settlement(
             row.id,
             row.claim_token,
             outcome.kind,
-            outcome.error,
+            scrub_optional(outcome.error),
             outcome.provider_message_id,
             outcome.delay_seconds,
             duration_ms,

@@ -284,6 +284,22 @@ OUTBOX_RELAY_ROLE = Text[str](
     expected="a lower-case SQL identifier",
     meaning="migrations: the group role granted DML on the outbox tables",
 )
+OUTBOX_PRODUCER_ROLE = Text[str](
+    name="OUTBOX_PRODUCER_ROLE",
+    default="outbox_producer",
+    pattern=r"[a-z_][a-z0-9_]{0,62}",
+    expected="a lower-case SQL identifier",
+    meaning="migrations: the group role granted EXECUTE on the enqueue functions, nothing else",
+)
+# Read by the relay (its connections resolve names there only) and by the
+# producer (it calls the enqueue function by this schema's name).
+OUTBOX_SCHEMA = Text[str](
+    name="OUTBOX_SCHEMA",
+    default="public",
+    pattern=r"[a-z_][a-z0-9_]{0,62}",
+    expected="a lower-case SQL identifier",
+    meaning="the schema that holds the outbox tables and functions",
+)
 
 # The state machine's numbers
 BATCH_SIZE = Int(
@@ -443,6 +459,38 @@ POLL_INTERVAL_SECONDS = Float(
     high=60.0,
     meaning="dispatcher poll interval while idle within its budget",
 )
+# Pacing (docs/how-to/pacing.md): whether the relay sleeps when idle.
+PACING_MODE = Choice(
+    name="PACING_MODE",
+    default="sleep",
+    choices=("sleep", "poll"),
+    meaning=(
+        "sleep: a dispatcher run ends after IDLE_LINGER_SECONDS with nothing due and "
+        "arranges its next wake-up, and no function keeps a database connection between "
+        "invocations; poll: a run claims for its whole budget"
+    ),
+)
+IDLE_LINGER_SECONDS = Float(
+    name="IDLE_LINGER_SECONDS",
+    default=2.0,
+    low=0.0,
+    high=900.0,
+    aws_bounds=(0.0, 55.0),  # inside the dispatcher's 60 s timeout
+    meaning="sleep mode: a dispatcher run ends once nothing was due for this long",
+)
+WAKE_SCHEDULE_NAME = Text[str](
+    name="WAKE_SCHEDULE_NAME",
+    default="",
+    meaning=(
+        "sleep mode: the one-time schedule (default group) the dispatcher moves to its "
+        "next wake-up; empty: none, the safety-net schedule alone"
+    ),
+)
+REAPER_FUNCTION = Text[str](
+    name="REAPER_FUNCTION",
+    default="",
+    meaning="sleep mode: the reaper function the dispatcher wakes when outcome events wait",
+)
 CHANNEL_FUNCTIONS = ChannelMap(
     name="CHANNEL_FUNCTIONS",
     meaning="dispatcher: JSON map channel to the function it hands off to",
@@ -460,6 +508,18 @@ CHANNEL_MAX_IN_FLIGHT = ChannelMap(
     meaning="dispatcher: JSON map channel to an in-flight budget replacing the derived one",
 )
 
+# Producers
+OUTBOX_DISPATCHER_FUNCTION = Text[str | None](
+    name="OUTBOX_DISPATCHER_FUNCTION",
+    default=None,
+    # A function name, or its ARN (any partition), with an optional version or alias.
+    pattern=r"(arn:aws[a-z-]*:lambda:[a-z0-9-]+:[0-9]{12}:function:)?[A-Za-z0-9_-]{1,64}"
+    r"(:[A-Za-z0-9_$-]{1,128})?",
+    expected="a Lambda function name or ARN",
+    meaning="producers: the dispatcher to wake after a commit that enqueued; unset: none",
+    in_template=False,  # the producer's own setting, in the producer's environment
+)
+
 # Outcome events
 OUTCOME_EVENT_BUS = Text[str](
     name="OUTCOME_EVENT_BUS",
@@ -473,6 +533,11 @@ OUTCOME_EVENTS_DELIVERED = Bool(
     name="OUTCOME_EVENTS_DELIVERED",
     default=False,
     meaning="also publish an outcome event per delivered message",
+)
+OUTCOME_EVENTS_INCLUDE_KEYS = Bool(
+    name="OUTCOME_EVENTS_INCLUDE_KEYS",
+    default=False,  # producer-chosen keys may name a person; the bus is shared
+    meaning="reaper: put each message's dedupe_key and ordering_key in its outcome event",
 )
 
 # Channels

@@ -86,7 +86,7 @@ class Worker:
         if self.stop.is_set():
             # Not started: give the rows back now rather than leave them claimed.
             with self.engine.begin() as conn:
-                released = store.release(conn, rows, reason=sender.STOPPING)
+                released = store.release(conn, rows, reason=sender.STOPPING, own_receipt=True)
             with self._lock:
                 self.report.released += len(released)
             report = sender.SendReport(received=len(rows))

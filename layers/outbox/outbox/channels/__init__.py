@@ -164,6 +164,8 @@ _registry: dict[str, str | ChannelFactory] = {
     "eventbridge": "outbox.channels.eventbridge:EventBridgeChannel",
     "sqs": "outbox.channels.sqs:SqsChannel",
 }
+# Their provider ids come from AWS or the relay itself, never free text.
+BUILT_IN = frozenset(_registry)
 _instances: dict[str, Channel] = {}
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ValidationError
+from ..outcomes import DETAIL_TYPES, SOURCE
 from ..settings import EVENT_BUS_NAME
 from . import Deadline, Message, Outcome, aws
 
@@ -20,6 +21,23 @@ MAX_ENTRY_BYTES = 256 * 1024
 _ENTRY_RETRY = {"InternalFailure"}
 # Whole-call errors that sending again cannot fix.
 _CALL_FAILED = {"ValidationException", "ResourceNotFoundException", "InvalidArgument"}
+# The relay's outcome events (outcomes.py) are published by the reaper alone:
+# an application trusts an event with this source or these detail types to
+# come from the relay, so a producer may not put one. Compared without case
+# or surrounding spaces, and the source's sub-names (outbox.relay.*) too, so
+# no rule with equals-ignore-case or a prefix can be reached either.
+_RESERVED_DETAIL_TYPES = {t.casefold() for t in DETAIL_TYPES.values()}
+
+
+def _reserved(payload: Mapping[str, Any]) -> ValidationError | None:
+    source = str(payload.get("source", "")).strip().casefold()
+    if source == SOURCE or source.startswith(SOURCE + "."):
+        return ValidationError("payload.source", f"{SOURCE!r} is reserved for outcome events")
+    if str(payload.get("detail_type", "")).strip().casefold() in _RESERVED_DETAIL_TYPES:
+        return ValidationError(
+            "payload.detail_type", "the relay's outcome events' detail types are reserved"
+        )
+    return None
 
 
 class EventBridgeChannel(aws.AwsChannel):
@@ -49,6 +67,9 @@ class EventBridgeChannel(aws.AwsChannel):
     def check(self, payload: dict[str, Any]) -> None:
         if payload["source"].startswith("aws."):
             raise ValidationError("payload.source", "the aws. prefix is reserved for AWS services")
+        reserved = _reserved(payload)
+        if reserved is not None:
+            raise reserved
 
     def entry(self, payload: dict[str, Any]) -> dict[str, Any]:
         entry = {
@@ -62,6 +83,11 @@ class EventBridgeChannel(aws.AwsChannel):
         return entry
 
     def send(self, message: Message, deadline: Deadline) -> Outcome:
+        # Checked again here, whoever called send (validate runs before it in
+        # the sender; a custom caller might not).
+        reserved = _reserved(message.payload)
+        if reserved is not None:
+            return Outcome.failed(f"invalid payload: {reserved}")
         try:
             response = self.client.put_events(Entries=[self.entry(message.payload)])
         except Exception as exc:

@@ -8,6 +8,7 @@
     operator        the ``outbox`` command: reads, redrive, cancel, prune, pause
     feedback        provider feedback (SES bounces and complaints)
     outcome_events  the transitions published to EventBridge
+    pacing          the dispatcher's next wake-up when it goes to sleep
     policy          the retry policy and the SQL fragments that apply it
     rates           destinations' pauses and learned rates (throttling, quotas)
     _sql            how statements are written and parameters encoded
@@ -50,10 +51,10 @@ from .delivery import (
     claim,
     claim_and_receive,
     receive_claimed,
-    received_elsewhere,
     release,
     settle,
     settle_with_outcomes,
+    unowned_claims,
 )
 from .enqueue import (
     Enqueued,
@@ -86,6 +87,7 @@ from .operator import (
     redrive,
     resume_channel,
     statuses_of,
+    uncancel,
 )
 from .outcome_events import (
     OutcomeEvent,
@@ -95,6 +97,7 @@ from .outcome_events import (
     set_delivered_outcome_events,
     take_outcome_events,
 )
+from .pacing import NextWake, next_wake
 from .policy import (
     Backoff,
     bounded_delay,
@@ -143,6 +146,7 @@ __all__ = [
     "FeedbackResult",
     "Held",
     "NewMessage",
+    "NextWake",
     "OutcomeEvent",
     "PausedChannel",
     "Reaped",
@@ -176,6 +180,7 @@ __all__ = [
     "list_messages",
     "matching_ids",
     "next_resume",
+    "next_wake",
     "outcome_event_backlog",
     "pause_channel",
     "paused_channels",
@@ -187,7 +192,6 @@ __all__ = [
     "prune_settled_before",
     "reap_expired",
     "receive_claimed",
-    "received_elsewhere",
     "recipient_history",
     "record_feedback",
     "record_throttling",
@@ -200,4 +204,6 @@ __all__ = [
     "settle_with_outcomes",
     "statuses_of",
     "take_outcome_events",
+    "uncancel",
+    "unowned_claims",
 ]

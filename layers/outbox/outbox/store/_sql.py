@@ -31,9 +31,36 @@ from ..states import STATUSES, Status
 
 def statement(text: str) -> sa.TextClause:
     """A statement with its comments and indentation removed (same SQL, fewer
-    characters). No statement of the store has ``--`` inside a string literal."""
-    lines = (line.split("--", 1)[0].strip() for line in text.splitlines())
+    characters).
+
+    The layout is removed line by line, so a statement that this would change
+    is refused with ValueError when it is built (at import): ``--`` inside a
+    quoted literal or name (the cut would end the statement inside it), or a
+    literal that runs across lines (joining them would change its text)."""
+    lines = (_without_comment(line).strip() for line in text.splitlines())
     return sa.text(" ".join(line for line in lines if line))
+
+
+def _without_comment(line: str) -> str:
+    """The line up to its ``--`` comment. Quotes are paired within the line
+    (a doubled quote inside a literal closes and reopens it, which is the same
+    thing here); the store uses no dollar-quoted or backslash-escaped strings."""
+    if "'" not in line and '"' not in line:  # most lines: no literal to step over
+        return line.split("--", 1)[0]
+    quote = ""  # the quote character of the literal or name we are in
+    for i, char in enumerate(line):
+        if quote:
+            if char == quote:
+                quote = ""
+            elif line.startswith("--", i):
+                raise ValueError(f"'--' inside a quoted literal or name: {line.strip()!r}")
+        elif char in "'\"":
+            quote = char
+        elif line.startswith("--", i):
+            return line[:i]
+    if quote:
+        raise ValueError(f"a quoted literal or name across lines: {line.strip()!r}")
+    return line
 
 
 def array_literal(values: Iterable[Any]) -> str:

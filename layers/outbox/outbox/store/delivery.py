@@ -357,6 +357,13 @@ def channel_load(conn: sa.Connection, channels: Sequence[str]) -> ChannelLoad:
     )
 
 
+# Only a claim no sender started: a hand-off whose Invoke call timed out may
+# still have been queued by Lambda, and its sender may hold the receipt and be
+# calling the provider. Taking that claim back would refuse its settle and let
+# the next pass send the message again; the reaper is the one recovery path
+# for a received claim (invariant 5). The one exception is the receipt's own
+# holder giving back rows it did not start (``outbox worker`` stopping, whose
+# claim is its receipt): ``own_receipt`` releases those, and only those.
 _RELEASE = statement(
     """
     UPDATE outbox_message AS m
@@ -364,6 +371,7 @@ _RELEASE = statement(
         available_at = now() + make_interval(secs => :delay_seconds), last_error = :reason
     FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
     WHERE m.id = h.id AND m.claim_token = h.token AND m.status = 'claimed'
+      AND (m.received_at IS NOT NULL) = :own_receipt
     RETURNING m.id
     """
 )
@@ -374,8 +382,14 @@ def release(
     claims: Iterable[Held],
     reason: str,
     delay_seconds: float = 0,
+    *,
+    own_receipt: bool = False,
 ) -> set[int]:
-    """Give claims back without counting an attempt (a failed hand-off). Fenced."""
+    """Give claims back without counting an attempt (a failed hand-off).
+    Fenced, and only those no sender took a receipt for (their sender may be
+    sending: the reaper recovers them); returns the ids released.
+    ``own_receipt``: the caller holds the receipt of these claims itself and
+    never started them (a stopping worker): those are released instead."""
     held = list(claims)
     if not held:
         return set()
@@ -386,6 +400,7 @@ def release(
             "tokens": array_literal(c.claim_token for c in held),
             "reason": reason,
             "delay_seconds": float(delay_seconds),
+            "own_receipt": own_receipt,
         },
     ).all()
     return {r.id for r in rows}
@@ -439,26 +454,58 @@ def receive_claimed(
     return _claimed_messages(rows)
 
 
-_RECEIVED_ELSEWHERE = statement(
+def could_be_a_claim_token(token: str) -> bool:
+    """Whether a claim could have issued ``token``: the claim draws every
+    token with gen_random_uuid(), a version-4 UUID. The sample events in
+    events/ carry placeholders of no version (00000000-0000-0000-0000-...),
+    so a sample is known for what it is without asking the database."""
+    try:
+        return uuid.UUID(token).version == 4
+    except ValueError:
+        return False
+
+
+_UNOWNED_CLAIMS = statement(
     """
-    SELECT m.id
-    FROM outbox_message AS m
-    JOIN unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
-      ON m.id = h.id AND m.claim_token = h.token
-    WHERE m.status = 'claimed' AND m.channel = :channel AND m.received_at IS NOT NULL
+    SELECT h.id,
+           m.id IS NULL AS unknown,
+           COALESCE(m.status = 'claimed' AND m.claim_token = h.token
+                    AND m.received_at IS NOT NULL, false) AS duplicate
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
+    LEFT JOIN outbox_message AS m ON m.id = h.id AND m.channel = :channel
     """
 )
 
 
-def received_elsewhere(conn: sa.Connection, channel: str, claims: Iterable[Held]) -> set[int]:
-    """Of claims whose receipt this sender did not get, those another sender
-    holds under the very same claim: the same hand-off delivered twice (Lambda's
-    async events are at least once), not a lost lease. A duplicate that comes
-    after its twin settled finds the claim over, and reads as a lost lease."""
-    fence = _fence_arrays(claims)
+@dataclass(frozen=True)
+class UnownedClaims:
+    """Why a sender did not get the receipt of some claims of its event."""
+
+    # another sender holds them under the very same claim: the same hand-off
+    # delivered twice (Lambda's async events are at least once), not a lost lease
+    duplicates: frozenset[int]
+    # never a live claim here: a placeholder token no claim issues (the events/
+    # samples), or no message of this channel has the id (an event meant for
+    # another database)
+    unknown: frozenset[int]
+    # the rest: the claim is over (settled, reaped, claimed again); a duplicate
+    # that comes after its twin settled reads as one
+
+
+def unowned_claims(conn: sa.Connection, channel: str, claims: Iterable[Held]) -> UnownedClaims:
+    """Of claims whose receipt this sender did not get, say why, in one
+    statement; only asked when a receipt came back short, never on the way
+    of a delivered hand-off."""
+    claims = list(claims)
+    placeholders = frozenset(c.id for c in claims if not could_be_a_claim_token(str(c.claim_token)))
+    fence = _fence_arrays(c for c in claims if c.id not in placeholders)
     if fence is None:
-        return set()
-    return {r.id for r in conn.execute(_RECEIVED_ELSEWHERE, {**fence, "channel": channel})}
+        return UnownedClaims(frozenset(), placeholders)
+    rows = conn.execute(_UNOWNED_CLAIMS, {**fence, "channel": channel}).all()
+    return UnownedClaims(
+        duplicates=frozenset(r.id for r in rows if r.duplicate),
+        unknown=placeholders | {r.id for r in rows if r.unknown},
+    )
 
 
 def _fence_arrays(claims: Iterable[Held]) -> dict[str, str] | None:

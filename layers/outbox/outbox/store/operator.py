@@ -73,6 +73,31 @@ def redrive(conn: sa.Connection, ids: Sequence[int]) -> set[int]:
     return {r.id for r in rows}
 
 
+# Uncancel is a redrive of a cancelled row. A row of an ordering key comes
+# back only while none of the key's later rows has gone ahead (claimed or
+# settled since the cancel let them): it would be sent after them.
+_UNCANCEL = statement(
+    f"""
+    UPDATE outbox_message m SET {_REDRIVE_SET}
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'cancelled'
+      AND (ordering_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM outbox_message later
+            WHERE later.ordering_key = m.ordering_key AND later.id > m.id
+              AND later.status NOT IN ('pending', 'cancelled')))
+    RETURNING id
+    """
+)
+
+
+def uncancel(conn: sa.Connection, ids: Sequence[int]) -> set[int]:
+    """cancelled -> pending, as a redrive does (a fresh set of attempts,
+    numbered on; the history stays). Only cancelled rows, and of an ordering
+    key only a row none of whose later rows went ahead: the others are left
+    alone (returned ids say which)."""
+    rows = conn.execute(_UNCANCEL, {"ids": array_literal(ids)}).all()
+    return {r.id for r in rows}
+
+
 # --- operator read queries and filtered redrive (the `outbox` CLI) ----------
 
 _CHANNEL_STATUS_COUNTS = statement(
@@ -302,7 +327,8 @@ def count_prunable(conn: sa.Connection, cutoff: Any, statuses: Sequence[str]) ->
 def prune_settled_before(
     conn: sa.Connection, cutoff: Any, batch_size: int, statuses: Sequence[str]
 ) -> int:
-    """Delete up to ``batch_size`` rows in ``statuses`` settled before ``cutoff``."""
+    """Delete up to ``batch_size`` rows in ``statuses`` settled before ``cutoff``;
+    returns how many the DELETE removed (never a prior count)."""
     result = conn.execute(
         _PRUNE_BEFORE,
         {"statuses": _prunable(statuses), "cutoff": cutoff, "batch_size": batch_size},

@@ -1,5 +1,5 @@
 """Destinations' rates and pauses: what a throttling or quota answer writes,
-and the SQL the claim reads them with (docs/design.md, invariant 9).
+and the SQL the claim reads them with (docs/design.md, invariant 10).
 
 A destination (``outbox_message.destination``, set on insert from the
 channel and payload) that answers "slow down" gets a row in

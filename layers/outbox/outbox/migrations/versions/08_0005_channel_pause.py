@@ -8,9 +8,9 @@ Revision ID: 0005
 Revises: 0004
 """
 
-import importlib
-
 from alembic import op
+
+from outbox.migrations import revision_module
 
 revision = "0005"
 down_revision = "0004"
@@ -18,7 +18,7 @@ branch_labels = None
 depends_on = None
 
 # The relay role's name (OUTBOX_RELAY_ROLE, checked) as revision 0003 grants it.
-relay_role = importlib.import_module("outbox.migrations.versions.0003_relay_role").relay_role
+relay_role = revision_module("0003").relay_role
 
 
 def upgrade() -> None:

@@ -20,11 +20,12 @@ Revision ID: 0006
 Revises: 0003
 """
 
-import importlib
 import secrets
 
 import sqlalchemy as sa
-from alembic import op
+from alembic import context, op
+
+from outbox.migrations import revision_module
 
 revision = "0006"
 down_revision = "0003"
@@ -193,7 +194,7 @@ FUNCTIONS = [
 
 def _relay_role() -> str:
     """The relay's group role of revision 0003 (OUTBOX_RELAY_ROLE)."""
-    module = importlib.import_module("outbox.migrations.versions.0003_relay_role")
+    module = revision_module("0003")
     return str(module.relay_role())
 
 
@@ -211,11 +212,19 @@ def upgrade() -> None:
         """
     )
     # The key is made here, once per installation, and never leaves the database.
-    op.execute(
-        sa.text("INSERT INTO outbox_fingerprint_key (key) VALUES (:key)").bindparams(
-            key=secrets.token_bytes(32)
+    if context.is_offline_mode():
+        # A printed script (`outbox migrate --sql`) must not carry the key:
+        # the database draws it (two random UUIDs, pg_strong_random's bytes).
+        op.execute(
+            "INSERT INTO outbox_fingerprint_key (key) VALUES (decode(replace("
+            "gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex'))"
         )
-    )
+    else:
+        op.execute(
+            sa.text("INSERT INTO outbox_fingerprint_key (key) VALUES (:key)").bindparams(
+                key=secrets.token_bytes(32)
+            )
+        )
     op.execute("ANALYZE outbox_fingerprint_key")  # one row: plans must know it
     for function in functions:
         op.execute(function)

@@ -17,13 +17,13 @@ Revision ID: 0007
 Revises: 0006
 """
 
-import importlib
-
 from alembic import op
+
+from outbox.migrations import revision_module
 
 # The relay role of revision 0003: its users settle, reap and publish, so they
 # write (through the trigger) and delete outcome events.
-_relay_role = importlib.import_module("outbox.migrations.versions.0003_relay_role").relay_role
+_relay_role = revision_module("0003").relay_role
 
 revision = "0007"
 down_revision = "0006"

@@ -23,20 +23,22 @@ what the relay knows about each one's rate.
 Every function here pins its search_path (the install schema, then pg_temp).
 
 Revision ID: 0011
-Revises: 0005
+Revises: 0009
 """
-
-import importlib
 
 import sqlalchemy as sa
 from alembic import op
 
+from outbox.migrations import revision_module
+
 revision = "0011"
-down_revision = "0005"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
-relay_role = importlib.import_module("outbox.migrations.versions.0003_relay_role").relay_role
+
+def relay_role() -> str:
+    return str(revision_module("0003").relay_role())
 
 # A webhook's receiver: the URL's host (a bracketed IPv6 address included)
 # and its port when one is written, lower-cased, user info dropped.

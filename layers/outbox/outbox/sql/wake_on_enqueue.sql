@@ -1,0 +1,148 @@
+-- Wake on enqueue for producers that write with SQL (outbox_enqueue() or a
+-- plain INSERT): when a transaction that inserted outbox messages commits,
+-- the database invokes the dispatcher function asynchronously, so the message
+-- goes out at once instead of on the dispatcher's next scheduled run.
+--
+-- OPT-IN, outside the migrations, for RDS for PostgreSQL and Aurora
+-- PostgreSQL only (it needs their aws_lambda extension). Before running it:
+--   * CREATE EXTENSION IF NOT EXISTS aws_lambda CASCADE;   (brings aws_commons)
+--   * an IAM role associated with the DB instance or cluster for the feature
+--     "Lambda", allowed lambda:InvokeFunction on the dispatcher function;
+--   * a network path from the database to the Lambda endpoint (a NAT gateway,
+--     or a Lambda interface VPC endpoint in the database's subnets).
+-- Then, as the user that owns the outbox tables (the migrator), with the
+-- outbox's schema first on the search_path:
+--   psql "$MIGRATOR_URL" -f wake_on_enqueue.sql
+--   psql "$MIGRATOR_URL" -c "SELECT outbox_wake_configure('arn:aws:lambda:REGION:ACCOUNT:function:NAME')"
+-- Running it again is harmless. docs/how-to/wake-on-enqueue.md says more, and
+-- how to remove it.
+--
+-- What it promises:
+--   * after the inserts, at COMMIT: a DEFERRABLE INITIALLY DEFERRED trigger,
+--     so a transaction that rolls back never nudges. (Postgres has no hook
+--     after a commit: the Invoke is sent while the COMMIT completes, and the
+--     dispatcher lingers a few seconds for rows not yet visible.)
+--   * coalesced: at most one transaction per min_interval (all producers
+--     together) pays for an Invoke; the others skip without waiting. The last
+--     nudge's time is kept in a sequence and the check is guarded by a
+--     try-lock: neither is transactional, so nothing waits on a lock and no
+--     SERIALIZABLE producer can fail because another one nudged.
+--   * never fails the producer's transaction: any error (no extension, no
+--     role, no network, throttled, no such function) becomes a WARNING.
+--     A lost nudge costs latency only: the dispatcher's schedule is the
+--     safety net.
+
+DO $check$
+BEGIN
+    IF to_regclass('outbox_message') IS NULL THEN
+        RAISE EXCEPTION 'wake_on_enqueue.sql: no outbox_message on the search_path (%): '
+            'run it in the outbox''s schema, after the migrations', current_setting('search_path');
+    END IF;
+    IF to_regnamespace('aws_lambda') IS NULL THEN
+        RAISE EXCEPTION 'wake_on_enqueue.sql needs the aws_lambda extension '
+            '(RDS or Aurora PostgreSQL): CREATE EXTENSION aws_lambda CASCADE';
+    END IF;
+END
+$check$;
+
+-- Where to send the nudge, and how often at most. One row.
+CREATE TABLE IF NOT EXISTS outbox_wake (
+    one_row boolean PRIMARY KEY DEFAULT true CHECK (one_row),
+    function_arn text NOT NULL,
+    region text,
+    min_interval interval NOT NULL DEFAULT interval '1 second'
+        CHECK (min_interval >= interval '0')
+);
+
+-- When the last nudge was sent, in milliseconds since the epoch.
+CREATE SEQUENCE IF NOT EXISTS outbox_wake_last_nudge_ms MINVALUE 0 START 0;
+
+CREATE OR REPLACE FUNCTION outbox_wake_configure(
+    function_arn text,
+    min_interval interval DEFAULT interval '1 second'
+) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF function_arn !~ '^(arn:aws[a-z-]*:lambda:[a-z0-9-]+:[0-9]{12}:function:)?[A-Za-z0-9_-]{1,64}(:[A-Za-z0-9_$-]{1,128})?$' THEN
+        RAISE EXCEPTION 'outbox_wake_configure: % is not a Lambda function name or ARN', function_arn
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO outbox_wake AS w (function_arn, region, min_interval)
+    VALUES (
+        function_arn,
+        -- the ARN's region; a bare name is the database's own region
+        NULLIF(split_part(function_arn, ':', 4), ''),
+        min_interval
+    )
+    ON CONFLICT (one_row) DO UPDATE
+        SET function_arn = EXCLUDED.function_arn,
+            region = EXCLUDED.region,
+            min_interval = EXCLUDED.min_interval;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox_wake_nudge() RETURNS trigger
+LANGUAGE plpgsql
+-- The owner's rights: producers need no grant on aws_lambda or on the sequence.
+SECURITY DEFINER
+AS $$
+DECLARE
+    target record;
+    now_ms bigint;
+BEGIN
+    -- The trigger fires once per inserted row; the first one per transaction decides.
+    IF current_setting('outbox.wake_decided', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('outbox.wake_decided', 'on', true);
+    BEGIN
+        -- Another producer deciding right now nudges for both: skip, never wait.
+        IF NOT pg_try_advisory_xact_lock(hashtext('outbox_wake_nudge')) THEN
+            RETURN NULL;
+        END IF;
+        SELECT w.function_arn, w.region, w.min_interval INTO target FROM outbox_wake AS w;
+        IF NOT FOUND THEN
+            RETURN NULL;  -- installed, not configured yet
+        END IF;
+        now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+        IF now_ms - pg_sequence_last_value('outbox_wake_last_nudge_ms')
+                < extract(epoch FROM target.min_interval) * 1000 THEN
+            RETURN NULL;  -- nudged within the interval: that run will find this row
+        END IF;
+        PERFORM setval('outbox_wake_last_nudge_ms', now_ms);
+        PERFORM aws_lambda.invoke(
+            aws_commons.create_lambda_function_arn(target.function_arn, target.region),
+            '{"version": 1, "source": "outbox.nudge"}'::json,
+            'Event'
+        );
+    EXCEPTION WHEN OTHERS THEN
+        RAISE WARNING 'outbox wake: the dispatcher was not nudged (%: %); the message '
+            'goes out on its schedule', SQLSTATE, SQLERRM;
+    END;
+    RETURN NULL;
+END
+$$;
+
+REVOKE ALL ON FUNCTION outbox_wake_configure(text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_wake_nudge() FROM PUBLIC;
+
+-- Both functions see the outbox's schema, whatever the caller's path.
+DO $pin$
+DECLARE
+    schema_name text := (
+        SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE c.oid = 'outbox_message'::regclass
+    );
+BEGIN
+    EXECUTE format('ALTER FUNCTION outbox_wake_configure(text, interval) SET search_path = %I, pg_temp',
+                   schema_name);
+    EXECUTE format('ALTER FUNCTION outbox_wake_nudge() SET search_path = %I, pg_temp', schema_name);
+END
+$pin$;
+
+DROP TRIGGER IF EXISTS outbox_wake_on_enqueue ON outbox_message;
+CREATE CONSTRAINT TRIGGER outbox_wake_on_enqueue
+    AFTER INSERT ON outbox_message
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION outbox_wake_nudge();

@@ -1,0 +1,86 @@
+"""The dispatcher's next wake-up (docs/how-to/pacing.md): the earliest future
+event the relay knows of, read in one statement when a run goes to sleep.
+
+Every part is served by an index that already exists:
+
+* the next pending row to come due (a delay, a backoff retry, a deferral, a
+  hand-off given back): ``outbox_message_due`` is ordered by priority first,
+  so the statement walks the few distinct priorities (a skip scan, one index
+  probe each) and takes the earliest future ``available_at`` of each, instead
+  of reading every pending row of a large delayed backlog;
+* the next lease to expire: ``outbox_message_lease``, its first entry;
+* the next deliver-by time of a pending row with one of its own:
+  ``outbox_message_expiry``, its first entry past now;
+* whether outcome events wait to be published: ``outbox_outcome_event_due``.
+
+Only future times count as wake-ups: a row that is due but not claimable
+(paused channel, held ordering key) must not wake the dispatcher in a loop.
+A lease that has already expired is "now": the reaping step of the next run
+releases it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from ._sql import statement
+
+_NEXT_WAKE = statement(
+    """
+    WITH RECURSIVE priorities AS (
+        (SELECT priority FROM outbox_message WHERE status = 'pending'
+         ORDER BY priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT m.priority FROM outbox_message AS m
+                WHERE m.status = 'pending' AND m.priority < p.priority
+                ORDER BY m.priority DESC LIMIT 1)
+        FROM priorities AS p WHERE p.priority IS NOT NULL
+    )
+    SELECT now() AS now,
+        (SELECT min((SELECT m.available_at FROM outbox_message AS m
+                     WHERE m.status = 'pending' AND m.priority = p.priority
+                       AND m.available_at > now()
+                     ORDER BY m.priority DESC, m.available_at LIMIT 1))
+         FROM priorities AS p WHERE p.priority IS NOT NULL) AS next_due,
+        (SELECT m.lease_expires_at FROM outbox_message AS m
+         WHERE m.status = 'claimed' ORDER BY m.lease_expires_at LIMIT 1) AS next_lease_expiry,
+        (SELECT m.expires_at FROM outbox_message AS m
+         WHERE m.status = 'pending' AND m.expires_at IS NOT NULL AND m.expires_at > now()
+         ORDER BY m.expires_at LIMIT 1) AS next_deadline,
+        EXISTS (SELECT 1 FROM outbox_outcome_event AS e
+                WHERE e.publish_after <= now()) AS outcome_events_due
+    """
+)
+
+
+@dataclass(frozen=True)
+class NextWake:
+    """What a sleeping relay must wake for, on the database's clock."""
+
+    now: dt.datetime
+    next_due: dt.datetime | None
+    next_lease_expiry: dt.datetime | None
+    next_deadline: dt.datetime | None
+    outcome_events_due: bool
+
+    @property
+    def earliest(self) -> dt.datetime | None:
+        """The earliest of the times (an expired lease counts as now)."""
+        times = [
+            t for t in (self.next_due, self.next_lease_expiry, self.next_deadline) if t is not None
+        ]
+        return max(min(times), self.now) if times else None
+
+
+def next_wake(conn: sa.Connection) -> NextWake:
+    row = conn.execute(_NEXT_WAKE).one()
+    return NextWake(
+        now=row.now,
+        next_due=row.next_due,
+        next_lease_expiry=row.next_lease_expiry,
+        next_deadline=row.next_deadline,
+        outcome_events_due=bool(row.outcome_events_due),
+    )

@@ -1,0 +1,949 @@
+-- The relay's schema at the head of its migration chain, as `outbox migrate`
+-- creates it (tables, indexes, constraints, triggers, functions, grants).
+-- Generated from the migrations, never edited by hand: after adding a
+-- migration, run `make schema`. The reasons behind each object are in the
+-- migrations (layers/outbox/outbox/migrations/versions/), in chain order.
+-- For reading (it loads into an empty database, but deployments are
+-- created and upgraded by `outbox migrate`).
+-- Roles are shown with their default names (the settings OUTBOX_*_ROLE),
+-- the objects in the schema public (the migrator's first on its search_path).
+-- Rendered by pg_dump 15.
+
+-- The functions come in name order, some before the ones they call: their
+-- bodies are checked when first called rather than when created.
+SET check_function_bodies = false;
+
+-- Name: outbox_addresses(text, jsonb); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_addresses(channel text, payload jsonb) RETURNS SETOF text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+        SELECT DISTINCT public.outbox_normalize_address(channel, a)
+        FROM jsonb_array_elements_text(CASE channel
+            WHEN 'email' THEN public.outbox_jsonb_list(payload -> 'to')
+                              || public.outbox_jsonb_list(payload -> 'cc')
+                              || public.outbox_jsonb_list(payload -> 'bcc')
+            WHEN 'sms' THEN jsonb_build_array(payload -> 'to')
+            WHEN 'push' THEN jsonb_build_array(payload -> 'endpoint_arn')
+            WHEN 'webhook' THEN jsonb_build_array(payload -> 'url')
+            WHEN 'eventbridge' THEN jsonb_build_array(COALESCE(payload -> 'event_bus', '""'))
+            WHEN 'sqs' THEN jsonb_build_array(payload -> 'queue_url')
+            ELSE '[]' END) AS a
+        WHERE a IS NOT NULL
+    $$;
+
+-- Name: outbox_dedupe_identity(text, jsonb, text[]); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_dedupe_identity(channel text, payload jsonb, addresses text[]) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+        SELECT CASE channel
+            WHEN 'eventbridge' THEN concat_ws(E'\n', COALESCE(payload ->> 'event_bus', ''),
+                                              payload ->> 'source', payload ->> 'detail_type')
+            ELSE array_to_string(addresses, E'\n') END
+    $$;
+
+-- Name: outbox_destination_of(text, jsonb); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_destination_of(channel text, payload jsonb) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+            SELECT COALESCE(CASE channel
+                WHEN 'webhook' THEN lower(substring(payload ->> 'url' FROM '^[A-Za-z][A-Za-z0-9+.-]*://(?:[^@/?#]*@)?(\[[^]/?#]*\](?::[0-9]+)?|[^:/?#]*(?::[0-9]+)?)'))
+                WHEN 'sqs' THEN payload ->> 'queue_url'
+                WHEN 'eventbridge' THEN payload ->> 'event_bus'
+                END, '')
+        $$;
+
+-- Name: outbox_enqueue(text, jsonb, text, text, integer, interval, integer, timestamp with time zone, interval, text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text DEFAULT NULL::text, ordering_key text DEFAULT NULL::text, priority integer DEFAULT 0, delay interval DEFAULT NULL::interval, max_attempts integer DEFAULT NULL::integer, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, ttl interval DEFAULT NULL::interval, on_predecessor_failure text DEFAULT 'hold'::text) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    p_channel text := outbox_enqueue.channel;
+    p_payload jsonb := outbox_enqueue.payload;
+    p_dedupe text := outbox_enqueue.dedupe_key;
+    p_ordering text := outbox_enqueue.ordering_key;
+    p_priority integer := COALESCE(outbox_enqueue.priority, 0);
+    p_delay interval := COALESCE(outbox_enqueue.delay, interval '0');
+    p_max integer := outbox_enqueue.max_attempts;
+    p_expires timestamptz := outbox_enqueue.expires_at;
+    p_ttl interval := outbox_enqueue.ttl;
+    p_on_failure text := COALESCE(outbox_enqueue.on_predecessor_failure, 'hold');
+    f record;
+    builtin boolean := false;
+    new_id bigint;
+    held_id bigint;
+BEGIN
+    SELECT * INTO f FROM outbox_enqueue_problem(p_channel, p_payload, p_dedupe, p_ordering,
+        p_priority, p_delay, p_max, p_expires, p_ttl, p_on_failure,
+        EXISTS (SELECT 1 FROM outbox_channel AS c WHERE c.name = p_channel));
+    IF FOUND THEN
+        PERFORM outbox_enqueue_refuse(f.field, f.problem);
+    END IF;
+
+    -- a built-in channel's payload fields
+    FOR f IN SELECT * FROM outbox_enqueue_builtin_fields(p_channel) LOOP
+        builtin := true;
+        IF NOT p_payload ? f.field THEN
+            IF f.required THEN
+                PERFORM outbox_enqueue_refuse('payload.' || f.field, 'is required');
+            END IF;
+        ELSIF f.kind IS NOT NULL AND NOT (
+            jsonb_typeof(p_payload -> f.field) = f.kind
+            OR (f.kind = 'integer' AND jsonb_typeof(p_payload -> f.field) = 'number'
+                AND scale(CAST(p_payload -> f.field AS numeric)) = 0)
+        ) THEN
+            PERFORM outbox_enqueue_refuse('payload.' || f.field, 'must be ' ||
+                CASE WHEN f.kind IN ('array', 'object', 'integer') THEN 'an ' ELSE 'a ' END
+                || f.kind);
+        END IF;
+    END LOOP;
+    IF builtin THEN
+        SELECT k INTO f FROM jsonb_object_keys(p_payload) AS k
+        WHERE k NOT IN (SELECT b.field FROM outbox_enqueue_builtin_fields(p_channel) AS b)
+        ORDER BY k LIMIT 1;
+        IF FOUND THEN
+            -- the key is the producer's text: named only if it is a short identifier
+            PERFORM outbox_enqueue_refuse(outbox_payload_field(f.k),
+                'is not a field of this channel');
+        END IF;
+        IF p_channel = 'email' AND NOT (p_payload ? 'text' OR p_payload ? 'html') THEN
+            PERFORM outbox_enqueue_refuse('payload.text', 'text or html is required');
+        END IF;
+    END IF;
+
+    IF p_ordering IS NOT NULL THEN
+        -- As outbox.enqueue: producers of one ordering key take turns until
+        -- their commit, so the key's ids follow commit order.
+        PERFORM pg_advisory_xact_lock(hashtextextended('outbox-ordering-key:' || p_ordering, 0));
+    END IF;
+    -- the id first, so that a dedupe key's entry can name its message
+    new_id := nextval('outbox_message_id_seq');
+    IF p_dedupe IS NOT NULL THEN
+        held_id := outbox_take_dedupe_key(p_channel, p_dedupe, p_payload, new_id);
+        IF held_id IS NOT NULL THEN
+            RETURN held_id;  -- a replay: nothing written
+        END IF;
+    END IF;
+    INSERT INTO outbox_message
+        (id, channel, payload, dedupe_key, ordering_key, priority, available_at, max_attempts,
+         expires_at, on_predecessor_failure, recipient_fingerprints)
+    OVERRIDING SYSTEM VALUE
+    VALUES (new_id, p_channel, p_payload, p_dedupe, p_ordering, p_priority, now() + p_delay,
+            p_max,
+            -- a ttl counts from the time the message is first due
+            COALESCE(p_expires, now() + p_delay + p_ttl), p_on_failure,
+            outbox_recipient_fingerprints(p_channel, p_payload));
+    RETURN new_id;
+END
+$$;
+
+-- Name: outbox_enqueue_builtin_fields(text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_enqueue_builtin_fields(channel text) RETURNS TABLE(field text, kind text, required boolean)
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT f.field, f.kind, f.required
+    FROM (VALUES
+                ('email', 'from', 'string', true),
+                ('email', 'to', 'array', true),
+                ('email', 'cc', 'array', false),
+                ('email', 'bcc', 'array', false),
+                ('email', 'reply_to', 'array', false),
+                ('email', 'subject', 'string', true),
+                ('email', 'text', 'string', false),
+                ('email', 'html', 'string', false),
+                ('sms', 'to', 'string', true),
+                ('sms', 'message', 'string', true),
+                ('sms', 'sender_id', 'string', false),
+                ('sms', 'sms_type', NULL, false),
+                ('push', 'endpoint_arn', 'string', true),
+                ('push', 'title', 'string', false),
+                ('push', 'body', 'string', true),
+                ('push', 'data', 'object', false),
+                ('webhook', 'url', 'string', true),
+                ('webhook', 'event_type', 'string', true),
+                ('webhook', 'body', 'object', true),
+                ('webhook', 'secret_id', 'string', false),
+                ('eventbridge', 'source', 'string', true),
+                ('eventbridge', 'detail_type', 'string', true),
+                ('eventbridge', 'detail', 'object', true),
+                ('eventbridge', 'event_bus', 'string', false),
+                ('eventbridge', 'resources', 'array', false),
+                ('sqs', 'queue_url', 'string', true),
+                ('sqs', 'body', 'string', true),
+                ('sqs', 'delay_seconds', 'integer', false),
+                ('sqs', 'attributes', 'object', false)
+         ) AS f(channel, field, kind, required)
+    WHERE f.channel = outbox_enqueue_builtin_fields.channel
+$$;
+
+-- Name: outbox_enqueue_many(text[], jsonb, text[], text[], integer[], double precision[], integer[], timestamp with time zone[], double precision[], text[]); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]) RETURNS TABLE(ord bigint, conflict boolean, id bigint, created boolean, first_ord bigint, held_id bigint, refused_field text, refused_problem text)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $_$
+#variable_conflict use_column
+DECLARE
+    bad record;
+    result jsonb;
+    round integer;
+BEGIN
+    IF jsonb_typeof(p_payloads) IS DISTINCT FROM 'array'
+       OR jsonb_array_length(p_payloads) <> cardinality(p_channels) THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = 'payloads: must be a JSON array, one per channel';
+    END IF;
+    -- Every row checked first, in one pass of plain comparisons (the rules of
+    -- outbox_enqueue_problem, which then words the first refused row's).
+    SELECT i.*, p.field, p.problem INTO bad
+    FROM (SELECT i.* FROM 
+    ROWS FROM (
+        unnest(p_channels), jsonb_array_elements(p_payloads),
+        unnest(p_dedupe_keys), unnest(p_ordering_keys), unnest(p_priorities),
+        unnest(p_delays), unnest(p_max_attempts), unnest(p_expires_at), unnest(p_ttls),
+        unnest(p_on_predecessor_failure)
+    ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
+                           delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, ord)
+
+          WHERE (i.channel ~ '^[a-z][a-z0-9_-]{0,63}$'
+                 AND jsonb_typeof(i.payload) = 'object'
+                 AND (i.dedupe_key IS NULL OR char_length(i.dedupe_key) BETWEEN 1 AND 255)
+                 AND (i.ordering_key IS NULL OR char_length(i.ordering_key) BETWEEN 1 AND 255)
+                 AND COALESCE(i.priority, 0) BETWEEN -32768 AND 32767
+                 AND COALESCE(i.delay_s, 0) BETWEEN 0 AND 365 * 86400
+                 AND (i.max_attempts IS NULL OR i.max_attempts BETWEEN 1 AND 1000)
+                 AND (i.ttl_s IS NULL
+                      OR (i.expires_at IS NULL AND i.ttl_s > 0 AND i.ttl_s <= 366 * 86400))
+                 AND (i.expires_at IS NULL OR isfinite(i.expires_at))
+                 AND COALESCE(i.on_predecessor_failure, 'hold') IN ('hold', 'cancel')
+                 AND octet_length(CAST(i.payload AS text)) <= 262144) IS NOT TRUE
+          ORDER BY i.ord LIMIT 1) AS i
+    CROSS JOIN LATERAL outbox_enqueue_problem(i.channel, i.payload, i.dedupe_key,
+        i.ordering_key, i.priority, make_interval(secs => i.delay_s), i.max_attempts,
+        i.expires_at, make_interval(secs => i.ttl_s), i.on_predecessor_failure, true) AS p;
+    IF FOUND THEN
+        RETURN QUERY SELECT bad.ord, false, NULL::bigint, false, NULL::bigint, NULL::bigint,
+                            bad.field, bad.problem;
+        RETURN;
+    END IF;
+    -- Python checked these channels against its registry: SQL producers may use them too
+    INSERT INTO outbox_channel (name)
+    SELECT DISTINCT c FROM unnest(p_channels) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM outbox_channel AS r WHERE r.name = c)
+    ON CONFLICT DO NOTHING;
+    -- producers of one ordering key take turns until their commit (in key
+    -- order, so that two producers cannot deadlock on each other)
+    PERFORM count(pg_advisory_xact_lock(hashtextextended('outbox-ordering-key:' || k, 0)))
+    FROM (SELECT DISTINCT k FROM unnest(p_ordering_keys) AS u(k)
+          WHERE k IS NOT NULL ORDER BY k) AS keys;
+
+    IF NOT EXISTS (SELECT 1 FROM unnest(p_dedupe_keys) AS d WHERE d IS NOT NULL) THEN
+        -- Identity values are drawn in the order the SELECT produces rows
+        -- (ORDER BY ord), so the ids sorted ascending are the input order.
+        RETURN QUERY
+        WITH inserted AS (
+            INSERT INTO outbox_message (channel, payload, ordering_key, priority, available_at,
+                                        max_attempts, expires_at, on_predecessor_failure,
+                                        recipient_fingerprints)
+            SELECT i.channel, i.payload, i.ordering_key, COALESCE(i.priority, 0),
+                   now() + make_interval(secs => COALESCE(i.delay_s, 0)), i.max_attempts,
+                   COALESCE(i.expires_at, now() + make_interval(secs => i.delay_s + i.ttl_s)), COALESCE(i.on_predecessor_failure, 'hold'),
+                   ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a) FROM outbox_addresses(i.channel, i.payload) AS a ORDER BY a)
+            FROM 
+    ROWS FROM (
+        unnest(p_channels), jsonb_array_elements(p_payloads),
+        unnest(p_dedupe_keys), unnest(p_ordering_keys), unnest(p_priorities),
+        unnest(p_delays), unnest(p_max_attempts), unnest(p_expires_at), unnest(p_ttls),
+        unnest(p_on_predecessor_failure)
+    ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
+                           delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, ord)
+ CROSS JOIN outbox_fingerprint_key AS k
+            ORDER BY i.ord
+            RETURNING outbox_message.id
+        )
+        SELECT row_number() OVER (ORDER BY n.id), false, n.id, true, NULL::bigint,
+               NULL::bigint, NULL::text, NULL::text
+        FROM inserted AS n ORDER BY n.id;
+        RETURN;
+    END IF;
+
+    -- A key taken by a transaction that committed after a round's snapshot
+    -- leaves its message without an id: the round is taken back and run
+    -- again (each statement here sees a fresh snapshot). Only a key pruned in
+    -- between needs another round.
+    FOR round IN 1..3 LOOP
+        WITH input AS (
+            SELECT i.*,
+                   -- ids are drawn first so that a key's entry can name its message
+                   nextval('outbox_message_id_seq') AS new_id,
+                   ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a) FROM outbox_addresses(i.channel, i.payload) AS a ORDER BY a) AS recipient_fingerprints,
+                   CASE WHEN i.dedupe_key IS NOT NULL THEN outbox_hmac(k.inner_pad, k.outer_pad,
+                       outbox_dedupe_identity(i.channel, i.payload, ARRAY(SELECT a FROM outbox_addresses(i.channel, i.payload) AS a ORDER BY a))) END
+                       AS fingerprint,
+                   CASE WHEN i.dedupe_key IS NOT NULL
+                        THEN outbox_payload_digest(i.payload) END AS digest
+            FROM 
+    ROWS FROM (
+        unnest(p_channels), jsonb_array_elements(p_payloads),
+        unnest(p_dedupe_keys), unnest(p_ordering_keys), unnest(p_priorities),
+        unnest(p_delays), unnest(p_max_attempts), unnest(p_expires_at), unnest(p_ttls),
+        unnest(p_on_predecessor_failure)
+    ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
+                           delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, ord)
+ CROSS JOIN outbox_fingerprint_key AS k
+            ORDER BY i.ord
+        ),
+        keyed AS (  -- the first of each (channel, key, recipient) in the list stands for it
+            SELECT DISTINCT ON (channel, dedupe_key, fingerprint)
+                   ord, new_id, channel, dedupe_key, fingerprint, digest
+            FROM input WHERE dedupe_key IS NOT NULL
+            ORDER BY channel, dedupe_key, fingerprint, ord
+        ),
+        held AS (  -- keys already taken when this statement began
+            SELECT k.ord, d.message_id, d.payload_digest
+            FROM keyed AS k JOIN outbox_dedupe AS d
+              ON d.channel = k.channel AND d.dedupe_key = k.dedupe_key
+             AND d.recipient_fingerprint = k.fingerprint
+        ),
+        conflicts AS (  -- a payload other than the one its key was first given
+            SELECT i.ord FROM input AS i
+            JOIN keyed AS k ON k.channel = i.channel AND k.dedupe_key = i.dedupe_key
+                           AND k.fingerprint = i.fingerprint
+            LEFT JOIN held AS h ON h.ord = k.ord
+            WHERE i.digest <> COALESCE(h.payload_digest, k.digest)
+        ),
+        taken AS (  -- nothing at all is written when any message conflicts
+            INSERT INTO outbox_dedupe
+                (channel, dedupe_key, recipient_fingerprint, payload_digest, message_id)
+            SELECT k.channel, k.dedupe_key, k.fingerprint, k.digest, k.new_id FROM keyed AS k
+            WHERE NOT EXISTS (SELECT 1 FROM conflicts)
+              AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.ord = k.ord)
+            ORDER BY k.ord
+            ON CONFLICT DO NOTHING  -- taken meanwhile by a transaction that committed since
+            RETURNING message_id
+        ),
+        inserted AS (
+            INSERT INTO outbox_message (id, channel, payload, dedupe_key, ordering_key, priority,
+                                        available_at, max_attempts, expires_at,
+                                        on_predecessor_failure, recipient_fingerprints)
+            OVERRIDING SYSTEM VALUE
+            SELECT new_id, channel, payload, dedupe_key, ordering_key, COALESCE(priority, 0),
+                   now() + make_interval(secs => COALESCE(delay_s, 0)), max_attempts,
+                   COALESCE(i.expires_at, now() + make_interval(secs => i.delay_s + i.ttl_s)), COALESCE(on_predecessor_failure, 'hold'),
+                   recipient_fingerprints
+            FROM input AS i
+            WHERE NOT EXISTS (SELECT 1 FROM conflicts)
+              AND (dedupe_key IS NULL OR new_id IN (SELECT message_id FROM taken))
+            ORDER BY ord
+        )
+        SELECT jsonb_agg(jsonb_build_object(
+                   'ord', i.ord,
+                   'conflict', i.ord IN (SELECT ord FROM conflicts),
+                   'id', CASE WHEN i.dedupe_key IS NULL THEN i.new_id
+                              WHEN k.new_id IN (SELECT message_id FROM taken) THEN k.new_id
+                              ELSE h.message_id END,  -- NULL: taken since the snapshot
+                   'created', i.dedupe_key IS NULL
+                              OR i.new_id IN (SELECT message_id FROM taken),
+                   'first_ord', k.ord, 'held_id', h.message_id) ORDER BY i.ord)
+        INTO result
+        FROM input AS i
+        LEFT JOIN keyed AS k ON k.channel = i.channel AND k.dedupe_key = i.dedupe_key
+                            AND k.fingerprint = i.fingerprint
+        LEFT JOIN held AS h ON h.ord = k.ord;
+
+        IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(result) AS r
+                       WHERE r -> 'id' = 'null' AND NOT (r ->> 'conflict')::boolean)
+           OR EXISTS (SELECT 1 FROM jsonb_array_elements(result) AS r
+                      WHERE (r ->> 'conflict')::boolean) THEN
+            EXIT;
+        END IF;
+        -- take back what this round wrote (the keys by their primary key)
+        WITH gone AS (
+            DELETE FROM outbox_message AS m
+            WHERE m.id IN (SELECT (r ->> 'id')::bigint FROM jsonb_array_elements(result) AS r
+                           WHERE (r ->> 'created')::boolean)
+            RETURNING m.id, m.channel, m.dedupe_key, m.payload
+        )
+        DELETE FROM outbox_dedupe AS d USING gone AS g
+        WHERE d.channel = g.channel AND d.dedupe_key = g.dedupe_key
+          AND d.recipient_fingerprint = outbox_recipient_fingerprint(g.channel, g.payload)
+          AND d.message_id = g.id;
+    END LOOP;
+    RETURN QUERY
+    SELECT r.ord, r.conflict, r.id, r.created, r.first_ord, r.held_id, NULL::text, NULL::text
+    FROM jsonb_to_recordset(result) AS r(ord bigint, conflict boolean, id bigint,
+                                         created boolean, first_ord bigint, held_id bigint)
+    ORDER BY r.ord;
+END
+$_$;
+
+-- Name: outbox_enqueue_problem(text, jsonb, text, text, integer, interval, integer, timestamp with time zone, interval, text, boolean); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_enqueue_problem(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text, registered boolean) RETURNS TABLE(field text, problem text)
+    LANGUAGE sql STABLE
+    SET search_path TO 'public', 'pg_temp'
+    AS $_$
+    SELECT v.field, v.problem FROM (VALUES
+        (1, 'channel', CASE WHEN channel IS NULL THEN 'is required'
+            WHEN channel !~ '^[a-z][a-z0-9_-]{0,63}$' THEN
+                'must be 1 to 64 lower-case letters, digits, _ or -, starting with a letter'
+            WHEN NOT registered THEN 'is not a registered channel (outbox_channel)' END),
+        (2, 'dedupe_key', CASE WHEN NOT char_length(dedupe_key) BETWEEN 1 AND 255
+            THEN 'must be 1 to 255 characters' END),
+        (3, 'ordering_key', CASE WHEN NOT char_length(ordering_key) BETWEEN 1 AND 255
+            THEN 'must be 1 to 255 characters' END),
+        (4, 'priority', CASE WHEN NOT COALESCE(priority, 0) BETWEEN -32768 AND 32767
+            THEN format('must be between -32768 and 32767, got %s', priority) END),
+        (5, 'delay', CASE WHEN delay < interval '0' OR delay > interval '365 days'
+            OR NOT isfinite(delay) THEN 'must be between 0 and 365 days' END),
+        (6, 'max_attempts', CASE WHEN NOT max_attempts BETWEEN 1 AND 1000
+            THEN format('must be between 1 and 1000, got %s', max_attempts) END),
+        (7, 'ttl', CASE WHEN expires_at IS NOT NULL AND ttl IS NOT NULL
+            THEN 'give expires_at or ttl, not both'
+            WHEN ttl <= interval '0' OR ttl > interval '366 days' OR NOT isfinite(ttl)
+            THEN 'must be more than 0 seconds and at most 366 days' END),
+        (8, 'expires_at', CASE WHEN NOT isfinite(expires_at) THEN 'must be a finite time' END),
+        (9, 'on_predecessor_failure', CASE
+            WHEN COALESCE(on_predecessor_failure, 'hold') NOT IN ('hold', 'cancel')
+            THEN format('must be one of ''hold'', ''cancel'', got %s',
+                        public.outbox_quote_text(on_predecessor_failure)) END),
+        (10, 'payload', CASE WHEN payload IS NULL OR jsonb_typeof(payload) = 'null'
+            THEN 'is required'
+            WHEN jsonb_typeof(payload) <> 'object' THEN 'must be an object'
+            WHEN octet_length(CAST(payload AS text)) > 262144
+            THEN format('is %s bytes; the limit is 262144',
+                        octet_length(CAST(payload AS text))) END)
+    ) AS v(n, field, problem)
+    WHERE v.problem IS NOT NULL
+    ORDER BY v.n
+    LIMIT 1
+$_$;
+
+-- Name: outbox_enqueue_refuse(text, text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_enqueue_refuse(field text, problem text) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+        MESSAGE = field || ': ' || problem, COLUMN = field;
+END
+$$;
+
+-- Name: outbox_fingerprint(text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_fingerprint(message text) RETURNS bytea
+    LANGUAGE sql STABLE SECURITY DEFINER PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+        SELECT outbox_hmac(k.inner_pad, k.outer_pad, message) FROM outbox_fingerprint_key AS k
+    $$;
+
+-- Name: outbox_hmac(bytea, bytea, text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_hmac(inner_pad bytea, outer_pad bytea, message text) RETURNS bytea
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+        SELECT sha256(outer_pad || sha256(inner_pad || convert_to(message, 'UTF8')))
+    $$;
+
+-- Name: outbox_hmac_pad(bytea, integer); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_hmac_pad(key bytea, pad integer) RETURNS bytea
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+        SELECT string_agg(
+                   set_byte(decode('00', 'hex'), 0,
+                            (CASE WHEN i < length(key) THEN get_byte(key, i) ELSE 0 END) # pad),
+                   ''::bytea ORDER BY i)
+        FROM generate_series(0, 63) AS i
+    $$;
+
+-- Name: outbox_jsonb_list(jsonb); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_jsonb_list(value jsonb) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+        SELECT CASE WHEN jsonb_typeof(value) = 'array' THEN value ELSE '[]' END
+    $$;
+
+-- Name: outbox_message_set_destination(); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_message_set_destination() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+        BEGIN
+            NEW.destination := outbox_destination_of(NEW.channel, NEW.payload);
+            RETURN NEW;
+        END
+        $$;
+
+-- Name: outbox_normalize_address(text, text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_normalize_address(channel text, address text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+        SELECT CASE WHEN channel = 'email' THEN lower(btrim(address)) ELSE address END
+    $$;
+
+-- Name: outbox_payload_digest(jsonb); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_payload_digest(payload jsonb) RETURNS bytea
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+        SELECT sha256(convert_to(CAST(payload AS text), 'UTF8'))
+    $$;
+
+-- Name: outbox_payload_field(text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_payload_field(key text) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $_$
+        SELECT CASE WHEN key ~ '^[A-Za-z_][A-Za-z0-9_-]{0,39}$' THEN 'payload.' || key
+                    ELSE 'payload[…]' END
+    $_$;
+
+-- Name: outbox_quote_text(text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_quote_text(value text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $_$
+        SELECT CASE WHEN value ~ '^[ -~]{0,64}$' THEN quote_literal(value)
+                    WHEN value IS NULL THEN 'NULL'
+                    ELSE 'a value that cannot be shown' END
+    $_$;
+
+-- Name: outbox_recipient_fingerprint(text, jsonb); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_recipient_fingerprint(channel text, payload jsonb) RETURNS bytea
+    LANGUAGE sql STABLE SECURITY DEFINER PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+        SELECT outbox_hmac(k.inner_pad, k.outer_pad, outbox_dedupe_identity(channel, payload,
+                   ARRAY(SELECT a FROM outbox_addresses(channel, payload) AS a ORDER BY a)))
+        FROM outbox_fingerprint_key AS k
+    $$;
+
+-- Name: outbox_recipient_fingerprints(text, jsonb); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_recipient_fingerprints(channel text, payload jsonb) RETURNS bytea[]
+    LANGUAGE sql STABLE SECURITY DEFINER PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+        SELECT ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a)
+                     FROM outbox_addresses(channel, payload) AS a ORDER BY a)
+        FROM outbox_fingerprint_key AS k
+    $$;
+
+-- Name: outbox_recipients(text, jsonb); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_recipients(channel text, payload jsonb) RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+        SELECT ARRAY(SELECT a FROM public.outbox_addresses(channel, payload) AS a ORDER BY a)
+    $$;
+
+-- Name: outbox_record_outcome_event(); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_record_outcome_event() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    INSERT INTO outbox_outcome_event (message_id, channel, status, attempts, last_error,
+                                      provider_message_id, dedupe_key, ordering_key)
+    VALUES (NEW.id, NEW.channel, NEW.status, NEW.attempts, NEW.last_error,
+            NEW.provider_message_id, NEW.dedupe_key, NEW.ordering_key);
+    RETURN NULL;
+END
+$$;
+
+-- Name: outbox_take_dedupe_key(text, text, jsonb, bigint); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_take_dedupe_key(p_channel text, p_dedupe_key text, p_payload jsonb, p_new_id bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    v_fingerprint bytea := outbox_recipient_fingerprint(p_channel, p_payload);
+    v_digest bytea := outbox_payload_digest(p_payload);
+    v_held_id bigint;
+    v_held_digest bytea;
+BEGIN
+    LOOP
+        INSERT INTO outbox_dedupe
+            (channel, dedupe_key, recipient_fingerprint, payload_digest, message_id)
+        VALUES (p_channel, p_dedupe_key, v_fingerprint, v_digest, p_new_id)
+        ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            RETURN NULL;
+        END IF;
+        -- a new statement: it sees a key committed while the INSERT waited
+        SELECT d.message_id, d.payload_digest INTO v_held_id, v_held_digest
+        FROM outbox_dedupe AS d
+        WHERE d.channel = p_channel AND d.dedupe_key = p_dedupe_key
+          AND d.recipient_fingerprint = v_fingerprint;
+        IF FOUND THEN
+            IF v_held_digest <> v_digest THEN
+                RAISE EXCEPTION USING ERRCODE = 'unique_violation',
+                    MESSAGE = format('dedupe_key: %L already names %s message %s for this '
+                                     'recipient, with a different payload',
+                                     p_dedupe_key, p_channel, v_held_id);
+            END IF;
+            RETURN v_held_id;
+        END IF;
+        -- released by the reaper in between: take it
+    END LOOP;
+END
+$$;
+
+-- Name: outbox_attempt; Type: TABLE
+
+CREATE TABLE public.outbox_attempt (
+    id bigint NOT NULL,
+    message_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    outcome text NOT NULL,
+    error text,
+    provider_message_id text,
+    claimed_at timestamp with time zone,
+    finished_at timestamp with time zone DEFAULT now() NOT NULL,
+    duration_ms integer,
+    channel text NOT NULL,
+    recipient_fingerprints bytea[] DEFAULT '{}'::bytea[] NOT NULL,
+    feedback_id text,
+    CONSTRAINT outbox_attempt_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'retry'::text, 'failed'::text, 'dead'::text, 'suppressed'::text, 'deferred'::text, 'expired'::text, 'not_started'::text, 'bounced'::text, 'complained'::text, 'transient_bounce'::text, 'delivery_confirmed'::text])))
+);
+
+-- Name: outbox_attempt_id_seq; Type: SEQUENCE
+
+ALTER TABLE public.outbox_attempt ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.outbox_attempt_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+-- Name: outbox_channel; Type: TABLE
+
+CREATE TABLE public.outbox_channel (
+    name text NOT NULL,
+    registered_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT outbox_channel_name_check CHECK ((name ~ '^[a-z][a-z0-9_-]{0,63}$'::text))
+);
+
+-- Name: outbox_channel_pause; Type: TABLE
+
+CREATE TABLE public.outbox_channel_pause (
+    channel text NOT NULL,
+    reason text,
+    paused_at timestamp with time zone DEFAULT now() NOT NULL,
+    paused_until timestamp with time zone,
+    CONSTRAINT outbox_channel_pause_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text))
+);
+
+-- Name: outbox_dedupe; Type: TABLE
+
+CREATE TABLE public.outbox_dedupe (
+    channel text NOT NULL,
+    dedupe_key text NOT NULL,
+    recipient_fingerprint bytea NOT NULL,
+    payload_digest bytea NOT NULL,
+    message_id bigint NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+-- Name: outbox_destination; Type: TABLE
+
+CREATE TABLE public.outbox_destination (
+    channel text NOT NULL,
+    destination text NOT NULL,
+    paused_until timestamp with time zone,
+    rate double precision,
+    limit_rate double precision,
+    limit_burst double precision,
+    rate_at timestamp with time zone,
+    tokens double precision,
+    tokens_at timestamp with time zone,
+    throttled_total bigint DEFAULT 0 NOT NULL,
+    throttled_minute integer DEFAULT 0 NOT NULL,
+    minute_start timestamp with time zone,
+    CONSTRAINT outbox_destination_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text)),
+    CONSTRAINT outbox_destination_limit_burst_check CHECK (((limit_burst >= (1)::double precision) AND (limit_burst <= (1000000)::double precision))),
+    CONSTRAINT outbox_destination_limit_rate_check CHECK (((limit_rate > (0)::double precision) AND (limit_rate <= (100000)::double precision))),
+    CONSTRAINT outbox_destination_rate_check CHECK ((rate > (0)::double precision))
+);
+
+-- Name: outbox_fingerprint_key; Type: TABLE
+
+CREATE TABLE public.outbox_fingerprint_key (
+    singleton boolean DEFAULT true NOT NULL,
+    key bytea NOT NULL,
+    inner_pad bytea GENERATED ALWAYS AS (public.outbox_hmac_pad(key, 54)) STORED,
+    outer_pad bytea GENERATED ALWAYS AS (public.outbox_hmac_pad(key, 92)) STORED,
+    CONSTRAINT outbox_fingerprint_key_key_check CHECK ((length(key) = 32)),
+    CONSTRAINT outbox_fingerprint_key_singleton_check CHECK (singleton)
+);
+
+-- Name: outbox_message; Type: TABLE
+
+CREATE TABLE public.outbox_message (
+    id bigint NOT NULL,
+    channel text NOT NULL,
+    payload jsonb NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    available_at timestamp with time zone DEFAULT now() NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    claim_token uuid,
+    claimed_at timestamp with time zone,
+    lease_expires_at timestamp with time zone,
+    dedupe_key text,
+    ordering_key text,
+    provider_message_id text,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    settled_at timestamp with time zone,
+    received_at timestamp with time zone,
+    deferrals integer DEFAULT 0 NOT NULL,
+    expires_at timestamp with time zone,
+    on_predecessor_failure text DEFAULT 'hold'::text NOT NULL,
+    recipient_fingerprints bytea[] DEFAULT '{}'::bytea[] NOT NULL,
+    attempts_at_redrive integer DEFAULT 0 NOT NULL,
+    destination text,
+    CONSTRAINT outbox_message_attempts_at_redrive_check CHECK ((attempts_at_redrive >= 0)),
+    CONSTRAINT outbox_message_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT outbox_message_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text)),
+    CONSTRAINT outbox_message_claim_consistent CHECK (((status = 'claimed'::text) = ((claim_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT outbox_message_deferrals_check CHECK ((deferrals >= 0)),
+    CONSTRAINT outbox_message_max_attempts_check CHECK ((max_attempts > 0)),
+    CONSTRAINT outbox_message_on_predecessor_failure_check CHECK ((on_predecessor_failure = ANY (ARRAY['hold'::text, 'cancel'::text]))),
+    CONSTRAINT outbox_message_settled_consistent CHECK (((status = ANY (ARRAY['pending'::text, 'claimed'::text])) = (settled_at IS NULL))),
+    CONSTRAINT outbox_message_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'claimed'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'suppressed'::text, 'cancelled'::text, 'expired'::text, 'bounced'::text, 'complained'::text])))
+)
+WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='0', fillfactor='90');
+
+-- Name: outbox_message_id_seq; Type: SEQUENCE
+
+ALTER TABLE public.outbox_message ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.outbox_message_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+-- Name: outbox_outcome_event; Type: TABLE
+
+CREATE TABLE public.outbox_outcome_event (
+    id bigint NOT NULL,
+    message_id bigint NOT NULL,
+    channel text NOT NULL,
+    status text NOT NULL,
+    attempts integer NOT NULL,
+    last_error text,
+    provider_message_id text,
+    dedupe_key text,
+    ordering_key text,
+    occurred_at timestamp with time zone DEFAULT now() NOT NULL,
+    publish_after timestamp with time zone DEFAULT now() NOT NULL,
+    publish_attempts integer DEFAULT 0 NOT NULL,
+    publish_error text
+);
+
+-- Name: outbox_outcome_event_id_seq; Type: SEQUENCE
+
+ALTER TABLE public.outbox_outcome_event ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.outbox_outcome_event_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+-- Name: outbox_attempt outbox_attempt_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_attempt
+    ADD CONSTRAINT outbox_attempt_pkey PRIMARY KEY (id);
+
+-- Name: outbox_channel_pause outbox_channel_pause_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_channel_pause
+    ADD CONSTRAINT outbox_channel_pause_pkey PRIMARY KEY (channel);
+
+-- Name: outbox_channel outbox_channel_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_channel
+    ADD CONSTRAINT outbox_channel_pkey PRIMARY KEY (name);
+
+-- Name: outbox_dedupe outbox_dedupe_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_dedupe
+    ADD CONSTRAINT outbox_dedupe_pkey PRIMARY KEY (channel, dedupe_key, recipient_fingerprint);
+
+-- Name: outbox_destination outbox_destination_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_destination
+    ADD CONSTRAINT outbox_destination_pkey PRIMARY KEY (channel, destination);
+
+-- Name: outbox_fingerprint_key outbox_fingerprint_key_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_fingerprint_key
+    ADD CONSTRAINT outbox_fingerprint_key_pkey PRIMARY KEY (singleton);
+
+-- Name: outbox_message outbox_message_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_message
+    ADD CONSTRAINT outbox_message_pkey PRIMARY KEY (id);
+
+-- Name: outbox_outcome_event outbox_outcome_event_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_outcome_event
+    ADD CONSTRAINT outbox_outcome_event_pkey PRIMARY KEY (id);
+
+-- Name: outbox_attempt_feedback; Type: INDEX
+
+CREATE UNIQUE INDEX outbox_attempt_feedback ON public.outbox_attempt USING btree (message_id, feedback_id) WHERE (feedback_id IS NOT NULL);
+
+-- Name: outbox_attempt_finished; Type: INDEX
+
+CREATE INDEX outbox_attempt_finished ON public.outbox_attempt USING btree (finished_at);
+
+-- Name: outbox_attempt_message; Type: INDEX
+
+CREATE INDEX outbox_attempt_message ON public.outbox_attempt USING btree (message_id, id);
+
+-- Name: outbox_attempt_recipient; Type: INDEX
+
+CREATE INDEX outbox_attempt_recipient ON public.outbox_attempt USING gin (recipient_fingerprints);
+
+-- Name: outbox_dedupe_created; Type: INDEX
+
+CREATE INDEX outbox_dedupe_created ON public.outbox_dedupe USING btree (created_at);
+
+-- Name: outbox_message_due; Type: INDEX
+
+CREATE INDEX outbox_message_due ON public.outbox_message USING btree (priority DESC, available_at, id) WHERE (status = 'pending'::text);
+
+-- Name: outbox_message_due_by_channel; Type: INDEX
+
+CREATE INDEX outbox_message_due_by_channel ON public.outbox_message USING btree (channel, priority DESC, available_at, id) WHERE (status = 'pending'::text);
+
+-- Name: outbox_message_due_by_destination; Type: INDEX
+
+CREATE INDEX outbox_message_due_by_destination ON public.outbox_message USING btree (channel, destination, priority DESC, available_at, id) WHERE (status = 'pending'::text);
+
+-- Name: outbox_message_email_provider_id; Type: INDEX
+
+CREATE INDEX outbox_message_email_provider_id ON public.outbox_message USING btree (provider_message_id) WHERE ((channel = 'email'::text) AND (provider_message_id IS NOT NULL));
+
+-- Name: outbox_message_expiry; Type: INDEX
+
+CREATE INDEX outbox_message_expiry ON public.outbox_message USING btree (expires_at) WHERE ((status = 'pending'::text) AND (expires_at IS NOT NULL));
+
+-- Name: outbox_message_lease; Type: INDEX
+
+CREATE INDEX outbox_message_lease ON public.outbox_message USING btree (lease_expires_at) WHERE (status = 'claimed'::text);
+
+-- Name: outbox_message_ordering; Type: INDEX
+
+CREATE INDEX outbox_message_ordering ON public.outbox_message USING btree (ordering_key, id) WHERE ((ordering_key IS NOT NULL) AND (status = ANY (ARRAY['pending'::text, 'claimed'::text, 'failed'::text, 'dead'::text, 'expired'::text])));
+
+-- Name: outbox_message_settled; Type: INDEX
+
+CREATE INDEX outbox_message_settled ON public.outbox_message USING btree (status, settled_at) WHERE (settled_at IS NOT NULL);
+
+-- Name: outbox_outcome_event_due; Type: INDEX
+
+CREATE INDEX outbox_outcome_event_due ON public.outbox_outcome_event USING btree (publish_after, id);
+
+-- Name: outbox_message outbox_message_delivered_event; Type: TRIGGER
+
+CREATE TRIGGER outbox_message_delivered_event AFTER UPDATE OF status ON public.outbox_message FOR EACH ROW WHEN (((new.status = 'delivered'::text) AND (old.status IS DISTINCT FROM 'delivered'::text))) EXECUTE FUNCTION public.outbox_record_outcome_event();
+
+ALTER TABLE public.outbox_message DISABLE TRIGGER outbox_message_delivered_event;
+
+-- Name: outbox_message outbox_message_destination; Type: TRIGGER
+
+CREATE TRIGGER outbox_message_destination BEFORE INSERT ON public.outbox_message FOR EACH ROW EXECUTE FUNCTION public.outbox_message_set_destination();
+
+-- Name: outbox_message outbox_message_outcome_event; Type: TRIGGER
+
+CREATE TRIGGER outbox_message_outcome_event AFTER UPDATE OF status ON public.outbox_message FOR EACH ROW WHEN (((new.status IS DISTINCT FROM old.status) AND (new.status = ANY (ARRAY['failed'::text, 'dead'::text, 'expired'::text, 'bounced'::text, 'complained'::text])))) EXECUTE FUNCTION public.outbox_record_outcome_event();
+
+-- Name: FUNCTION outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text) TO outbox_producer;
+
+-- Name: FUNCTION outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]) TO outbox_producer;
+
+-- Name: FUNCTION outbox_fingerprint(message text); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_fingerprint(message text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_fingerprint(message text) TO outbox_relay;
+
+-- Name: FUNCTION outbox_recipient_fingerprint(channel text, payload jsonb); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_recipient_fingerprint(channel text, payload jsonb) FROM PUBLIC;
+
+-- Name: FUNCTION outbox_recipient_fingerprints(channel text, payload jsonb); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_recipient_fingerprints(channel text, payload jsonb) FROM PUBLIC;
+
+-- Name: FUNCTION outbox_record_outcome_event(); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_record_outcome_event() FROM PUBLIC;
+
+-- Name: FUNCTION outbox_take_dedupe_key(p_channel text, p_dedupe_key text, p_payload jsonb, p_new_id bigint); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_take_dedupe_key(p_channel text, p_dedupe_key text, p_payload jsonb, p_new_id bigint) FROM PUBLIC;
+
+-- Name: TABLE outbox_attempt; Type: ACL
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_attempt TO outbox_relay;
+
+-- Name: TABLE outbox_channel; Type: ACL
+
+GRANT SELECT ON TABLE public.outbox_channel TO outbox_relay;
+
+-- Name: TABLE outbox_channel_pause; Type: ACL
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_channel_pause TO outbox_relay;
+
+-- Name: TABLE outbox_dedupe; Type: ACL
+
+GRANT SELECT,DELETE,UPDATE ON TABLE public.outbox_dedupe TO outbox_relay;
+
+-- Name: TABLE outbox_destination; Type: ACL
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_destination TO outbox_relay;
+
+-- Name: TABLE outbox_message; Type: ACL
+
+GRANT SELECT,DELETE,UPDATE ON TABLE public.outbox_message TO outbox_relay;
+
+-- Name: TABLE outbox_outcome_event; Type: ACL
+
+GRANT SELECT,DELETE,UPDATE ON TABLE public.outbox_outcome_event TO outbox_relay;

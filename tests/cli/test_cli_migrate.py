@@ -1,0 +1,122 @@
+"""`outbox migrate --sql` and `--check` against real databases: the printed
+script is the migration (run by Postgres, it makes the schema), and the
+check's exit status follows the database's revision."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner, Result
+
+from outbox import migrate
+from outbox.config import DatabaseSettings
+from outbox.db import create_engine
+from outbox_cli.cli import cli
+
+HEAD = migrate.head()
+
+
+@pytest.fixture
+def empty_database(server_url: str) -> Iterator[tuple[str, sa.Engine]]:
+    from outbox_cli import devdb
+
+    name = f"outbox_cli_migrate_{uuid.uuid4().hex[:8]}"
+    url = devdb.recreate_database(server_url, name)
+    engine = create_engine(DatabaseSettings(url=url, sslmode="disable"))
+    try:
+        yield url, engine
+    finally:
+        engine.dispose()
+        devdb.drop_database(server_url, name)
+
+
+def outbox_cmd(url: str, *args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), env={"DATABASE_URL": url})
+
+
+def run_script(engine: sa.Engine, script: str) -> None:
+    """The printed script, run as psql -f would: one simple query."""
+    with engine.connect() as conn:
+        raw = conn.connection.dbapi_connection
+        assert raw is not None
+        raw.execute_simple(script)  # type: ignore[attr-defined]
+        raw.commit()
+
+
+def test_check_fails_on_an_empty_database_and_sql_prints_a_script_that_makes_the_schema(
+    empty_database: tuple[str, sa.Engine],
+) -> None:
+    url, engine = empty_database
+    check = outbox_cmd(url, "migrate", "--check")
+    assert check.exit_code == 1
+    assert f"{len(migrate.pending(None))} revision(s) behind {HEAD}" in check.output
+
+    printed = outbox_cmd(url, "migrate", "--sql")
+    assert printed.exit_code == 0, printed.output
+    assert "CREATE TABLE outbox_message" in printed.output
+    assert migrate.current(engine) is None  # printing ran nothing
+
+    run_script(engine, printed.output)
+    assert migrate.current(engine) == HEAD
+    with engine.connect() as conn:
+        key = conn.execute(sa.text("SELECT length(key) FROM outbox_fingerprint_key")).scalar()
+    assert key == 32
+    assert set(sa.inspect(engine).get_table_names()) == migrate.RELAY_TABLES
+    current = outbox_cmd(url, "migrate", "--check")
+    assert current.exit_code == 0, current.output
+    assert f"schema at revision {HEAD}: current" in current.output
+
+
+def test_sql_starts_from_the_databases_revision(empty_database: tuple[str, sa.Engine]) -> None:
+    url, engine = empty_database
+    migrate.upgrade(engine, "0003")
+    check = outbox_cmd(url, "migrate", "--check", "--json")
+    assert check.exit_code == 1
+    assert json.loads(check.output) == {
+        "revision": "0003",
+        "head": HEAD,
+        "behind": len(migrate.pending("0003")),
+    }
+    printed = outbox_cmd(url, "migrate", "--sql")
+    assert printed.exit_code == 0, printed.output
+    assert "CREATE TABLE outbox_message" not in printed.output  # 0001 to 0003 are applied
+    assert "CREATE TABLE outbox_dedupe" in printed.output  # 0006, which comes next, is not
+    # The installation's fingerprint key is drawn by the database, never printed.
+    assert "INSERT INTO outbox_fingerprint_key (key) VALUES (decode(" in printed.output
+    assert migrate.current(engine) == "0003"
+    run_script(engine, printed.output)
+    assert outbox_cmd(url, "migrate", "--check").exit_code == 0
+
+
+def test_sql_on_a_current_schema_has_nothing_to_run(
+    empty_database: tuple[str, sa.Engine],
+) -> None:
+    url, engine = empty_database
+    migrate.upgrade(engine)
+    printed = outbox_cmd(url, "migrate", "--sql")
+    assert printed.exit_code == 0
+    assert printed.output.strip() == f"-- the schema is at revision {HEAD}: nothing to run"
+
+
+def test_sql_and_check_together_are_refused(empty_database: tuple[str, sa.Engine]) -> None:
+    url, _ = empty_database
+    result = outbox_cmd(url, "migrate", "--sql", "--check")
+    assert result.exit_code == 2
+
+
+def test_a_revision_this_release_does_not_know_is_one_line(
+    empty_database: tuple[str, sa.Engine],
+) -> None:
+    url, engine = empty_database
+    migrate.upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outbox_alembic_version SET version_num = '9999'"))
+    for flag in ("--check", "--sql"):
+        result = outbox_cmd(url, "migrate", flag, "--json")
+        assert result.exit_code == 1
+        error = json.loads(result.stdout)["error"]
+        assert error["kind"] == "schema_unknown" and "9999" in error["message"]
