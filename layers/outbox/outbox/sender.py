@@ -96,12 +96,13 @@ class _Limits:
         self.quota: Outcome | None = None
         self.calls: Counter[str] = Counter()  # answered, by destination
         self.delivered: Counter[str] = Counter()  # by destination
-        # By destination: the first estimate of what it admits, at its first
-        # throttling answer: the rate this batch delivered to it until then;
-        # when nothing was (another sender had spent what it admits), the rate
-        # it was called at: over rather than under, since a rate too high costs
-        # one refused call a cut, and one too low a long climb back.
-        self.asked_rate: dict[str, float] = {}
+        # By destination: the rate it was called at until its first throttling
+        # answer. The first estimate of what a destination admits is the rate
+        # the batch delivered to it (low rather than high: each cut from a rate
+        # too high costs a refused call and the pause the provider asks for);
+        # this one only when nothing was delivered (another sender had spent
+        # what it admits), which would make the estimate nil.
+        self.called_rate: dict[str, float] = {}
 
     def blocked(self, row: store.ClaimedMessage) -> Outcome | None:
         """The outcome of a row that must not be started, else None."""
@@ -120,20 +121,20 @@ class _Limits:
                 if self.quota is None:
                     self.quota = outcome
             elif outcome.pause == DESTINATION:
-                if row.destination not in self.asked_rate:
+                if row.destination not in self.called_rate:
                     seconds = max(time.monotonic() - self.began, 0.001)
-                    answered = self.delivered[row.destination] or self.calls[row.destination]
-                    self.asked_rate[row.destination] = answered / seconds
+                    self.called_rate[row.destination] = self.calls[row.destination] / seconds
                 self.throttled.setdefault(row.destination, []).append(outcome.delay_seconds)
 
     def records(self) -> tuple[dict[str, store.Throttled], tuple[str, float | None] | None]:
         """What to write: each throttled destination, and the channel's quota pause."""
+        seconds = max(time.monotonic() - self.began, 0.001)
         throttled = {
             destination: store.Throttled(
                 # the longest pause asked for (None: the relay's own)
                 max((p for p in pauses if p is not None), default=None),
                 len(pauses),
-                self.asked_rate[destination],
+                self.delivered[destination] / seconds or self.called_rate[destination],
             )
             for destination, pauses in self.throttled.items()
         }
