@@ -456,3 +456,16 @@ def test_next_resume_is_when_a_pause_ends_or_a_token_comes(engine: sa.Engine) ->
             {"t": store.next_resume(conn)},
         ).scalar_one()
         assert float(seconds) == pytest.approx(0.5)  # one token at 2 a second
+
+
+def test_a_sleeping_relay_wakes_when_a_paused_destination_resumes(engine: sa.Engine) -> None:
+    """Its due rows are no future event of their own (they are due), so the
+    next wake-up must include the pause's end, or they would wait for the
+    safety net."""
+    enqueue_hooks(engine, "slow.example", 3)
+    with engine.begin() as conn:
+        store.record_throttling(conn, "webhook", {"slow.example": store.Throttled(30, 1, 10)})
+        wake = store.next_wake(conn)
+    assert wake.next_due is None  # the rows are due already
+    assert wake.next_resume is not None and wake.earliest == wake.next_resume
+    assert 25 < (wake.next_resume - wake.now).total_seconds() <= 30

@@ -336,18 +336,14 @@ def check_destination(channel: str, destination: str) -> str:
 # For a relay that sleeps until its next event (docs/how-to/pacing.md): the
 # rows of a paused destination or channel, or of an empty bucket, are due but
 # not claimable, so their next chance is when the pause ends or a token comes.
-_NEXT_RESUME = statement(
-    f"""
-    SELECT LEAST(
+NEXT_RESUME_SQL = f"""LEAST(
         (SELECT min(paused_until) FROM outbox_destination WHERE paused_until > now()),
         (SELECT min(paused_until) FROM outbox_channel_pause WHERE paused_until > now()),
         (SELECT min(now() + make_interval(secs => (1 - {TOKENS_NOW_SQL}) / {_REFILL_SQL}))
          FROM outbox_destination AS d
          WHERE {BUCKETED_SQL} AND (d.paused_until IS NULL OR d.paused_until <= now())
-           AND {TOKENS_NOW_SQL} < 1)
-    ) AS next_resume
-    """
-)
+           AND {TOKENS_NOW_SQL} < 1))"""
+_NEXT_RESUME = statement(f"SELECT {NEXT_RESUME_SQL} AS next_resume")
 
 
 def next_resume(conn: sa.Connection) -> Any:

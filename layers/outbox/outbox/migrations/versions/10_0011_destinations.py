@@ -40,6 +40,7 @@ depends_on = None
 def relay_role() -> str:
     return str(revision_module("0003").relay_role())
 
+
 # A webhook's receiver: the URL's host (a bracketed IPv6 address included)
 # and its port when one is written, lower-cased, user info dropped.
 _WEBHOOK_HOST = (
