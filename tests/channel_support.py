@@ -89,7 +89,7 @@ class Receiver:
     /ok and any path below it 200, /nocontent 204, /gone 410, /bad 400, /redirect 301 (to an internal
     address), /throttle-seconds 429 Retry-After: 7, /throttle-date 429 with an
     HTTP date two minutes ahead, /unavailable 503, /hang (answers after
-    ``hang_seconds``), /huge 200 with a 100 MB body, /flaky 503 once then 200.
+    ``hang_seconds``), /huge 200 with a 100 MB body, /flaky 500 once then 200.
     """
 
     port: int = 0
@@ -128,7 +128,7 @@ def _handler(receiver: Receiver) -> type[http.server.BaseHTTPRequestHandler]:
                 self._huge()
             elif path == "/flaky":
                 receiver.flaky_calls += 1
-                self._answer(503 if receiver.flaky_calls == 1 else 200)
+                self._answer(500 if receiver.flaky_calls == 1 else 200)
             elif path == "/redirect":
                 self._answer(301, {"Location": "http://10.0.0.7/internal"})
             elif path == "/throttle-seconds":

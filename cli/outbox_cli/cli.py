@@ -58,7 +58,9 @@ from outbox.states import (
 from . import missing_extra
 from .render import (
     emit_json,
+    inert,
     render_change,
+    render_destinations,
     render_enqueued,
     render_error,
     render_history,
@@ -548,14 +550,16 @@ def enqueue(
 @json_option
 def status(as_json: bool) -> None:
     """Messages per channel and status, oldest due age, claims past their lease,
-    and pending messages held behind a failed row of their ordering key."""
+    pending messages held behind a failed row of their ordering key, paused
+    channels, and the destinations that throttled (rate, pauses)."""
     from outbox import store
 
     with database() as engine, engine.connect() as conn:
         groups = store.channel_status_counts(conn)
         backlog = store.backlog(conn)
         paused = store.paused_channels(conn)
-    render_status(groups, backlog, STATUSES, as_json, paused)
+        destinations = store.destination_figures(conn)
+    render_status(groups, backlog, STATUSES, as_json, paused, destinations)
 
 
 @cli.command("list")
@@ -944,6 +948,81 @@ def resume(channel: str, as_json: bool) -> None:
         emit_json({"channel": channel, "paused": False, "changed": was_paused})
     else:
         click.echo(f"channel {channel} {'resumed' if was_paused else 'was not paused'}")
+
+
+# --- rate limits ---------------------------------------------------------------
+
+
+@cli.group()
+def limit() -> None:
+    """Rate limits per channel and destination, shared by every dispatcher and
+    worker (docs/how-to/rate-limits.md)."""
+
+
+def _destination_option(f: F) -> F:
+    return click.option(
+        "--destination",
+        default="",
+        show_default="the account",
+        help="The destination's key: a webhook's host[:port], an SQS queue URL, an event bus.",
+    )(f)
+
+
+@limit.command("set")
+@click.argument("channel")
+@_destination_option
+@click.option("--rate", type=float, required=True, help="Messages a second.")
+@click.option("--burst", type=float, default=None, help="Messages at once (default: a second's).")
+@json_option
+def limit_set(
+    channel: str, destination: str, rate: float, burst: float | None, as_json: bool
+) -> None:
+    """Hold CHANNEL (or one of its destinations) to RATE messages a second."""
+    from outbox import store
+
+    with database() as engine, engine.begin() as conn:
+        _pausable_channel(conn, channel)
+        try:
+            destination = store.check_destination(channel, destination)
+            rate, burst = store.set_limit(conn, channel, destination, rate, burst)
+        except ValueError as exc:
+            fail(str(exc), 2)
+    if as_json:
+        emit_json({"channel": channel, "destination": destination, "rate": rate, "burst": burst})
+    else:
+        where = inert(destination) if destination else "the account"
+        click.echo(f"{inert(channel)} {where}: at most {rate:g}/s, {burst:g} at once")
+
+
+@limit.command("clear")
+@click.argument("channel")
+@_destination_option
+@json_option
+def limit_clear(channel: str, destination: str, as_json: bool) -> None:
+    """Remove CHANNEL's (or its destination's) limit."""
+    from outbox import store
+
+    with database() as engine, engine.begin() as conn:
+        try:
+            destination = store.check_destination(channel, destination)
+            cleared = store.clear_limit(conn, channel, destination)
+        except ValueError as exc:
+            fail(str(exc), 2)
+    if as_json:
+        emit_json({"channel": channel, "destination": destination, "changed": cleared})
+    else:
+        click.echo("limit cleared" if cleared else "no limit was set")
+
+
+@limit.command("show")
+@json_option
+def limit_show(as_json: bool) -> None:
+    """The limits set, and what the relay learned of each destination's rate."""
+    from outbox import store
+
+    with database() as engine, engine.connect() as conn:
+        destinations = store.destination_figures(conn)
+    render_destinations(destinations, as_json)
 
 
 # --- worker --------------------------------------------------------------------

@@ -175,6 +175,7 @@ def render_status(
     statuses: Sequence[str],
     as_json: bool,
     paused: Sequence[Any] = (),
+    destinations: Sequence[Any] = (),
 ) -> None:
     if as_json:
         emit_json(
@@ -197,9 +198,15 @@ def render_status(
                 "dead": backlog.dead,
                 "held": backlog.held,
                 "paused_channels": [
-                    {"channel": p.channel, "reason": p.reason, "paused_at": p.paused_at}
+                    {
+                        "channel": p.channel,
+                        "reason": p.reason,
+                        "paused_at": p.paused_at,
+                        "paused_until": p.paused_until,
+                    }
                     for p in paused
                 ],
+                "destinations": [destination_json(d) for d in destinations],
             }
         )
         return
@@ -208,7 +215,16 @@ def render_status(
         why = f": {inert(p.reason)}" if p.reason else ""
         since = p.paused_at.isoformat(timespec="seconds")
         channel = inert(p.channel)
-        click.echo(f"channel {channel} is PAUSED since {since}{why} (outbox resume {channel})")
+        until = (
+            f" until {p.paused_until.isoformat(timespec='seconds')} (or"
+            if p.paused_until is not None
+            else " ("
+        )
+        click.echo(
+            f"channel {channel} is PAUSED since {since}{why}{until} outbox resume {channel})"
+        )
+    if destinations:
+        render_destinations(destinations, False)
     click.echo(
         f"pending {backlog.pending} (due {backlog.due}, oldest due "
         f"{backlog.oldest_due_age_seconds:.1f}s), claimed {backlog.claimed} "
@@ -219,6 +235,55 @@ def render_status(
             f"held {backlog.held}: pending behind a failed, dead or expired message of their "
             "ordering key; redrive or cancel that message to let them go"
         )
+
+
+def destination_json(d: Any) -> dict[str, Any]:
+    """One destination's figures (``store.DestinationFigures``) as JSON."""
+    return {
+        "channel": d.channel,
+        "destination": d.destination,
+        "limit_per_second": d.limit_rate,
+        "limit_burst": d.limit_burst,
+        "rate_per_second": None if d.rate is None else round(d.rate, 3),
+        "paused_until": d.paused_until,
+        "throttled_last_minute": d.throttled_last_minute,
+        "throttled_total": d.throttled_total,
+    }
+
+
+def render_destinations(destinations: Sequence[Any], as_json: bool) -> None:
+    """The destinations with a limit or that asked the relay to slow down: the
+    limit, the rate it learned, how often they throttled, until when paused."""
+    if as_json:
+        emit_json({"destinations": [destination_json(d) for d in destinations]})
+        return
+    if not destinations:
+        click.echo("no limits set, and no destination has throttled")
+        return
+    table = _table(
+        "channel",
+        "destination",
+        "limit/s",
+        "burst",
+        "learned rate/s",
+        "throttled (1 min)",
+        "throttled",
+        "paused until",
+        title="destinations",
+    )
+    for d in destinations:
+        add_row(
+            table,
+            d.channel,
+            d.destination or "(the account)",
+            "" if d.limit_rate is None else f"{d.limit_rate:g}",
+            "" if d.limit_burst is None else f"{d.limit_burst:g}",
+            "" if d.rate is None else f"{d.rate:.2f}",
+            d.throttled_last_minute,
+            d.throttled_total,
+            "" if d.paused_until is None else d.paused_until.isoformat(timespec="seconds"),
+        )
+    console().print(table)
 
 
 def render_status_table(

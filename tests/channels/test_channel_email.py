@@ -130,28 +130,52 @@ def test_an_unavailable_suppression_check_still_sends(aws: None) -> None:
 
 # Stubber: moto never throttles, pauses sending or fails internally.
 @pytest.mark.parametrize(
-    ("code", "status", "kind", "delay"),
+    ("code", "message", "status", "kind", "delay", "pause"),
     [
-        ("TooManyRequestsException", 429, "deferred", 5.0),
-        ("LimitExceededException", 400, "deferred", 5.0),
-        ("SendingPausedException", 400, "deferred", 300.0),
-        ("AccountSuspendedException", 400, "deferred", 300.0),
-        ("MessageRejected", 400, "failed", None),
-        ("MailFromDomainNotVerifiedException", 400, "failed", None),
-        ("NotFoundException", 404, "failed", None),
-        ("BadRequestException", 400, "failed", None),
-        ("InternalFailure", 500, "retry", None),
+        # the account's rate: the destination (the account) pauses briefly
+        ("TooManyRequestsException", "", 429, "deferred", None, "destination"),
+        ("LimitExceededException", "", 400, "deferred", None, "destination"),
+        (
+            "ThrottlingException",
+            "Maximum sending rate exceeded.",
+            400,
+            "deferred",
+            None,
+            "destination",
+        ),
+        # a quota, or sending stopped: the whole channel pauses for an hour
+        (
+            "ThrottlingException",
+            "Daily message quota exceeded.",
+            400,
+            "deferred",
+            3600.0,
+            "channel",
+        ),
+        ("SendingPausedException", "", 400, "deferred", 3600.0, "channel"),
+        ("AccountSuspendedException", "", 400, "deferred", 3600.0, "channel"),
+        ("MessageRejected", "", 400, "failed", None, None),
+        ("MailFromDomainNotVerifiedException", "", 400, "failed", None, None),
+        ("NotFoundException", "", 404, "failed", None, None),
+        ("BadRequestException", "", 400, "failed", None, None),
+        ("InternalFailure", "", 500, "retry", None, None),
     ],
 )
-def test_send_errors_are_classified(code: str, status: int, kind: str, delay: Any) -> None:
+def test_send_errors_are_classified(
+    code: str, message: str, status: int, kind: str, delay: Any, pause: str | None
+) -> None:
     client = boto3.client("sesv2", region_name=REGION)
     stub = Stubber(client)
-    stub.add_client_error("send_email", service_error_code=code, http_status_code=status)
+    stub.add_client_error(
+        "send_email", service_error_code=code, service_message=message, http_status_code=status
+    )
     with stub:
         outcome = EmailChannel(client, check_suppression=False).send(
             Message(1, "email", EMAIL, 1), Deadline(5)
         )
-    assert (outcome.kind, outcome.delay_seconds) == (kind, delay)
+    assert (outcome.kind, outcome.delay_seconds, outcome.pause) == (kind, delay, pause)
+    # the provider's text is compared, never kept
+    assert message == "" or message.rstrip(".") not in (outcome.error or "")
 
 
 def test_many_recipients_skip_the_suppression_lookups() -> None:

@@ -17,7 +17,7 @@ from channel_support import REGION, deliver, loopback_resolver, receiver, settle
 import outbox
 import support
 from outbox import netguard, sender, store
-from outbox.channels import Deadline, Message, Outcome, aws
+from outbox.channels import Deadline, Message, Outcome
 from outbox.channels.email import EmailChannel
 from outbox.channels.eventbridge import EventBridgeChannel
 from outbox.channels.push import PushChannel
@@ -58,7 +58,7 @@ AWS_CHANNELS: list[tuple[Any, str, str, dict[str, Any]]] = [
     AWS_CHANNELS,
     ids=[f"{service}.{operation}" for _, service, operation, _ in AWS_CHANNELS],
 )
-def test_every_aws_channel_defers_on_throttling(
+def test_every_aws_channel_pauses_the_destination_on_throttling(
     make: Any, service: str, operation: str, payload: dict[str, Any], code: str
 ) -> None:
     # Stubber: moto never throttles. The ClientError is botocore's own, parsed
@@ -70,13 +70,14 @@ def test_every_aws_channel_defers_on_throttling(
     channel.validate(payload)
     with stub:
         outcome = channel.send(Message(1, channel.name, payload, 1), Deadline(5))
-    assert (outcome.kind, outcome.delay_seconds) == ("deferred", aws.THROTTLE_DELAY_SECONDS)
+    # throttled: the destination pauses (for the relay's own pause: AWS names no time)
+    assert (outcome.kind, outcome.delay_seconds, outcome.pause) == ("deferred", None, "destination")
     assert outcome.error is not None and code in outcome.error
 
 
 def test_ses_throttling_exception_counts_no_attempt(engine: sa.Engine, aws: None) -> None:
-    """End to end (moto's SES, with its send throttled): the row is pending
-    again, no attempt counted, a deferral recorded."""
+    """End to end (SES's send throttled): the row is pending again, no attempt
+    and no deferral counted; the account (destination '') is paused."""
     client = boto3.client("sesv2", region_name=REGION)
     stub = Stubber(client)
     stub.add_client_error(
@@ -87,9 +88,12 @@ def test_ses_throttling_exception_counts_no_attempt(engine: sa.Engine, aws: None
             engine, "email", EMAIL, channel=EmailChannel(client, check_suppression=False)
         )
     row, attempts = settled(engine, message_id)
-    assert report.statuses == {"deferred": 1}
-    assert (row.status, row.attempts, row.deferrals) == ("pending", 0, 1)
-    assert [a.outcome for a in attempts] == ["deferred"]
+    assert report.statuses == {"not_started": 1}
+    assert (row.status, row.attempts, row.deferrals) == ("pending", 0, 0)
+    assert [a.outcome for a in attempts] == ["not_started"]
+    with engine.connect() as conn:
+        [paused] = store.destination_figures(conn)
+    assert (paused.channel, paused.destination, paused.throttled_total) == ("email", "", 1)
 
 
 # --- a custom channel whose send returns None -------------------------------
@@ -183,7 +187,7 @@ def test_retry_after_reads_ascii_digits_or_an_http_date(value: str, seconds: flo
         b"Wed, 21 Oct 99999 07:28:00 GMT",
     ],
 )
-def test_a_strange_retry_after_from_a_real_receiver_is_a_retry(
+def test_a_strange_retry_after_from_a_real_receiver_is_the_relays_own_pause(
     signing_secret: tuple[str, str], header: bytes
 ) -> None:
     from urllib.parse import quote
@@ -197,10 +201,11 @@ def test_a_strange_retry_after_from_a_real_receiver_is_a_retry(
         channel.validate(payload)
         outcome = channel.send(Message(7, "webhook", payload, 1), Deadline(5))
     assert len(rx.requests) == 1
+    assert (outcome.kind, outcome.pause) == ("deferred", "destination")  # throttled
     if header.isdigit():
-        assert (outcome.kind, outcome.delay_seconds) == ("deferred", 3600.0)
-    else:  # an unreadable Retry-After is no Retry-After: the backoff applies
-        assert (outcome.kind, outcome.error) == ("retry", "HTTP 503")
+        assert outcome.delay_seconds == 3600.0  # capped
+    else:  # an unreadable Retry-After is no Retry-After: the relay's own pause
+        assert (outcome.delay_seconds, outcome.error) == (None, "HTTP 503")
 
 
 # --- a URL whose path is not ASCII -----------------------------------------------

@@ -93,16 +93,19 @@ STATUS_TABLE = [
     ("/gone", "failed", "HTTP 410: endpoint gone", None),
     ("/bad", "failed", "HTTP 400", None),
     ("/redirect", "failed", "HTTP 301: redirect not followed", None),
-    ("/unavailable", "retry", "HTTP 503", None),
+    # 429 and 503 ask the whole destination to slow down: throttled (a pause
+    # of the destination, no attempt and no deferral counted), after the
+    # Retry-After when there is one, else after the relay's own pause.
+    ("/unavailable", "deferred", "HTTP 503", None),
     ("/status/401", "failed", "HTTP 401", None),
     ("/status/403", "failed", "HTTP 403", None),
     ("/status/412", "failed", "HTTP 412", None),
     ("/status/408", "retry", "HTTP 408", None),
-    ("/status/429", "retry", "HTTP 429", None),  # no Retry-After: backoff
+    ("/status/429", "deferred", "HTTP 429", None),
     ("/status/500", "retry", "HTTP 500", None),
     ("/status/502", "retry", "HTTP 502", None),
     ("/status/504", "retry", "HTTP 504", None),
-    # Retry-After: a deferral (no attempt counted), as the relay's contract says...
+    # Retry-After: how long the destination waits...
     ("/throttle-seconds", "deferred", "HTTP 429 with Retry-After", 7.0),
     ("/throttle-date", "deferred", "HTTP 429 with Retry-After", 120.0),
     ("/status/503/retry-after", "deferred", "HTTP 503 with Retry-After", 7.0),
@@ -135,6 +138,8 @@ def test_every_status_row_of_the_classification_table(
         outcome = send(channel, rx.url(path, host="webhook.test" if tls else "127.0.0.1"))
     assert outcome.kind == kind
     assert outcome.error == error
+    throttling = (error or "").startswith(("HTTP 429", "HTTP 503"))
+    assert outcome.pause == ("destination" if throttling else None)
     if delay is None:
         assert outcome.delay_seconds is None
     else:

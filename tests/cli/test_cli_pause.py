@@ -96,3 +96,27 @@ def test_bad_channels_are_refused_and_change_nothing(
     assert fragment in result.stderr
     assert result.stderr.startswith("Error: ")
     assert paused(engine) == {}
+
+
+def test_status_shows_a_quota_pause_and_the_destinations_that_throttled(
+    run: Any, engine: sa.Engine
+) -> None:
+    with engine.begin() as conn:
+        store.record_throttling(conn, "email", {}, ("quota: daily quota exceeded", 3600))
+        store.record_throttling(
+            conn, "webhook", {"hooks.example.com\x1b[2J": store.Throttled(30, 2, 10)}
+        )
+    text = run("status")
+    assert text.exit_code == 0, text.output
+    assert "channel email is PAUSED since" in text.stdout
+    assert "quota: daily quota exceeded until" in text.stdout
+    assert "(or outbox resume email)" in text.stdout
+    assert "hooks.example.com" in text.stdout and "\x1b" not in text.stdout  # inert
+    data = json.loads(run("status", "--json").stdout)
+    [pause] = data["paused_channels"]
+    assert pause["reason"] == "quota: daily quota exceeded" and pause["paused_until"]
+    [destination] = data["destinations"]
+    assert destination["destination"] == "hooks.example.com\x1b[2J"  # --json: exact
+    assert (destination["throttled_last_minute"], destination["throttled_total"]) == (2, 2)
+    assert destination["rate_per_second"] == pytest.approx(8.0, rel=0.2)
+    assert destination["paused_until"]

@@ -30,6 +30,7 @@ RELAY_TABLES = frozenset(
         "outbox_outcome_event",
         "outbox_channel_pause",
         "outbox_channel",
+        "outbox_destination",
         VERSION_TABLE,
     }
 )

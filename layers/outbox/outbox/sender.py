@@ -28,7 +28,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from . import channels, payloads, store
-from .channels import Channel, Deadline, Message, Outcome
+from .channels import CHANNEL, DESTINATION, Channel, Deadline, Message, Outcome
 from .config import RelaySettings
 from .errors import ValidationError
 from .handoff import HandOff
@@ -50,6 +50,10 @@ STOP_GRACE_EXCEEDED = "stopping: provider call cut at the stop grace"
 RETURNED_NONE = "channel returned None, not an Outcome"
 _NOT_STARTED = Outcome(AttemptOutcome.NOT_STARTED, error=NOT_STARTED)
 _STOPPED = Outcome(AttemptOutcome.NOT_STARTED, error=STOPPING)
+DESTINATION_THROTTLED = "destination throttled: not started"
+CHANNEL_QUOTA = "channel quota spent: not started"
+_DESTINATION_THROTTLED = Outcome(AttemptOutcome.NOT_STARTED, error=DESTINATION_THROTTLED)
+_CHANNEL_QUOTA = Outcome(AttemptOutcome.NOT_STARTED, error=CHANNEL_QUOTA)
 # A call is started only with time left to be answered: one started with less
 # is all but sure to be given up after the receiver got the request, and then
 # sent again. "Enough" is the slowest call of the event answered so far, and
@@ -79,6 +83,67 @@ _METRIC = {
 }
 
 
+class _Limits:
+    """What one batch learned of its provider's limits while sending: after a
+    destination's throttling answer no further call to it starts, after a
+    quota answer no further call at all (docs/design.md, invariant 10). The
+    rows not started go back pending, no attempt and no deferral counted."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.began = time.monotonic()
+        self.throttled: dict[str, list[float | None]] = {}  # destination -> pauses asked
+        self.quota: Outcome | None = None
+        self.calls: Counter[str] = Counter()  # answered, by destination
+        self.delivered: Counter[str] = Counter()  # by destination
+        # By destination: the rate it was called at until its first throttling
+        # answer. The first estimate of what a destination admits is the rate
+        # the batch delivered to it (low rather than high: each cut from a rate
+        # too high costs a refused call and the pause the provider asks for);
+        # this one only when nothing was delivered (another sender had spent
+        # what it admits), which would make the estimate nil.
+        self.called_rate: dict[str, float] = {}
+
+    def blocked(self, row: store.ClaimedMessage) -> Outcome | None:
+        """The outcome of a row that must not be started, else None."""
+        if self.quota is not None:
+            return _CHANNEL_QUOTA
+        if row.destination in self.throttled:
+            return _DESTINATION_THROTTLED
+        return None
+
+    def note(self, row: store.ClaimedMessage, outcome: Outcome) -> None:
+        with self._lock:
+            self.calls[row.destination] += 1
+            if outcome.kind == AttemptOutcome.DELIVERED:
+                self.delivered[row.destination] += 1
+            if outcome.pause == CHANNEL:
+                if self.quota is None:
+                    self.quota = outcome
+            elif outcome.pause == DESTINATION:
+                if row.destination not in self.called_rate:
+                    seconds = max(time.monotonic() - self.began, 0.001)
+                    self.called_rate[row.destination] = self.calls[row.destination] / seconds
+                self.throttled.setdefault(row.destination, []).append(outcome.delay_seconds)
+
+    def records(self) -> tuple[dict[str, store.Throttled], tuple[str, float | None] | None]:
+        """What to write: each throttled destination, and the channel's quota pause."""
+        seconds = max(time.monotonic() - self.began, 0.001)
+        throttled = {
+            destination: store.Throttled(
+                # the longest pause asked for (None: the relay's own)
+                max((p for p in pauses if p is not None), default=None),
+                len(pauses),
+                self.delivered[destination] / seconds or self.called_rate[destination],
+            )
+            for destination, pauses in self.throttled.items()
+        }
+        quota = None
+        if self.quota is not None:
+            quota = (f"quota: {self.quota.error}", self.quota.delay_seconds)
+        return throttled, quota
+
+
 @dataclass
 class SendReport:
     received: int = 0
@@ -97,12 +162,18 @@ def _send_one(
     deadline: Deadline,
     stop: threading.Event | None = None,
     enough: float = MIN_CALL_SECONDS,
+    limits: _Limits | None = None,
 ) -> tuple[Outcome, int | None]:
     """One row's call and how long it took in milliseconds (None: no provider
-    call was made). ``enough``: the time a call needs left to be started."""
+    call was made). ``enough``: the time a call needs left to be started;
+    ``limits``: what the batch learned of the provider's limits so far."""
     started = time.monotonic()
     if stop is not None and stop.is_set():
         return _STOPPED, None
+    if limits is not None:
+        blocked = limits.blocked(row)
+        if blocked is not None:
+            return blocked, None
     if deadline.remaining() < enough:
         return _NOT_STARTED, None
     try:
@@ -130,6 +201,8 @@ def _send_one(
         outcome = Outcome.retry(error)
     elif outcome.kind not in SEND_OUTCOMES:
         outcome = Outcome.retry(f"channel returned unknown outcome {outcome.kind!r}")
+    elif limits is not None:
+        limits.note(row, outcome)
     return outcome, int((time.monotonic() - started) * 1000)
 
 
@@ -225,6 +298,8 @@ def send_then_settle(
         missing = channels.missing_piece(channel)
     backoff = settings.backoff()
     owned = {r.id for r in rows}
+    throttled: dict[str, store.Throttled] = {}
+    quota: tuple[str, float | None] | None = None
     if missing is not None or channel is None:
         # Nothing here can send this channel: fail the rows at once with the
         # reason, rather than let them come back until dead.
@@ -246,9 +321,11 @@ def send_then_settle(
                 deadline = shared[seconds] = Deadline(seconds)
             deadlines[r.id] = deadline
         floor = min(MIN_CALL_SECONDS, settings.sender_timeout_seconds / 20)
+        limits = _Limits()
         results = _send_all(
-            channel, rows, deadlines, settings.send_concurrency, stop, floor, stop_grace
+            channel, rows, deadlines, settings.send_concurrency, stop, floor, stop_grace, limits
         )
+        throttled, quota = limits.records()
 
     settlements = [
         # Settlement's fields in order: id, claim_token, outcome, error,
@@ -265,10 +342,24 @@ def send_then_settle(
             outcome.delay_seconds,
             duration_ms,
         )
+        if outcome.pause is None
+        # Throttled, or a quota spent: the pause (written with the settle) holds
+        # the destination or channel back; the row itself counts nothing.
+        else store.Settlement(
+            row.id,
+            row.claim_token,
+            AttemptOutcome.NOT_STARTED,
+            outcome.error,
+            None,
+            None,
+            duration_ms,
+        )
         for row in rows
         for outcome, duration_ms in [results[row.id]]
     ]
-    return functools.partial(_settle, engine, channel_name, settlements, backoff, owned, report)
+    return functools.partial(
+        _settle, engine, channel_name, settlements, backoff, owned, report, throttled, quota
+    )
 
 
 def _settle(
@@ -278,9 +369,26 @@ def _settle(
     backoff: store.Backoff,
     owned: set[int],
     report: SendReport,
+    throttled: dict[str, store.Throttled] | None = None,
+    quota: tuple[str, float | None] | None = None,
 ) -> SendReport:
     with engine.begin() as conn:
+        if throttled or quota:
+            # First, in the same transaction: no claim may take the rows the
+            # settle gives back before their destination or channel is paused.
+            store.record_throttling(conn, channel_name, throttled or {}, quota)
         settled = store.settle_with_outcomes(conn, settlements, backoff)
+    if throttled:
+        count("Throttled", sum(t.answers for t in throttled.values()), channel=channel_name)
+        log.warning(
+            "destination asked to slow down; paused",
+            extra={"channel": channel_name, "destinations": len(throttled)},
+        )
+    if quota:
+        count("QuotaPaused", 1, channel=channel_name)
+        log.error(
+            "quota spent; channel paused", extra={"channel": channel_name, "reason": quota[0]}
+        )
 
     lost = sorted(owned - set(settled))
     if lost:
@@ -330,6 +438,7 @@ def _send_all(
     stop: threading.Event | None = None,
     floor: float = MIN_CALL_SECONDS,
     stop_grace: float | None = None,
+    limits: _Limits | None = None,
 ) -> dict[int, tuple[Outcome, int | None]]:
     """Send every row, up to ``concurrency`` at once; a call still running at its
     deadline is given up (its outcome is unknown, so it counts as a retry), and a
@@ -366,7 +475,7 @@ def _send_all(
             row = take()
         while row is not None:
             enough = floor if slowest is None else slowest
-            result = _send_one(channel, row, deadlines[row.id], stop, enough)
+            result = _send_one(channel, row, deadlines[row.id], stop, enough, limits)
             with lock:  # the row's result and the next row, in one hold of the lock
                 del running[row.id]
                 # A row given up at its deadline keeps that outcome.

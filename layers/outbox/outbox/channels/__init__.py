@@ -20,6 +20,10 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 from ..errors import ValidationError
 from ..states import AttemptOutcome
 
+# What an Outcome's ``pause`` stops.
+DESTINATION = "destination"
+CHANNEL = "channel"
+
 
 class Outcome(NamedTuple):
     """What a send came to. Build one with the class methods below.
@@ -33,6 +37,10 @@ class Outcome(NamedTuple):
     provider_message_id: str | None = None
     error: str | None = None
     delay_seconds: float | None = None
+    # What a throttling or quota answer stops besides this message: None (only
+    # this message), DESTINATION (every message to the same destination) or
+    # CHANNEL (the whole channel). Set by ``throttled`` and ``quota``.
+    pause: str | None = None
 
     @classmethod
     def delivered(cls, provider_message_id: str | None = None) -> Outcome:
@@ -58,6 +66,24 @@ class Outcome(NamedTuple):
         """Throttled (or told to come back later): back to pending after the delay,
         without counting an attempt, up to MAX_DEFERRALS times."""
         return cls(AttemptOutcome.DEFERRED, error=reason, delay_seconds=max(0.0, delay_seconds))
+
+    @classmethod
+    def throttled(cls, error: str, delay_seconds: float | None = None) -> Outcome:
+        """The provider asked the whole destination to slow down (HTTP 429 or
+        503, an AWS throttling code): the destination is paused for
+        ``delay_seconds`` (None: the relay's own backoff) and its rate cut; this
+        message and the destination's others stay pending, no attempt and no
+        deferral counted."""
+        return cls(
+            AttemptOutcome.DEFERRED, error=error, delay_seconds=delay_seconds, pause=DESTINATION
+        )
+
+    @classmethod
+    def quota(cls, error: str, delay_seconds: float | None = None) -> Outcome:
+        """A quota is spent (a daily sending quota, sending paused by the
+        provider): the whole channel is paused for ``delay_seconds`` (None: the
+        relay's default) and nothing of it is sent meanwhile, no attempt counted."""
+        return cls(AttemptOutcome.DEFERRED, error=error, delay_seconds=delay_seconds, pause=CHANNEL)
 
 
 class Message(NamedTuple):

@@ -43,6 +43,15 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {code}" if code else type(exc).__name__
 
 
+def error_message(exc: BaseException) -> str:
+    """The AWS error's message text ('' when none), to compare against a known
+    phrase only: never logged or stored (it can echo addresses)."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Message") or "")
+    return ""
+
+
 def error_codes(exc: BaseException) -> set[str]:
     """Every code an AWS error answers to: ``Code`` and, for the JSON-protocol
     services that keep their old query codes (SQS), ``QueryErrorCode`` too."""
@@ -71,13 +80,13 @@ THROTTLE_DELAY_SECONDS = 5.0
 
 
 def classify(exc: BaseException, failed: Collection[str]) -> Outcome:
-    """The common AWS table: throttling defers (the account's rate, not the
-    message), a code in ``failed`` is permanent, anything else (5xx, KMS
-    trouble, timeouts, resets) is worth another attempt."""
+    """The common AWS table: throttling pauses the destination (the account's
+    or the queue's rate, not the message), a code in ``failed`` is permanent,
+    anything else (5xx, KMS trouble, timeouts, resets) is worth another attempt."""
     codes = error_codes(exc)
     error = describe(exc)
     if is_throttling(codes):
-        return Outcome.deferred(error, THROTTLE_DELAY_SECONDS)
+        return Outcome.throttled(error)
     if codes & set(failed):
         return Outcome.failed(error)
     return Outcome.retry(error)

@@ -32,8 +32,13 @@ _FAILED = {
     "BadRequestException",
     "NotFoundException",
 }
+# The account may not send at all now: the whole channel pauses.
 _PAUSED = {"SendingPausedException", "AccountSuspendedException"}
-_PAUSED_DELAY_SECONDS = 300.0
+# SES answers a spent daily quota with its throttling code and this message;
+# the quota is a rolling 24 hours, so the channel waits this long, then tries
+# once more (one refused call per sender) rather than a message at a time.
+_DAILY_QUOTA = "daily message quota exceeded"
+QUOTA_PAUSE_SECONDS = 3600.0
 SUPPRESSED = "every recipient is on the SES suppression list"
 # Messages with more recipients than this skip the suppression lookups.
 MAX_SUPPRESSION_CHECKS = 5
@@ -95,7 +100,7 @@ class EmailChannel(aws.AwsChannel):
                 if "NotFoundException" in codes:
                     return None  # this one is not suppressed: send
                 if aws.is_throttling(codes):
-                    return Outcome.deferred(aws.describe(exc), aws.THROTTLE_DELAY_SECONDS)
+                    return Outcome.throttled(aws.describe(exc))
                 return None  # cannot tell: SES enforces the list itself
         return Outcome.suppressed(SUPPRESSED)
 
@@ -133,9 +138,13 @@ class EmailChannel(aws.AwsChannel):
 
 
 def classify(exc: BaseException) -> Outcome:
-    """Paused sending waits longer; the rest is the common AWS table, whose
-    throttling test (``aws.is_throttling``) knows SES's own
-    ``ThrottlingException`` as every other AWS channel's throttling codes."""
-    if aws.error_codes(exc) & _PAUSED:
-        return Outcome.deferred(aws.describe(exc), _PAUSED_DELAY_SECONDS)
+    """A spent quota or paused sending pauses the channel; the rest is the
+    common AWS table, whose throttling test (``aws.is_throttling``) knows SES's
+    own ``ThrottlingException`` as every other AWS channel's throttling codes."""
+    codes = aws.error_codes(exc)
+    if codes & _PAUSED:
+        return Outcome.quota(aws.describe(exc), QUOTA_PAUSE_SECONDS)
+    if aws.is_throttling(codes) and _DAILY_QUOTA in aws.error_message(exc).lower():
+        # Only compared, never stored or logged: provider text stays out.
+        return Outcome.quota(f"{aws.describe(exc)}: daily quota exceeded", QUOTA_PAUSE_SECONDS)
     return aws.classify(exc, _FAILED)

@@ -105,7 +105,7 @@ def classify_entry(code: str | None) -> Outcome:
     if code is None:
         return Outcome.retry(error)
     if aws.is_throttling({code}):
-        return Outcome.deferred(error, aws.THROTTLE_DELAY_SECONDS)
+        return Outcome.throttled(error)
     if code in _ENTRY_RETRY:
         return Outcome.retry(error)
     # InvalidArgument, MalformedDetail, AccessDeniedException, RedactionFailure,

@@ -63,7 +63,7 @@ class SmsChannel(aws.AwsChannel):
             opted_out = self.client.check_if_phone_number_is_opted_out(phoneNumber=p["to"])
         except Exception as exc:
             if aws.is_throttling(aws.error_codes(exc)):
-                return Outcome.deferred(aws.describe(exc), aws.THROTTLE_DELAY_SECONDS)
+                return Outcome.throttled(aws.describe(exc))
             opted_out = {}  # SNS enforces opt-outs itself; go ahead
         if opted_out.get("isOptedOut") is True:
             return Outcome.suppressed(OPTED_OUT)

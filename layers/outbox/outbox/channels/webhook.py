@@ -117,12 +117,15 @@ def classify_status(status: int, headers: Any = None) -> Outcome:
         return Outcome.failed(f"HTTP {status}: redirect not followed")
     if status == 410:
         return Outcome.failed("HTTP 410: endpoint gone")
+    if status in RETRY_AFTER_STATUSES:
+        # The receiver asks the relay to slow down: the whole destination waits
+        # (until Retry-After when it says, else the relay's own backoff), and
+        # no attempt or deferral is counted for any message.
+        delay = retry_after(headers.get("Retry-After") if headers is not None else None)
+        if delay is not None:
+            return Outcome.throttled(f"HTTP {status} with Retry-After", delay)
+        return Outcome.throttled(f"HTTP {status}")
     if status in RETRY_STATUSES or 500 <= status < 600:
-        if status in RETRY_AFTER_STATUSES:
-            delay = retry_after(headers.get("Retry-After") if headers is not None else None)
-            if delay is not None:
-                # The receiver said when to come back: a deferral, no attempt counted.
-                return Outcome.deferred(f"HTTP {status} with Retry-After", delay)
         return Outcome.retry(f"HTTP {status}")
     if 400 <= status < 500:
         return Outcome.failed(f"HTTP {status}")

@@ -10,6 +10,7 @@
     outcome_events  the transitions published to EventBridge
     pacing          the dispatcher's next wake-up when it goes to sleep
     policy          the retry policy and the SQL fragments that apply it
+    rates           destinations' pauses and learned rates (throttling, quotas)
     _sql            how statements are written and parameters encoded
 
 The names below are the whole API; every module keeps its statements private.
@@ -101,6 +102,17 @@ from .policy import (
     Backoff,
     bounded_delay,
 )
+from .rates import (
+    DestinationFigures,
+    Throttled,
+    check_destination,
+    check_limit,
+    clear_limit,
+    destination_figures,
+    next_resume,
+    record_throttling,
+    set_limit,
+)
 from .upkeep import (
     LEASE_EXPIRED_ERROR,
     NOT_STARTED_ERROR,
@@ -128,6 +140,7 @@ __all__ = [
     "ChannelStatusCount",
     "Claim",
     "ClaimedMessage",
+    "DestinationFigures",
     "Enqueued",
     "Feedback",
     "FeedbackResult",
@@ -139,6 +152,7 @@ __all__ = [
     "Reaped",
     "Settled",
     "Settlement",
+    "Throttled",
     "array_literal",
     "attempt_history",
     "backlog",
@@ -150,9 +164,13 @@ __all__ = [
     "channel_load",
     "channel_status_counts",
     "channels_with_rows",
+    "check_destination",
+    "check_limit",
     "claim",
     "claim_and_receive",
+    "clear_limit",
     "count_prunable",
+    "destination_figures",
     "drop_outcome_events",
     "expire_overdue",
     "finish_outcome_events",
@@ -161,6 +179,7 @@ __all__ = [
     "insert_messages",
     "list_messages",
     "matching_ids",
+    "next_resume",
     "next_wake",
     "outcome_event_backlog",
     "pause_channel",
@@ -175,10 +194,12 @@ __all__ = [
     "receive_claimed",
     "recipient_history",
     "record_feedback",
+    "record_throttling",
     "redrive",
     "release",
     "resume_channel",
     "set_delivered_outcome_events",
+    "set_limit",
     "settle",
     "settle_with_outcomes",
     "statuses_of",

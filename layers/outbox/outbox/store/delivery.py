@@ -18,6 +18,7 @@ from ..payloads import MAX_STORED_BYTES
 from ..states import SETTLE_OUTCOMES
 from ._sql import array_literal, json_document, statement
 from .policy import BACKOFF_SQL, DEADLINE_SQL, EXHAUSTED_SQL, EXPIRED_PREFIX, Backoff, bounded_delay
+from .rates import BUCKETED_SQL, TOKENS_NOW_SQL
 
 
 # The per-row records of the hot path (claim, receipt, settle) are NamedTuples,
@@ -54,6 +55,8 @@ class ClaimedMessage(NamedTuple):
     dedupe_key: str | None
     ordering_key: str | None
     lease_left_seconds: float
+    # The key a provider's rate applies to (docs/design.md, Data model).
+    destination: str = ""
 
 
 class Settlement(NamedTuple):
@@ -84,10 +87,14 @@ class Held(Protocol):
     def claim_token(self) -> uuid.UUID | str: ...
 
 
-_CLAIM = f"""
-    WITH due AS (
-        SELECT m.id FROM outbox_message AS m
-        WHERE m.status = 'pending' AND m.available_at <= now() {{channel_filter}}
+# How many throttled or limited destinations one claim draws from (each a
+# probe of the per-destination index); the others wait for the next claim.
+BUCKETS_PER_CLAIM = 8
+
+# What makes a pending row claimable now, whatever its destination (the
+# claim's two scans below share it).
+_CLAIMABLE = f"""
+          m.status = 'pending' AND m.available_at <= now() {{channel_filter}}
           -- never hand out a row past its deliver-by time (the reaper expires it):
           -- ({DEADLINE_SQL} > now()) IS NOT FALSE, spelt so that the planner
           -- estimates it from the columns' statistics (nearly every due row
@@ -105,7 +112,8 @@ _CLAIM = f"""
           -- sequential scan and a sort of every pending row to the due index,
           -- JIT-compiled: 50 ms on 20,000 pending rows, 0.8 s on a grown table.
           -- The pause table's channel is its primary key, so never NULL.
-          AND m.channel NOT IN (SELECT cp.channel FROM outbox_channel_pause AS cp)
+          AND m.channel NOT IN (SELECT cp.channel FROM outbox_channel_pause AS cp
+                                WHERE cp.paused_until IS NULL OR cp.paused_until > now())
           -- One row of an ordering key at a time, in id order: none of its key
           -- is claimed, and no earlier one is unfinished or holds the key
           -- (failed, dead or expired: its successors wait for an operator).
@@ -115,10 +123,79 @@ _CLAIM = f"""
                   AND (p.status = 'claimed'
                        OR (p.id < m.id
                            AND p.status IN ('pending', 'failed', 'dead', 'expired')))))
+"""
+
+_CLAIM = f"""
+    WITH bucket AS (
+        -- The destinations that throttled or have a limit, are not paused and
+        -- hold a token: the rows each may have now (its token bucket, refilled at
+        -- its limit or its learned rate, whichever is lower). Locked, so that
+        -- concurrent claimers draw from one bucket one after the other (a second
+        -- claimer reads the tokens the first left). At most BUCKETS_PER_CLAIM,
+        -- the least recently drawn first (so all take turns): the planner then
+        -- costs their probes below as that many, never as a guess at the table.
+        SELECT d.channel, d.destination, {TOKENS_NOW_SQL} AS tokens
+        FROM outbox_destination AS d
+        WHERE {BUCKETED_SQL} AND (d.paused_until IS NULL OR d.paused_until <= now())
+          AND {TOKENS_NOW_SQL} >= 1
+        ORDER BY d.tokens_at NULLS FIRST
+        LIMIT {BUCKETS_PER_CLAIM}
+        FOR UPDATE
+    ),
+    unbucketed AS (
+        -- The due rows of every other destination, in claim order (the due index).
+        -- A paused or bucketed destination is skipped in the scan (one hashed
+        -- subplan), so the rows of the others fill the batch.
+        SELECT m.id, m.priority, m.available_at, m.channel,
+               COALESCE(m.destination, '') AS destination
+        FROM outbox_message AS m
+        WHERE {{claimable}}
+          AND (m.channel, COALESCE(m.destination, '')) NOT IN (
+                SELECT d.channel, d.destination FROM outbox_destination AS d
+                WHERE d.paused_until > now() OR {BUCKETED_SQL})
         ORDER BY m.priority DESC, m.available_at, m.id
-        LIMIT :batch_size
+        -- Twice the batch, for the fair share below to choose from; locked, so
+        -- that concurrent claimers each get rows of their own.
+        LIMIT CAST(:batch_size AS int) * 2
         FOR UPDATE SKIP LOCKED
-    )
+    ),
+    bucketed AS (
+        -- Each bucketed destination's first rows, as many as its bucket holds
+        -- (the per-destination due index: a probe each).
+        SELECT r.* FROM bucket AS b
+        CROSS JOIN LATERAL (
+            SELECT m.id, m.priority, m.available_at, m.channel, b.destination
+            FROM outbox_message AS m
+            WHERE m.channel = b.channel AND m.destination = b.destination AND {{claimable}}
+            ORDER BY m.priority DESC, m.available_at, m.id
+            -- (at most the batch; the fair share below takes what its bucket
+            -- holds: a limit the planner cannot see would cost it a tenth of
+            -- the table per destination, and the claim a JIT compile)
+            LIMIT CAST(:batch_size AS int)
+            FOR UPDATE SKIP LOCKED
+        ) AS r
+    ),
+    candidate AS (
+        SELECT * FROM unbucketed UNION ALL SELECT * FROM bucketed
+    ),
+    turn AS (
+        -- Fair share: each destination's rows take turns (its first row, then
+        -- every destination's second, ...) within a priority, so one busy
+        -- destination cannot fill the batch while another waits.
+        SELECT c.*, row_number() OVER (
+                   PARTITION BY c.channel, c.destination
+                   ORDER BY c.priority DESC, c.available_at, c.id) AS turn
+        FROM candidate AS c
+    ),
+    due AS (
+        -- A destination that throttled takes at most the tokens its bucket holds.
+        SELECT t.id FROM turn AS t
+        LEFT JOIN bucket AS b ON b.channel = t.channel AND b.destination = t.destination
+        WHERE b.tokens IS NULL OR t.turn <= floor(b.tokens)
+        ORDER BY t.priority DESC, t.turn, t.available_at, t.id
+        LIMIT :batch_size
+    ),
+    claimed AS (
     UPDATE outbox_message AS m
     SET status = 'claimed', claim_token = gen_random_uuid(), claimed_at = now(),
         lease_expires_at = now() + make_interval(secs => :lease_seconds),
@@ -131,13 +208,42 @@ _CLAIM = f"""
     -- after a burst of 10,000 rows on an idle table).
     WHERE m.id = due.id AND (m.status = 'pending') IS TRUE
     RETURNING {{returning}}
+    ),
+    spent AS (
+        -- Every bucket drawn from pays for the rows it gave, in this statement.
+        UPDATE outbox_destination AS d
+        SET tokens = b.tokens - c.rows, tokens_at = now()
+        FROM bucket AS b
+        JOIN (SELECT channel, destination, count(*) AS rows FROM claimed
+              GROUP BY channel, destination) AS c
+          ON c.channel = b.channel AND c.destination = b.destination
+        WHERE d.channel = b.channel AND d.destination = b.destination
+    )
+    SELECT {{columns}} FROM claimed
 """
 _CHANNEL_FILTER = "AND m.channel = ANY(CAST(:channels AS text[]))"
-_CLAIMED = "m.id, m.channel, CAST(m.claim_token AS text) AS claim_token, m.attempts + 1 AS attempt"
-_CLAIM_ALL = statement(_CLAIM.format(channel_filter="", received_at="NULL", returning=_CLAIMED))
-_CLAIM_CHANNELS = statement(
-    _CLAIM.format(channel_filter=_CHANNEL_FILTER, received_at="NULL", returning=_CLAIMED)
+# What the claim returns: the columns, then the destination the buckets pay for.
+_DESTINATION = "COALESCE(m.destination, '') AS destination"
+_CLAIMED = (
+    "m.id, m.channel, CAST(m.claim_token AS text) AS claim_token, m.attempts + 1 AS attempt, "
+    + _DESTINATION
 )
+_CLAIMED_COLUMNS = "id, channel, claim_token, attempt"
+
+
+def _claim_statement(channel_filter: str, received_at: str, returning: str, columns: str) -> Any:
+    return statement(
+        _CLAIM.format(
+            claimable=_CLAIMABLE.format(channel_filter=channel_filter),
+            received_at=received_at,
+            returning=returning,
+            columns=columns,
+        )
+    )
+
+
+_CLAIM_ALL = _claim_statement("", "NULL", _CLAIMED, _CLAIMED_COLUMNS)
+_CLAIM_CHANNELS = _claim_statement(_CHANNEL_FILTER, "NULL", _CLAIMED, _CLAIMED_COLUMNS)
 # The claim of a process that sends its rows itself (``outbox worker``): the
 # same compare-and-set, with the receipt taken in the same statement and the
 # payloads returned, so no hand-off and no second statement before the sends.
@@ -155,12 +261,14 @@ _PAYLOAD_TEXT = f"""CASE WHEN pg_column_size(m.payload) > {MAX_STORED_BYTES // 2
 _RECEIVED = f"""m.id, m.channel, {_PAYLOAD_TEXT}, m.attempts + 1 AS attempt,
     COALESCE(m.max_attempts, :default_max) AS max_attempts,
     CAST(m.claim_token AS text) AS claim_token, m.dedupe_key, m.ordering_key,
-    CAST(:lease_seconds AS float8) AS lease_left"""
-_CLAIM_AND_RECEIVE_ALL = statement(
-    _CLAIM.format(channel_filter="", received_at="now()", returning=_RECEIVED)
+    CAST(:lease_seconds AS float8) AS lease_left, {_DESTINATION}"""
+_RECEIVED_COLUMNS = (
+    "id, channel, payload, attempt, max_attempts, claim_token, dedupe_key, ordering_key, "
+    "lease_left, destination"
 )
-_CLAIM_AND_RECEIVE_CHANNELS = statement(
-    _CLAIM.format(channel_filter=_CHANNEL_FILTER, received_at="now()", returning=_RECEIVED)
+_CLAIM_AND_RECEIVE_ALL = _claim_statement("", "now()", _RECEIVED, _RECEIVED_COLUMNS)
+_CLAIM_AND_RECEIVE_CHANNELS = _claim_statement(
+    _CHANNEL_FILTER, "now()", _RECEIVED, _RECEIVED_COLUMNS
 )
 
 
@@ -317,7 +425,8 @@ _RECEIVE_CLAIMED = statement(
     RETURNING m.id, m.channel, {_PAYLOAD_TEXT}, m.attempts + 1 AS attempt,
               COALESCE(m.max_attempts, :default_max) AS max_attempts,
               CAST(m.claim_token AS text) AS claim_token, m.dedupe_key, m.ordering_key,
-              EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8 AS lease_left
+              EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8 AS lease_left,
+              {_DESTINATION}
     """
 )
 

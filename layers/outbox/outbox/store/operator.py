@@ -400,18 +400,30 @@ def recipient_history(
 
 # --- pausing a channel ---------------------------------------------------------
 # A row in outbox_channel_pause keeps the claim away from the channel's rows;
-# claims taken before the pause finish normally.
+# claims taken before the pause finish normally. A pause a quota answer wrote
+# ends by itself at ``paused_until``; an operator's has none and waits for
+# ``outbox resume``.
 
+_FORGET_ENDED = statement(
+    "DELETE FROM outbox_channel_pause WHERE channel = :channel AND paused_until <= now()"
+)
+# The operator's pause outlasts a quota's: it ends only when resumed.
 _PAUSE = statement(
     """
     INSERT INTO outbox_channel_pause (channel, reason) VALUES (:channel, :reason)
     ON CONFLICT (channel) DO UPDATE
-        SET reason = COALESCE(EXCLUDED.reason, outbox_channel_pause.reason)
+        SET reason = COALESCE(EXCLUDED.reason, outbox_channel_pause.reason), paused_until = NULL
     RETURNING paused_at, (xmax = 0) AS newly_paused
     """
 )
 _RESUME = statement("DELETE FROM outbox_channel_pause WHERE channel = :channel RETURNING channel")
-_PAUSED = statement("SELECT channel, reason, paused_at FROM outbox_channel_pause ORDER BY channel")
+_PAUSED = statement(
+    """
+    SELECT channel, reason, paused_at, paused_until FROM outbox_channel_pause
+    WHERE paused_until IS NULL OR paused_until > now()
+    ORDER BY channel
+    """
+)
 _CHANNEL_HAS_ROWS = statement(
     "SELECT EXISTS (SELECT 1 FROM outbox_message WHERE channel = :channel)"
 )
@@ -422,12 +434,15 @@ class PausedChannel:
     channel: str
     reason: str | None
     paused_at: Any
+    # When the pause ends by itself (a quota's reset); None: when resumed.
+    paused_until: Any = None
 
 
 def pause_channel(conn: sa.Connection, channel: str, reason: str | None = None) -> bool:
     """Stop claiming ``channel``'s rows. True if it was not paused before (a repeat
     keeps the first pause time, and its reason unless a new one is given)."""
     check_channels([channel])
+    conn.execute(_FORGET_ENDED, {"channel": channel})
     return bool(conn.execute(_PAUSE, {"channel": channel, "reason": reason}).one().newly_paused)
 
 
@@ -438,7 +453,11 @@ def resume_channel(conn: sa.Connection, channel: str) -> bool:
 
 
 def paused_channels(conn: sa.Connection) -> list[PausedChannel]:
-    return [PausedChannel(r.channel, r.reason, r.paused_at) for r in conn.execute(_PAUSED).all()]
+    """The channels paused now (a quota pause that has ended is not)."""
+    return [
+        PausedChannel(r.channel, r.reason, r.paused_at, r.paused_until)
+        for r in conn.execute(_PAUSED).all()
+    ]
 
 
 def channel_has_rows(conn: sa.Connection, channel: str) -> bool:

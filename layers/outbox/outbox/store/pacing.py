@@ -11,7 +11,9 @@ Every part is served by an index that already exists:
 * the next lease to expire: ``outbox_message_lease``, its first entry;
 * the next deliver-by time of a pending row with one of its own:
   ``outbox_message_expiry``, its first entry past now;
-* whether outcome events wait to be published: ``outbox_outcome_event_due``.
+* whether outcome events wait to be published: ``outbox_outcome_event_due``;
+* when a paused destination or channel resumes, or a throttled or limited
+  destination's empty bucket gets a token (``outbox_destination``, a few rows).
 
 Only future times count as wake-ups: a row that is due but not claimable
 (paused channel, held ordering key) must not wake the dispatcher in a loop.
@@ -27,9 +29,10 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from ._sql import statement
+from .rates import NEXT_RESUME_SQL
 
 _NEXT_WAKE = statement(
-    """
+    f"""
     WITH RECURSIVE priorities AS (
         (SELECT priority FROM outbox_message WHERE status = 'pending'
          ORDER BY priority DESC LIMIT 1)
@@ -51,7 +54,10 @@ _NEXT_WAKE = statement(
          WHERE m.status = 'pending' AND m.expires_at IS NOT NULL AND m.expires_at > now()
          ORDER BY m.expires_at LIMIT 1) AS next_deadline,
         EXISTS (SELECT 1 FROM outbox_outcome_event AS e
-                WHERE e.publish_after <= now()) AS outcome_events_due
+                WHERE e.publish_after <= now()) AS outcome_events_due,
+        -- due rows that wait for a destination's or channel's pause to end, or
+        -- a token of their destination's bucket (store/rates.py)
+        {NEXT_RESUME_SQL} AS next_resume
     """
 )
 
@@ -65,12 +71,16 @@ class NextWake:
     next_lease_expiry: dt.datetime | None
     next_deadline: dt.datetime | None
     outcome_events_due: bool
+    # a paused destination or channel resumes, or an empty bucket gets a token
+    next_resume: dt.datetime | None = None
 
     @property
     def earliest(self) -> dt.datetime | None:
         """The earliest of the times (an expired lease counts as now)."""
         times = [
-            t for t in (self.next_due, self.next_lease_expiry, self.next_deadline) if t is not None
+            t
+            for t in (self.next_due, self.next_lease_expiry, self.next_deadline, self.next_resume)
+            if t is not None
         ]
         return max(min(times), self.now) if times else None
 
@@ -83,4 +93,5 @@ def next_wake(conn: sa.Connection) -> NextWake:
         next_lease_expiry=row.next_lease_expiry,
         next_deadline=row.next_deadline,
         outcome_events_due=bool(row.outcome_events_due),
+        next_resume=row.next_resume,
     )

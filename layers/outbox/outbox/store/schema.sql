@@ -43,6 +43,19 @@ CREATE FUNCTION public.outbox_dedupe_identity(channel text, payload jsonb, addre
             ELSE array_to_string(addresses, E'\n') END
     $$;
 
+-- Name: outbox_destination_of(text, jsonb); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_destination_of(channel text, payload jsonb) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+            SELECT COALESCE(CASE channel
+                WHEN 'webhook' THEN lower(substring(payload ->> 'url' FROM '^[A-Za-z][A-Za-z0-9+.-]*://(?:[^@/?#]*@)?(\[[^]/?#]*\](?::[0-9]+)?|[^:/?#]*(?::[0-9]+)?)'))
+                WHEN 'sqs' THEN payload ->> 'queue_url'
+                WHEN 'eventbridge' THEN payload ->> 'event_bus'
+                END, '')
+        $$;
+
 -- Name: outbox_enqueue(text, jsonb, text, text, integer, interval, integer, timestamp with time zone, interval, text); Type: FUNCTION
 
 CREATE FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text DEFAULT NULL::text, ordering_key text DEFAULT NULL::text, priority integer DEFAULT 0, delay interval DEFAULT NULL::interval, max_attempts integer DEFAULT NULL::integer, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, ttl interval DEFAULT NULL::interval, on_predecessor_failure text DEFAULT 'hold'::text) RETURNS bigint
@@ -464,6 +477,18 @@ CREATE FUNCTION public.outbox_jsonb_list(value jsonb) RETURNS jsonb
         SELECT CASE WHEN jsonb_typeof(value) = 'array' THEN value ELSE '[]' END
     $$;
 
+-- Name: outbox_message_set_destination(); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_message_set_destination() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+        BEGIN
+            NEW.destination := outbox_destination_of(NEW.channel, NEW.payload);
+            RETURN NEW;
+        END
+        $$;
+
 -- Name: outbox_normalize_address(text, text); Type: FUNCTION
 
 CREATE FUNCTION public.outbox_normalize_address(channel text, address text) RETURNS text
@@ -628,6 +653,7 @@ CREATE TABLE public.outbox_channel_pause (
     channel text NOT NULL,
     reason text,
     paused_at timestamp with time zone DEFAULT now() NOT NULL,
+    paused_until timestamp with time zone,
     CONSTRAINT outbox_channel_pause_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text))
 );
 
@@ -640,6 +666,27 @@ CREATE TABLE public.outbox_dedupe (
     payload_digest bytea NOT NULL,
     message_id bigint NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+-- Name: outbox_destination; Type: TABLE
+
+CREATE TABLE public.outbox_destination (
+    channel text NOT NULL,
+    destination text NOT NULL,
+    paused_until timestamp with time zone,
+    rate double precision,
+    limit_rate double precision,
+    limit_burst double precision,
+    rate_at timestamp with time zone,
+    tokens double precision,
+    tokens_at timestamp with time zone,
+    throttled_total bigint DEFAULT 0 NOT NULL,
+    throttled_minute integer DEFAULT 0 NOT NULL,
+    minute_start timestamp with time zone,
+    CONSTRAINT outbox_destination_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text)),
+    CONSTRAINT outbox_destination_limit_burst_check CHECK (((limit_burst >= (1)::double precision) AND (limit_burst <= (1000000)::double precision))),
+    CONSTRAINT outbox_destination_limit_rate_check CHECK (((limit_rate > (0)::double precision) AND (limit_rate <= (100000)::double precision))),
+    CONSTRAINT outbox_destination_rate_check CHECK ((rate > (0)::double precision))
 );
 
 -- Name: outbox_fingerprint_key; Type: TABLE
@@ -679,6 +726,7 @@ CREATE TABLE public.outbox_message (
     on_predecessor_failure text DEFAULT 'hold'::text NOT NULL,
     recipient_fingerprints bytea[] DEFAULT '{}'::bytea[] NOT NULL,
     attempts_at_redrive integer DEFAULT 0 NOT NULL,
+    destination text,
     CONSTRAINT outbox_message_attempts_at_redrive_check CHECK ((attempts_at_redrive >= 0)),
     CONSTRAINT outbox_message_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT outbox_message_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text)),
@@ -751,6 +799,11 @@ ALTER TABLE ONLY public.outbox_channel
 ALTER TABLE ONLY public.outbox_dedupe
     ADD CONSTRAINT outbox_dedupe_pkey PRIMARY KEY (channel, dedupe_key, recipient_fingerprint);
 
+-- Name: outbox_destination outbox_destination_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_destination
+    ADD CONSTRAINT outbox_destination_pkey PRIMARY KEY (channel, destination);
+
 -- Name: outbox_fingerprint_key outbox_fingerprint_key_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.outbox_fingerprint_key
@@ -794,6 +847,10 @@ CREATE INDEX outbox_message_due ON public.outbox_message USING btree (priority D
 
 CREATE INDEX outbox_message_due_by_channel ON public.outbox_message USING btree (channel, priority DESC, available_at, id) WHERE (status = 'pending'::text);
 
+-- Name: outbox_message_due_by_destination; Type: INDEX
+
+CREATE INDEX outbox_message_due_by_destination ON public.outbox_message USING btree (channel, destination, priority DESC, available_at, id) WHERE (status = 'pending'::text);
+
 -- Name: outbox_message_email_provider_id; Type: INDEX
 
 CREATE INDEX outbox_message_email_provider_id ON public.outbox_message USING btree (provider_message_id) WHERE ((channel = 'email'::text) AND (provider_message_id IS NOT NULL));
@@ -823,6 +880,10 @@ CREATE INDEX outbox_outcome_event_due ON public.outbox_outcome_event USING btree
 CREATE TRIGGER outbox_message_delivered_event AFTER UPDATE OF status ON public.outbox_message FOR EACH ROW WHEN (((new.status = 'delivered'::text) AND (old.status IS DISTINCT FROM 'delivered'::text))) EXECUTE FUNCTION public.outbox_record_outcome_event();
 
 ALTER TABLE public.outbox_message DISABLE TRIGGER outbox_message_delivered_event;
+
+-- Name: outbox_message outbox_message_destination; Type: TRIGGER
+
+CREATE TRIGGER outbox_message_destination BEFORE INSERT ON public.outbox_message FOR EACH ROW EXECUTE FUNCTION public.outbox_message_set_destination();
 
 -- Name: outbox_message outbox_message_outcome_event; Type: TRIGGER
 
@@ -874,6 +935,10 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_channel_pause TO outbox
 -- Name: TABLE outbox_dedupe; Type: ACL
 
 GRANT SELECT,DELETE,UPDATE ON TABLE public.outbox_dedupe TO outbox_relay;
+
+-- Name: TABLE outbox_destination; Type: ACL
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_destination TO outbox_relay;
 
 -- Name: TABLE outbox_message; Type: ACL
 

@@ -1,0 +1,352 @@
+"""Destinations' rates and pauses: what a throttling or quota answer writes,
+and the SQL the claim reads them with (docs/design.md, invariant 10).
+
+A destination (``outbox_message.destination``, set on insert from the
+channel and payload) that answers "slow down" gets a row in
+``outbox_destination``: paused until the time it asked for (or the relay's
+own short pause), and a learned rate, cut by ``RATE_DECREASE`` on each fresh
+throttling answer and grown again by ``RATE_INCREASE_PER_SECOND`` of itself
+for every second since (additive increase, multiplicative decrease, as TCP
+does). The claim draws each such destination's rows from a token bucket
+refilled at that rate, so a steady backlog settles just under what the
+receiver admits and each refused call costs one call, not one per message.
+
+A quota answer pauses the whole channel (``outbox_channel_pause``) until the
+provider's reset or ``QUOTA_PAUSE_SECONDS``; the claim skips it till then.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from ._sql import check_channels, json_document, statement
+
+# How long a destination waits after a throttling answer that named no time.
+THROTTLE_PAUSE_SECONDS = 1.0
+# How long a channel waits after a quota answer that named no reset time.
+QUOTA_PAUSE_SECONDS = 3600.0
+# The learned rate after a throttling answer, as a share of the rate then.
+RATE_DECREASE = 0.8
+# How fast the learned rate grows back: this share of itself, each second.
+RATE_INCREASE_PER_SECOND = 0.05
+# The learned rate never falls below this (messages a second).
+MIN_RATE = 0.1
+# No pause is longer than a day, whatever a provider answers.
+MAX_PAUSE_SECONDS = 86400.0
+
+# Operator limits (``outbox limit set``) are held to these, as the table is.
+MAX_LIMIT_RATE = 100_000.0
+MAX_LIMIT_BURST = 1_000_000.0
+
+# The learned rate of destination row ``d`` now: as learned, grown since.
+RATE_NOW_SQL = (
+    f"(d.rate * (1 + {RATE_INCREASE_PER_SECOND} "
+    "* GREATEST(0, EXTRACT(EPOCH FROM now() - d.rate_at))))"
+)
+# The rate its bucket refills at: the operator's limit, or the learned rate,
+# whichever is lower (NULL: neither, no bucket).
+_REFILL_SQL = f"LEAST(d.limit_rate, {RATE_NOW_SQL})"
+# Whether the row has a bucket at all.
+BUCKETED_SQL = "(d.rate IS NOT NULL OR d.limit_rate IS NOT NULL)"
+# The tokens its bucket holds now: refilled since ``tokens_at`` (a time in
+# the future while paused: none yet), holding at most the operator's burst,
+# else one second's worth (at least one message).
+TOKENS_NOW_SQL = (
+    f"LEAST(COALESCE(d.limit_burst, GREATEST(1, {_REFILL_SQL})), "
+    f"COALESCE(d.tokens, 0) + {_REFILL_SQL} "
+    "* GREATEST(0, EXTRACT(EPOCH FROM now() - d.tokens_at)))"
+)
+
+
+def bounded_pause(seconds: Any, default: float) -> float:
+    """A provider's pause made safe to write: a number within (0, a day];
+    anything else (None, NaN, negative, text) is ``default``."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return default
+    seconds = float(seconds)
+    if not seconds > 0:  # NaN too
+        return default
+    return min(seconds, MAX_PAUSE_SECONDS)
+
+
+@dataclass(frozen=True)
+class Throttled:
+    """What one sender saw of a destination that throttled: the longest pause
+    asked for, how many answers said so, and the rate this sender had asked
+    at until then (calls a second), the first estimate of what it admits."""
+
+    pause_seconds: float | None  # None: the relay's own pause
+    answers: int
+    asked_rate: float
+
+
+# One statement for every throttled destination of a batch. A destination
+# already paused when the answer came (an answer to a call that was already
+# under way) lengthens the pause but does not cut the rate again: one cut
+# per signal, however many senders heard it.
+_THROTTLED = statement(
+    f"""
+    INSERT INTO outbox_destination AS d
+        (channel, destination, paused_until, rate, rate_at, tokens, tokens_at,
+         throttled_total, throttled_minute, minute_start)
+    SELECT :channel, t.destination, now() + make_interval(secs => t.pause_s),
+           GREATEST({MIN_RATE}, t.asked_rate * {RATE_DECREASE}), now(),
+           0, now() + make_interval(secs => t.pause_s), t.answers, t.answers, now()
+    FROM jsonb_to_recordset(CAST(:throttled AS jsonb))
+        AS t(destination text, pause_s float8, answers int, asked_rate float8)
+    ON CONFLICT (channel, destination) DO UPDATE SET
+        paused_until = GREATEST(d.paused_until, EXCLUDED.paused_until),
+        rate = CASE WHEN d.paused_until > now() AND d.rate IS NOT NULL THEN d.rate
+                    -- (LEAST ignores a NULL: no limit, or nothing learned yet)
+                    ELSE GREATEST({MIN_RATE}, {RATE_DECREASE} * CASE
+                        WHEN d.rate IS NULL
+                        THEN LEAST(EXCLUDED.rate / {RATE_DECREASE}, d.limit_rate)
+                        ELSE LEAST({RATE_NOW_SQL}, d.limit_rate) END) END,
+        rate_at = CASE WHEN d.paused_until > now() AND d.rate IS NOT NULL THEN d.rate_at
+                       ELSE now() END,
+        tokens = 0,
+        tokens_at = GREATEST(d.tokens_at, EXCLUDED.tokens_at),
+        throttled_total = d.throttled_total + EXCLUDED.throttled_total,
+        throttled_minute = CASE WHEN d.minute_start > now() - interval '1 minute'
+                                THEN d.throttled_minute + EXCLUDED.throttled_minute
+                                ELSE EXCLUDED.throttled_minute END,
+        minute_start = CASE WHEN d.minute_start > now() - interval '1 minute'
+                            THEN d.minute_start ELSE now() END
+    """
+)
+
+# A quota pause ends by itself; an operator's pause (no end) is never
+# shortened by one, and keeps its reason.
+_QUOTA = statement(
+    """
+    INSERT INTO outbox_channel_pause AS cp (channel, reason, paused_until)
+    VALUES (:channel, :reason, now() + make_interval(secs => :pause_s))
+    ON CONFLICT (channel) DO UPDATE SET
+        reason = CASE WHEN cp.paused_until IS NULL THEN cp.reason ELSE EXCLUDED.reason END,
+        paused_at = CASE WHEN cp.paused_until <= now() THEN now() ELSE cp.paused_at END,
+        paused_until = CASE WHEN cp.paused_until IS NULL THEN NULL
+                            WHEN cp.paused_until <= now() THEN EXCLUDED.paused_until
+                            ELSE GREATEST(cp.paused_until, EXCLUDED.paused_until) END
+    """
+)
+
+
+def record_throttling(
+    conn: sa.Connection,
+    channel: str,
+    throttled: Mapping[str, Throttled],
+    quota: tuple[str, float | None] | None = None,
+) -> None:
+    """Pause each throttled destination of ``channel`` and cut its rate, and
+    with ``quota`` (reason, seconds) pause the channel: in the caller's
+    transaction, before the settle gives the rows back, so no claim between
+    the two can take them."""
+    check_channels([channel])
+    if throttled:
+        rows = [
+            {
+                "destination": destination,
+                "pause_s": bounded_pause(t.pause_seconds, THROTTLE_PAUSE_SECONDS),
+                "answers": t.answers,
+                "asked_rate": max(float(t.asked_rate), MIN_RATE),
+            }
+            for destination, t in throttled.items()
+        ]
+        conn.execute(_THROTTLED, {"channel": channel, "throttled": json_document(rows)})
+    if quota is not None:
+        reason, seconds = quota
+        conn.execute(
+            _QUOTA,
+            {
+                "channel": channel,
+                "reason": reason,
+                "pause_s": bounded_pause(seconds, QUOTA_PAUSE_SECONDS),
+            },
+        )
+
+
+@dataclass(frozen=True)
+class DestinationFigures:
+    """One destination as ``outbox status`` shows it."""
+
+    channel: str
+    destination: str
+    rate: float | None  # the learned rate now, messages a second (None: none)
+    limit_rate: float | None  # the operator's limit, messages a second (None: none)
+    limit_burst: float | None
+    paused_until: Any  # a datetime while paused, else None
+    throttled_last_minute: int
+    throttled_total: int
+
+
+_DESTINATIONS = statement(
+    f"""
+    SELECT d.channel, d.destination, {RATE_NOW_SQL} AS rate, d.limit_rate, d.limit_burst,
+           CASE WHEN d.paused_until > now() THEN d.paused_until END AS paused_until,
+           CASE WHEN d.minute_start > now() - interval '1 minute'
+                THEN d.throttled_minute ELSE 0 END AS throttled_last_minute,
+           d.throttled_total
+    FROM outbox_destination AS d
+    ORDER BY d.channel, d.destination
+    """
+)
+
+
+def destination_figures(conn: sa.Connection) -> list[DestinationFigures]:
+    """Every destination that ever throttled or has a limit, with its figures now."""
+    return [
+        DestinationFigures(
+            r.channel,
+            r.destination,
+            None if r.rate is None else float(r.rate),
+            None if r.limit_rate is None else float(r.limit_rate),
+            None if r.limit_burst is None else float(r.limit_burst),
+            r.paused_until,
+            int(r.throttled_last_minute),
+            int(r.throttled_total),
+        )
+        for r in conn.execute(_DESTINATIONS)
+    ]
+
+
+# --- the operator's limits ------------------------------------------------------
+
+# A new limit starts with a full bucket; a changed one keeps what is left.
+_SET_LIMIT = statement(
+    """
+    INSERT INTO outbox_destination AS d
+        (channel, destination, limit_rate, limit_burst, tokens, tokens_at)
+    VALUES (:channel, :destination, :rate, :burst, :burst, now())
+    ON CONFLICT (channel, destination) DO UPDATE SET
+        limit_rate = EXCLUDED.limit_rate, limit_burst = EXCLUDED.limit_burst,
+        tokens = LEAST(COALESCE(d.tokens, EXCLUDED.limit_burst), EXCLUDED.limit_burst),
+        tokens_at = COALESCE(d.tokens_at, now())
+    """
+)
+# Cleared: the row goes, unless it holds what the relay learned (then only
+# the limit goes). Two statements: one statement's two CTEs cannot both
+# change one row.
+_DROP_LIMITED = statement(
+    """
+    DELETE FROM outbox_destination
+    WHERE channel = :channel AND destination = :destination
+      AND limit_rate IS NOT NULL AND rate IS NULL
+    RETURNING channel
+    """
+)
+_CLEAR_LIMIT = statement(
+    """
+    UPDATE outbox_destination SET limit_rate = NULL, limit_burst = NULL
+    WHERE channel = :channel AND destination = :destination AND limit_rate IS NOT NULL
+    RETURNING channel
+    """
+)
+
+
+def check_limit(rate: Any, burst: Any = None) -> tuple[float, float]:
+    """(rate, burst) as numbers the table holds, or ValueError saying why: a
+    rate in (0, MAX_LIMIT_RATE] messages a second; a burst in [1,
+    MAX_LIMIT_BURST] (default: one second's worth, at least one)."""
+    rate = _finite("rate", rate)
+    if not 0 < rate <= MAX_LIMIT_RATE:
+        raise ValueError(f"rate must be above 0 and at most {MAX_LIMIT_RATE:g} a second")
+    if burst is None:
+        burst = max(1.0, rate)
+    burst = _finite("burst", burst)
+    if not 1 <= burst <= MAX_LIMIT_BURST:
+        raise ValueError(f"burst must be between 1 and {MAX_LIMIT_BURST:g} messages")
+    return rate, burst
+
+
+def _finite(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number")
+    number = float(value)
+    if number != number or number in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be a finite number")
+    return number
+
+
+def set_limit(
+    conn: sa.Connection, channel: str, destination: str, rate: float, burst: float | None = None
+) -> tuple[float, float]:
+    """Hold ``channel``'s ``destination`` ('' for the account) to ``rate``
+    messages a second, ``burst`` at once, for every dispatcher and worker.
+    Returns (rate, burst) as stored; ValueError (nothing changed) for a bad one."""
+    check_channels([channel])
+    rate, burst = check_limit(rate, burst)
+    conn.execute(
+        _SET_LIMIT, {"channel": channel, "destination": destination, "rate": rate, "burst": burst}
+    )
+    return rate, burst
+
+
+def clear_limit(conn: sa.Connection, channel: str, destination: str) -> bool:
+    """Remove the operator's limit; True if there was one."""
+    check_channels([channel])
+    key = {"channel": channel, "destination": destination}
+    dropped = conn.execute(_DROP_LIMITED, key).first() is not None
+    return conn.execute(_CLEAR_LIMIT, key).first() is not None or dropped
+
+
+# A webhook destination: a host name, an IPv4 address or a bracketed IPv6
+# address, lower-case, then an optional port (what outbox_destination_of makes).
+_HOST_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+_WEBHOOK_DESTINATION = re.compile(
+    rf"^(?:{_HOST_LABEL}(?:\.{_HOST_LABEL})*|\[[0-9a-f:.]+\])"
+    r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?$"
+)
+# Channels whose every message goes to one destination: the account ('').
+ACCOUNT_CHANNELS = ("email", "sms", "push")
+MAX_DESTINATION_CHARS = 2048
+
+
+def check_destination(channel: str, destination: str) -> str:
+    """``destination`` as ``channel``'s rows carry it, or ValueError saying
+    what it should be: a webhook's receiver ``host[:port]`` (lower-cased), ''
+    (the account) for email, SMS and push; for the others any key up to
+    ``MAX_DESTINATION_CHARS`` without control characters ('' included)."""
+    if channel == "webhook":
+        key = destination.strip().lower()
+        if not _WEBHOOK_DESTINATION.match(key):
+            raise ValueError(
+                "a webhook destination is the receiver's host[:port] "
+                "(hooks.example.com, hooks.example.com:8443)"
+            )
+        return key
+    if channel in ACCOUNT_CHANNELS:
+        if destination:
+            raise ValueError(f"{channel} has one destination, the account: give none")
+        return ""
+    if len(destination) > MAX_DESTINATION_CHARS or any(
+        ord(c) < 32 or ord(c) == 127 for c in destination
+    ):
+        raise ValueError(
+            f"a destination is at most {MAX_DESTINATION_CHARS} characters, "
+            "with no control characters"
+        )
+    return destination
+
+
+# For a relay that sleeps until its next event (docs/how-to/pacing.md): the
+# rows of a paused destination or channel, or of an empty bucket, are due but
+# not claimable, so their next chance is when the pause ends or a token comes.
+NEXT_RESUME_SQL = f"""LEAST(
+        (SELECT min(paused_until) FROM outbox_destination WHERE paused_until > now()),
+        (SELECT min(paused_until) FROM outbox_channel_pause WHERE paused_until > now()),
+        (SELECT min(now() + make_interval(secs => (1 - {TOKENS_NOW_SQL}) / {_REFILL_SQL}))
+         FROM outbox_destination AS d
+         WHERE {BUCKETED_SQL} AND (d.paused_until IS NULL OR d.paused_until <= now())
+           AND {TOKENS_NOW_SQL} < 1))"""
+_NEXT_RESUME = statement(f"SELECT {NEXT_RESUME_SQL} AS next_resume")
+
+
+def next_resume(conn: sa.Connection) -> Any:
+    """The earliest future time a paused destination or channel resumes, or an
+    empty bucket holds a token again (a datetime), or None."""
+    return conn.execute(_NEXT_RESUME).scalar_one()

@@ -1,0 +1,471 @@
+"""Destinations and their limits (docs/design.md, invariant 10): a throttling
+answer pauses its destination, never counting an attempt or a deferral, while
+other destinations keep going; the claim draws a throttled destination's rows
+from its token bucket, in bulk, however many claimers; a quota answer pauses
+the channel until its reset or an operator's resume."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import outbox
+from outbox import sender, store
+from outbox.channels import Outcome
+from outbox.handoff import HandOff
+from support import ScriptedChannel, install_channel, settings
+
+
+def hook(host: str, n: int = 0) -> dict[str, Any]:
+    return {"url": f"https://{host}/hooks/{n}", "event_type": "t", "body": {"n": n}}
+
+
+def enqueue_hooks(engine: sa.Engine, host: str, n: int) -> list[int]:
+    with engine.begin() as conn:
+        return outbox.enqueue_many(
+            conn, [{"channel": "webhook", "payload": hook(host, i)} for i in range(n)]
+        )
+
+
+def enqueue_scripted(engine: sa.Engine, n: int) -> list[int]:
+    with engine.begin() as conn:
+        return outbox.enqueue_many(
+            conn, [{"channel": "scripted", "payload": {"n": i}} for i in range(n)]
+        )
+
+
+def claim(engine: sa.Engine, batch: int = 100) -> list[store.Claim]:
+    with engine.begin() as conn:
+        return store.claim(conn, batch, 120)
+
+
+def destinations_of(engine: sa.Engine, ids: list[int]) -> set[str]:
+    with engine.connect() as conn:
+        return set(
+            conn.execute(
+                sa.text("SELECT destination FROM outbox_message WHERE id = ANY(:ids)"),
+                {"ids": ids},
+            ).scalars()
+        )
+
+
+def counts(engine: sa.Engine, ids: list[int]) -> dict[int, tuple[str, int, int]]:
+    """id -> (status, attempts, deferrals)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT id, status, attempts, deferrals FROM outbox_message WHERE id = ANY(:ids)"
+            ),
+            {"ids": ids},
+        ).all()
+    return {r.id: (r.status, r.attempts, r.deferrals) for r in rows}
+
+
+def run_sender(engine: sa.Engine, claims: list[store.Claim], **overrides: Any) -> Any:
+    event = HandOff(claims[0].channel, tuple(claims)).to_event()
+    return sender.run(engine, event, settings(send_concurrency=1, **overrides), lambda: 30.0)
+
+
+# --- the destination -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("channel", "payload", "destination"),
+    [
+        ("webhook", {"url": "https://Hooks.Example.COM/a?b=c"}, "hooks.example.com"),
+        ("webhook", {"url": "https://hooks.example.com:8443/a"}, "hooks.example.com:8443"),
+        ("webhook", {"url": "https://user:pw@hooks.example.com/a"}, "hooks.example.com"),
+        ("webhook", {"url": "http://[2001:db8::1]:9000/p"}, "[2001:db8::1]:9000"),
+        ("webhook", {"url": "not a url"}, ""),
+        ("sqs", {"queue_url": "https://sqs.x/123456789012/q"}, "https://sqs.x/123456789012/q"),
+        ("eventbridge", {"event_bus": "orders"}, "orders"),
+        ("eventbridge", {}, ""),
+        ("email", {"to": ["a@example.com"]}, ""),
+        ("sms", {"to": "+15555550100"}, ""),
+        ("custom", {"anything": 1}, ""),
+    ],
+)
+def test_the_destination_is_a_function_of_channel_and_payload(
+    engine: sa.Engine, channel: str, payload: dict[str, Any], destination: str
+) -> None:
+    with engine.connect() as conn:
+        got = conn.execute(
+            sa.text("SELECT outbox_destination_of(:channel, CAST(:payload AS jsonb))"),
+            {"channel": channel, "payload": outbox.store.payload_json(payload)},
+        ).scalar_one()
+    assert got == destination
+
+
+def test_every_insert_gets_its_destination(engine: sa.Engine) -> None:
+    ids = enqueue_hooks(engine, "a.example", 2) + enqueue_hooks(engine, "b.example:8443", 1)
+    with engine.begin() as conn:  # raw SQL, past the producer, too
+        raw = conn.execute(
+            sa.text(
+                "INSERT INTO outbox_message (channel, payload) VALUES "
+                """('webhook', '{"url": "https://c.example/x"}') RETURNING id"""
+            )
+        ).scalar_one()
+    assert destinations_of(engine, ids) == {"a.example", "b.example:8443"}
+    assert destinations_of(engine, [raw]) == {"c.example"}
+
+
+# --- the claim -----------------------------------------------------------------
+
+
+def test_a_paused_destination_is_skipped_and_the_others_claimed(engine: sa.Engine) -> None:
+    slow = enqueue_hooks(engine, "slow.example", 5)
+    fast = enqueue_hooks(engine, "fast.example", 5)
+    with engine.begin() as conn:
+        store.record_throttling(conn, "webhook", {"slow.example": store.Throttled(30, 1, 10)})
+    assert sorted(c.id for c in claim(engine)) == fast
+    assert claim(engine) == []
+    assert {counts(engine, slow)[i] for i in slow} == {("pending", 0, 0)}
+    [figures] = _figures(engine)
+    assert (figures.destination, figures.throttled_last_minute, figures.throttled_total) == (
+        "slow.example",
+        1,
+        1,
+    )
+    assert figures.paused_until is not None and figures.rate == pytest.approx(8.0, rel=0.2)
+
+
+def test_fair_share_lets_every_destination_take_turns(engine: sa.Engine) -> None:
+    busy = enqueue_hooks(engine, "busy.example", 8)
+    quiet = enqueue_hooks(engine, "quiet.example", 3)
+    claimed = [c.id for c in claim(engine, batch=6)]
+    # one of each, then the second of each, ...: the quiet one is not behind the busy one
+    assert sorted(claimed) == sorted(busy[:3] + quiet[:3])
+
+
+def set_bucket(engine: sa.Engine, destination: str, rate: float, tokens: float) -> Any:
+    """A destination that throttled and whose pause is over, its bucket holding
+    ``tokens`` and refilling at ``rate``, from now (returned, the database's)."""
+    with engine.begin() as conn:
+        store.record_throttling(conn, "webhook", {destination: store.Throttled(1, 1, 1)})
+        return conn.execute(
+            sa.text(
+                "UPDATE outbox_destination SET paused_until = now(), rate = :rate, "
+                "rate_at = now(), tokens = :tokens, tokens_at = now() WHERE destination = :d "
+                "RETURNING now()"
+            ),
+            {"rate": rate, "tokens": tokens, "d": destination},
+        ).scalar_one()
+
+
+def test_a_throttled_destination_takes_no_more_than_its_bucket(engine: sa.Engine) -> None:
+    limited = enqueue_hooks(engine, "limited.example", 20)
+    free = enqueue_hooks(engine, "free.example", 20)
+    set_bucket(engine, "limited.example", rate=4, tokens=4)
+    claimed = [c.id for c in claim(engine)]
+    assert len(set(claimed) & set(limited)) == 4  # the bucket: 4, at most one second of its rate
+    assert set(free) <= set(claimed)  # the others at full speed
+    with engine.connect() as conn:
+        tokens = conn.execute(
+            sa.text("SELECT tokens FROM outbox_destination WHERE destination = 'limited.example'")
+        ).scalar_one()
+    assert tokens < 1  # drawn, in the same statement
+    assert not set(c.id for c in claim(engine)) & set(limited)
+
+
+def test_many_claimers_never_take_more_than_the_bucket_holds(engine: sa.Engine) -> None:
+    limited = enqueue_hooks(engine, "limited.example", 200)
+    since = set_bucket(engine, "limited.example", rate=5, tokens=5)
+    start = threading.Barrier(8)
+    taken: list[int] = []
+    lock = threading.Lock()
+
+    def claimer() -> None:
+        start.wait()
+        for _ in range(5):
+            got = [c.id for c in claim(engine, batch=50)]
+            with lock:
+                taken.extend(got)
+
+    threads = [threading.Thread(target=claimer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(taken) == len(set(taken)) and set(taken) <= set(limited)
+    # What the bucket held, plus its refill over the claims' span by the
+    # database's clock: 5 tokens, then 5 a second (grown by 5 % a second).
+    with engine.connect() as conn:
+        last = conn.execute(
+            sa.text("SELECT max(claimed_at) FROM outbox_message WHERE status = 'claimed'")
+        ).scalar_one()
+    span = (last - since).total_seconds()
+    assert 5 <= len(taken) <= 5 + 5 * (1 + 0.05 * span) * span + 1e-9
+
+
+def _figures(engine: sa.Engine) -> list[store.DestinationFigures]:
+    with engine.connect() as conn:
+        return store.destination_figures(conn)
+
+
+# --- the sender: throttling ------------------------------------------------------
+
+
+class DestinationChannel(ScriptedChannel):
+    """The scripted channel, counting every call it answers."""
+
+    calls: int = 0
+
+    def send(self, message: Any, deadline: Any) -> Outcome:
+        self.calls += 1
+        return super().send(message, deadline)
+
+
+def test_a_throttling_answer_pauses_the_destination_and_counts_nothing(
+    engine: sa.Engine,
+) -> None:
+    channel = install_channel(
+        DestinationChannel(answers=[Outcome.delivered(), Outcome.throttled("HTTP 429", 60)])
+    )
+    ids = enqueue_scripted(engine, 6)
+    report = run_sender(engine, claim(engine))
+    assert channel.calls == 2  # one refused call; the other rows were not started
+    assert report.statuses == {"delivered": 1, "not_started": 5}
+    after = counts(engine, ids)
+    assert after[ids[0]] == ("delivered", 1, 0)
+    assert {after[i] for i in ids[1:]} == {("pending", 0, 0)}  # no attempt, no deferral
+    with engine.connect() as conn:
+        last_error = conn.execute(
+            sa.text("SELECT last_error FROM outbox_message WHERE id = :id"), {"id": ids[1]}
+        ).scalar_one()
+        paused_for = conn.execute(
+            sa.text(
+                "SELECT EXTRACT(EPOCH FROM paused_until - now()) FROM outbox_destination"
+                " WHERE channel = 'scripted' AND destination = ''"
+            )
+        ).scalar_one()
+    assert last_error == "HTTP 429"
+    assert 50 < float(paused_for) <= 60  # the pause asked for
+    assert claim(engine) == []  # paused: nothing claimed, nothing counted
+
+    # the pause over, the rows go, one attempt each (none was counted before)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_destination SET paused_until = now(), rate = 100, rate_at = now(),"
+                " tokens = 100, tokens_at = now()"
+            )
+        )
+    report = run_sender(engine, claim(engine))
+    assert report.statuses == {"delivered": 5}
+    assert {counts(engine, ids)[i] for i in ids} == {("delivered", 1, 0)}
+
+
+def test_a_throttled_answer_in_flight_while_paused_does_not_cut_the_rate_again(
+    engine: sa.Engine,
+) -> None:
+    with engine.begin() as conn:
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 1, 100)})
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 3, 100)})
+    [figures] = _figures(engine)
+    assert figures.rate == pytest.approx(80, rel=0.05)  # cut once: 100 x 0.8
+    assert figures.throttled_total == 4
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -5.0, 0.0, None, float("inf"), 1e12])
+def test_a_bad_pause_is_bounded(engine: sa.Engine, bad: Any) -> None:
+    with engine.begin() as conn:
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(bad, 1, 1)})
+        seconds = conn.execute(
+            sa.text("SELECT EXTRACT(EPOCH FROM paused_until - now()) FROM outbox_destination")
+        ).scalar_one()
+    assert 0 < float(seconds) <= store.rates.MAX_PAUSE_SECONDS
+
+
+# --- the sender: quotas ----------------------------------------------------------
+
+
+def test_a_quota_answer_pauses_the_channel_until_resumed(engine: sa.Engine) -> None:
+    quota = Outcome.quota("ThrottlingException: daily quota exceeded", 3600)
+    channel = install_channel(
+        DestinationChannel(answers=[Outcome.delivered(), quota, quota, quota, quota])
+    )
+    ids = enqueue_scripted(engine, 8)
+    first, second = claim(engine, batch=4), claim(engine, batch=4)  # two events in flight
+    run_sender(engine, first)
+    assert channel.calls == 2  # the refused call, then nothing more
+    with engine.connect() as conn:
+        [paused] = store.paused_channels(conn)
+    assert (paused.channel, paused.reason) == (
+        "scripted",
+        "quota: ThrottlingException: daily quota exceeded",
+    )
+    assert paused.paused_until is not None
+    # the other sender, already under way: at most one refused call
+    run_sender(engine, second)
+    assert channel.calls == 3
+    assert claim(engine) == []
+    after = counts(engine, ids)
+    assert {after[i] for i in ids if i != ids[0]} == {("pending", 0, 0)}
+
+    # an operator's resume (the quota was raised): delivered, one attempt each
+    channel.answers.clear()
+    with engine.begin() as conn:
+        assert store.resume_channel(conn, "scripted")
+    run_sender(engine, claim(engine))
+    assert {counts(engine, ids)[i] for i in ids} == {("delivered", 1, 0)}
+
+
+def test_a_quota_pause_ends_by_itself_and_an_operator_pause_outlasts_it(
+    engine: sa.Engine,
+) -> None:
+    install_channel(ScriptedChannel())
+    ids = enqueue_scripted(engine, 2)
+    with engine.begin() as conn:
+        store.record_throttling(conn, "scripted", {}, ("quota: daily", 3600))
+    assert claim(engine) == []
+    with engine.begin() as conn:  # the reset time comes
+        conn.execute(sa.text("UPDATE outbox_channel_pause SET paused_until = now()"))
+        assert store.paused_channels(conn) == []
+    assert sorted(c.id for c in claim(engine)) == ids
+
+    with engine.begin() as conn:  # an operator's pause is not ended by a quota's
+        store.pause_channel(conn, "scripted", "incident")
+        store.record_throttling(conn, "scripted", {}, ("quota: daily", 60))
+        [paused] = store.paused_channels(conn)
+    assert (paused.reason, paused.paused_until) == ("incident", None)
+
+
+# --- the operator's limits -------------------------------------------------------
+
+
+def test_an_operator_limit_holds_the_claim_to_its_burst_then_its_rate(engine: sa.Engine) -> None:
+    limited = enqueue_hooks(engine, "limited.example", 10)
+    free = enqueue_hooks(engine, "free.example", 10)
+    with engine.begin() as conn:  # a rate so low that no token comes back during the test
+        assert store.set_limit(conn, "webhook", "limited.example", 0.001, 3) == (0.001, 3)
+    first = {c.id for c in claim(engine)}
+    assert len(first & set(limited)) == 3 and set(free) <= first
+    assert claim(engine) == []  # the bucket is empty: the rest waits, pending
+    with engine.connect() as conn:
+        [figures] = store.destination_figures(conn)
+    assert (figures.limit_rate, figures.limit_burst, figures.rate) == (0.001, 3, None)
+
+
+def test_a_learned_rate_never_exceeds_the_limit(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        store.set_limit(conn, "webhook", "a.example", 10)
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(1, 1, 100)})
+        [figures] = store.destination_figures(conn)
+    assert (figures.limit_rate, figures.limit_burst) == (10, 10)
+    assert figures.rate == pytest.approx(8, rel=0.05)  # 0.8 x the limit, not x 100
+
+
+def test_clearing_a_limit_keeps_what_was_learned(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        store.set_limit(conn, "webhook", "a.example", 10)
+        store.set_limit(conn, "webhook", "b.example", 10)
+        store.record_throttling(conn, "webhook", {"b.example": store.Throttled(1, 1, 5)})
+        assert store.clear_limit(conn, "webhook", "a.example") is True
+        assert store.clear_limit(conn, "webhook", "a.example") is False
+        assert store.clear_limit(conn, "webhook", "b.example") is True
+        [left] = store.destination_figures(conn)
+    assert (left.destination, left.limit_rate, left.rate is not None) == ("b.example", None, True)
+
+
+@pytest.mark.parametrize(
+    ("rate", "burst", "problem"),
+    [
+        (0, None, "rate must be above 0"),
+        (-1, None, "rate must be above 0"),
+        (float("nan"), None, "rate must be a finite number"),
+        (float("inf"), None, "rate must be a finite number"),
+        (1e9, None, "rate must be above 0 and at most 100000"),
+        ("5", None, "rate must be a number"),
+        (5, 0, "burst must be between 1"),
+        (5, float("nan"), "burst must be a finite number"),
+        (5, 1e12, "burst must be between 1"),
+    ],
+)
+def test_a_bad_limit_is_refused_and_changes_nothing(
+    engine: sa.Engine, rate: Any, burst: Any, problem: str
+) -> None:
+    with pytest.raises(ValueError, match=problem), engine.begin() as conn:
+        store.set_limit(conn, "webhook", "a.example", rate, burst)
+    assert _figures(engine) == []
+
+
+@pytest.mark.parametrize(
+    ("channel", "destination", "expected"),
+    [
+        ("webhook", "Hooks.Example.com", "hooks.example.com"),
+        ("webhook", "hooks.example.com:8443", "hooks.example.com:8443"),
+        ("webhook", "[2001:db8::1]:443", "[2001:db8::1]:443"),
+        ("webhook", "10.0.0.1", "10.0.0.1"),
+        ("webhook", "https://hooks.example.com/x", None),
+        ("webhook", "hooks example", None),
+        ("webhook", "", None),
+        ("webhook", "hooks.example.com:99999", None),
+        ("webhook", "hooks.example.com:0", None),
+        ("email", "", ""),
+        ("email", "example.com", None),
+        ("sqs", "https://sqs.x/123456789012/q", "https://sqs.x/123456789012/q"),
+        ("eventbridge", "", ""),
+        ("eventbridge", "bus\x1b[2J", None),
+    ],
+)
+def test_destination_keys_are_checked(channel: str, destination: str, expected: str | None) -> None:
+    if expected is None:
+        with pytest.raises(ValueError):
+            store.check_destination(channel, destination)
+    else:
+        assert store.check_destination(channel, destination) == expected
+
+
+def test_a_limited_destination_behind_a_long_backlog_still_gets_its_share(
+    engine: sa.Engine,
+) -> None:
+    """Its rows are found by a probe of their own index, not by walking the
+    claim order: 300 rows of another destination ahead do not hide them, and
+    their few tokens do not shrink the batch of the others."""
+    free = enqueue_hooks(engine, "free.example", 300)
+    limited = enqueue_hooks(engine, "limited.example", 5)
+    with engine.begin() as conn:
+        store.set_limit(conn, "webhook", "limited.example", 0.001, 3)
+    claimed = {c.id for c in claim(engine, batch=10)}
+    assert len(claimed) == 10
+    assert len(claimed & set(limited)) == 3 and len(claimed & set(free)) == 7
+    claimed = {c.id for c in claim(engine, batch=10)}  # the bucket is empty now
+    assert claimed <= set(free) and len(claimed) == 10
+
+
+def test_next_resume_is_when_a_pause_ends_or_a_token_comes(engine: sa.Engine) -> None:
+    """What a relay that sleeps until its next event must wake for."""
+    with engine.begin() as conn:
+        assert store.next_resume(conn) is None
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 1, 10)})
+        store.record_throttling(conn, "email", {}, ("quota: daily", 10))
+        seconds = conn.execute(
+            sa.text("SELECT EXTRACT(EPOCH FROM CAST(:t AS timestamptz) - now())"),
+            {"t": store.next_resume(conn)},
+        ).scalar_one()
+        assert 9 < float(seconds) <= 10  # the channel's pause ends first
+        conn.execute(sa.text("DELETE FROM outbox_channel_pause"))
+        conn.execute(sa.text("DELETE FROM outbox_destination"))
+        store.set_limit(conn, "webhook", "b.example", 2, 1)
+        conn.execute(sa.text("UPDATE outbox_destination SET tokens = 0, tokens_at = now()"))
+        seconds = conn.execute(
+            sa.text("SELECT EXTRACT(EPOCH FROM CAST(:t AS timestamptz) - now())"),
+            {"t": store.next_resume(conn)},
+        ).scalar_one()
+        assert float(seconds) == pytest.approx(0.5)  # one token at 2 a second
+
+
+def test_a_sleeping_relay_wakes_when_a_paused_destination_resumes(engine: sa.Engine) -> None:
+    """Its due rows are no future event of their own (they are due), so the
+    next wake-up must include the pause's end, or they would wait for the
+    safety net."""
+    enqueue_hooks(engine, "slow.example", 3)
+    with engine.begin() as conn:
+        store.record_throttling(conn, "webhook", {"slow.example": store.Throttled(30, 1, 10)})
+        wake = store.next_wake(conn)
+    assert wake.next_due is None  # the rows are due already
+    assert wake.next_resume is not None and wake.earliest == wake.next_resume
+    assert 25 < (wake.next_resume - wake.now).total_seconds() <= 30
