@@ -26,7 +26,6 @@ Revision ID: 0011
 Revises: 0009
 """
 
-import sqlalchemy as sa
 from alembic import op
 
 from outbox.migrations import revision_module
@@ -49,7 +48,8 @@ _WEBHOOK_HOST = (
 
 
 def _schema() -> str:
-    return str(op.get_bind().execute(sa.text("SELECT quote_ident(current_schema())")).scalar_one())
+    # The same rule as 0009's (a printed script names OUTBOX_SCHEMA).
+    return str(revision_module("0009").install_schema())
 
 
 def upgrade() -> None:
