@@ -233,10 +233,16 @@ def test_an_orm_session_nudges_after_its_commit_only(fake_lambda: FakeLambda) ->
 
 
 def test_an_autocommit_connection_nudges_at_once(fake_lambda: FakeLambda) -> None:
-    with fake_lambda.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        outbox.enqueue(conn, "email", EMAIL)
-        fake_lambda.wait_for(1)  # no commit asked for: the row commits by itself
-        assert len(fake_lambda.calls) == 1
+    # A connection of its own, not one of the session's pool, which other
+    # tests have used: only this test's state is under test.
+    own = sa.create_engine(fake_lambda.engine.url, poolclass=sa.pool.NullPool)
+    try:
+        with own.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            outbox.enqueue(conn, "email", EMAIL)
+            fake_lambda.wait_for(1)  # no commit asked for: the row commits by itself
+            assert len(fake_lambda.calls) == 1
+    finally:
+        own.dispose()
     # The nudge goes as soon as the statement has answered, which can be a
     # moment before the server's own commit of it is visible (the rows come
     # back before the commit's WAL flush): the dispatcher's linger covers that

@@ -119,9 +119,15 @@ def _backlog(sim_engine: sa.Engine, messages: int, latency: float) -> None:
     # No attempt was counted for a row that never started: one attempt each,
     # the one that delivered it.
     assert report.attempt_counts == {1: messages}
+    # A sender near its deadline gives rows back unstarted (invariant 4): a busy
+    # machine makes more of those, and they are records, not attempts. Every
+    # other row of the history is the one delivery of its message.
     with sim_engine.connect() as conn:
         history = conn.execute(
-            sa.text("SELECT outcome, count(*) FROM outbox_attempt GROUP BY outcome")
+            sa.text(
+                "SELECT outcome, count(*) FROM outbox_attempt"
+                " WHERE outcome <> 'not_started' GROUP BY outcome"
+            )
         ).all()
     assert dict(history) == {"delivered": messages}  # type: ignore[arg-type]
 
