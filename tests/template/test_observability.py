@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 from cfnlint.decode import cfn_yaml
-from template.test_template import ROOT, _channel_map, _plain, functions
+from template.test_template import ROOT, _channel_map, functions
+
+from docgen.configuration import load_template
 
 PACKAGE = ROOT / "layers" / "outbox" / "outbox"
 
@@ -43,7 +45,7 @@ METRIC_SINKS = metric_sinks()
 
 @pytest.fixture(scope="module")
 def template() -> dict[str, Any]:
-    return _plain(cfn_yaml.load(str(ROOT / "template.yaml")))  # type: ignore[no-any-return]
+    return load_template()
 
 
 # --- the metric names the code emits ---------------------------------------------

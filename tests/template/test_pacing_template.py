@@ -8,8 +8,9 @@ import copy
 from typing import Any
 
 import pytest
-from cfnlint.decode import cfn_yaml
-from template.test_template import TEMPLATE, _as_list, _plain, _strings, statements
+from template.test_template import _as_list, _strings, statements
+
+from docgen.configuration import load_template
 
 WAKE_ARN = (
     "arn:${AWS::Partition}:scheduler:${AWS::Region}:${AWS::AccountId}"
@@ -19,7 +20,7 @@ WAKE_ARN = (
 
 @pytest.fixture(scope="module")
 def template() -> dict[str, Any]:
-    return _plain(cfn_yaml.load(str(TEMPLATE)))  # type: ignore[no-any-return]
+    return load_template()
 
 
 def _getatts(node: Any) -> set[str]:

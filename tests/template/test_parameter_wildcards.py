@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cfnlint.decode import cfn_yaml
-from test_template import TEMPLATE, _plain
+from test_template import TEMPLATE
+
+from docgen.configuration import load_template
 
 SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:outbox/db-AbCdEf"
 # A value each parameter must accept (and, with a wildcard put in, refuse).
@@ -47,7 +48,7 @@ WILDCARDS = ("*", "?")
 
 @pytest.fixture(scope="module")
 def template() -> dict[str, Any]:
-    return _plain(cfn_yaml.load(str(TEMPLATE)))
+    return load_template(TEMPLATE)
 
 
 def _references(node: Any, parameters: dict[str, Any], in_resource: bool = False) -> Iterator[str]:

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cfnlint.decode import cfn_yaml
 
 from docgen import configuration
 from outbox.errors import ConfigError
@@ -49,18 +48,8 @@ SMS_ACTIONS = {"sns:Publish", "sns:CheckIfPhoneNumberIsOptedOut"}
 
 @pytest.fixture(scope="module")
 def template() -> dict[str, Any]:
-    return _plain(cfn_yaml.load(str(TEMPLATE)))
-
-
-def _plain(node: Any) -> Any:
-    """cfn-lint's node classes as plain dicts and lists (deep-copyable)."""
-    if isinstance(node, dict):
-        return {str(k): _plain(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_plain(v) for v in node]
-    if isinstance(node, str):
-        return str(node)
-    return node
+    # The reader the generated configuration page uses: one reading of the template.
+    return configuration.load_template(TEMPLATE)
 
 
 def functions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
