@@ -19,9 +19,8 @@ from unittest import mock
 
 import pytest
 
-from outbox import ConfigError, wake
+from outbox import ConfigError, aws, wake
 from outbox import settings as table
-from outbox.channels import aws
 from outbox.channels.email import EmailChannel
 from outbox.channels.eventbridge import EventBridgeChannel
 from outbox.channels.webhook import WebhookChannel

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeGuard
 
+from . import aws
 from .errors import ValidationError
 from .store import Claim
 
@@ -137,22 +138,7 @@ class LambdaInvoker:
     @property
     def client(self) -> Any:
         if self._client is None:
-            import boto3
-            from botocore.config import Config
-
-            self._client = boto3.client(
-                "lambda",
-                config=Config(
-                    connect_timeout=3,
-                    read_timeout=10,
-                    # One attempt: a retry after a read timeout would queue a
-                    # second event when the first was already accepted. A
-                    # failed hand-off releases its claims, and the next pass
-                    # claims them again.
-                    retries={"total_max_attempts": 1, "mode": "standard"},
-                    max_pool_connections=16,
-                ),
-            )
+            self._client = aws.lambda_client()
         return self._client
 
     def can_route(self, channel: str) -> bool:
@@ -171,9 +157,7 @@ class LambdaInvoker:
                 Payload=json.dumps(handoff.to_event(), separators=(",", ":")).encode(),
             )
         except ClientError as exc:
-            error = exc.response.get("Error", {}).get("Code")
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if error == "TooManyRequestsException" or status == 429:
+            if aws.is_invoke_throttled(exc):
                 raise HandOffThrottled(handoff.channel) from exc
             raise
         if response.get("StatusCode") != 202:

@@ -29,8 +29,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import channels, store
-from .channels import aws
+from . import aws, channels, store
 from .config import OutcomeEventSettings
 from .redact import scrub_optional
 

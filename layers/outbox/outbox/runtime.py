@@ -21,7 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import dispatcher, pacing, reaper, sender, store
+from . import aws, dispatcher, pacing, reaper, sender, store
 from . import settings as declared
 from .config import DatabaseSettings, OutcomeEventSettings, RelaySettings
 from .errors import ConfigError, ValidationError
@@ -47,7 +47,8 @@ class Runtime:
         read_all(env)
         self._engine: sa.Engine | None = None
         self._invoker: Invoker | None = None
-        self._events_client: Any = None
+        # The reaper's EventBridge client, made when outcome events first wait.
+        self.events_client = aws.client_on_first_use("events")
         self._lambda_client: Any = None
         self.sleeps = self.settings.pacing_mode == "sleep"
         wake_name = declared.WAKE_SCHEDULE_NAME.read(env)
@@ -190,13 +191,6 @@ class Runtime:
             "unknown": report.unknown,
             "statuses": dict(report.statuses),
         }
-
-    def events_client(self) -> Any:
-        if self._events_client is None:
-            from .channels import aws
-
-            self._events_client = aws.client("events")
-        return self._events_client
 
     def reap(self, event: Any, context: Any) -> dict[str, Any]:
         scheduler_event(event)

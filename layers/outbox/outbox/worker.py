@@ -26,12 +26,10 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import sqlalchemy as sa
 
-from . import dispatcher, reaper, sender, store
-from .channels import aws
+from . import aws, dispatcher, reaper, sender, store
 from .config import OutcomeEventSettings, RelaySettings
 from .observability import count
 from .settings import WORKER_STOP_GRACE_SECONDS
@@ -70,7 +68,7 @@ class Worker:
         self.settings = settings
         # Off unless a bus is named: then the reaper step publishes them too.
         self.outcome_events = outcome_events or OutcomeEventSettings()
-        self._events_client: Any = None
+        self._events = aws.client_on_first_use("events")
         self.channels = list(channels) if channels else None
         self.stop = stop or threading.Event()
         self.reap_interval_seconds = reap_interval_seconds
@@ -120,11 +118,6 @@ class Worker:
         )
         self.report.reaped += result.reclaimed + result.not_started + result.dead + result.expired
         return result
-
-    def _events(self) -> Any:
-        if self._events_client is None:
-            self._events_client = aws.client("events")
-        return self._events_client
 
     def run_once(self) -> dispatcher.DispatchReport:
         """One claim of up to a batch, sent and settled before it returns.
