@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 import outbox
 from outbox import pacing, store
+from outbox.handoff import Invoker
 from outbox.runtime import Runtime, wake_source
 from support import EMAIL, LambdaContext
 
@@ -246,7 +247,7 @@ class RecordingLambda:
         return {"StatusCode": 202}
 
 
-class Handed:
+class Handed(Invoker):
     """The channel functions: every hand-off accepted."""
 
     def __init__(self) -> None:

@@ -121,7 +121,15 @@ class HandOffThrottled(Exception):
 
 
 class Invoker(Protocol):
+    """How the dispatcher delivers hand-offs. A test double may subclass it
+    for the default ``missing_route``."""
+
     def can_route(self, channel: str) -> bool: ...
+
+    def missing_route(self, channel: str) -> str:
+        """Why ``channel`` cannot be routed, in the invoker's words: the
+        ``last_error`` of the rows the dispatcher then fails."""
+        return f"no function is configured for channel {channel!r}"
 
     def hand_off(self, handoff: HandOff) -> None:
         """Deliver the event or raise; a raise releases the claims at once
