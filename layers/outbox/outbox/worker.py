@@ -29,12 +29,21 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
-from . import aws, dispatcher, reaper, sender, store
+from . import aws, reaper, sender, store
 from .config import OutcomeEventSettings, RelaySettings
 from .observability import count
 from .settings import WORKER_STOP_GRACE_SECONDS
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatchReport:
+    """One batch: the rows claimed, and how many of them the senders owned
+    (their receipt taken) once the batch was settled."""
+
+    claimed: int = 0
+    owned: int = 0
 
 
 @dataclass
@@ -119,7 +128,7 @@ class Worker:
         self.report.reaped += result.reclaimed + result.not_started + result.dead + result.expired
         return result
 
-    def run_once(self) -> dispatcher.DispatchReport:
+    def run_once(self) -> BatchReport:
         """One claim of up to a batch, sent and settled before it returns.
 
         This process sends what it claims, so there is no hand-off to protect:
@@ -129,7 +138,7 @@ class Worker:
         settle()
         return result
 
-    def _claim_and_send(self) -> tuple[dispatcher.DispatchReport, Callable[[], None]]:
+    def _claim_and_send(self) -> tuple[BatchReport, Callable[[], None]]:
         """Claim a batch and send it; returns the batch's settle, not yet run."""
         settings = self.settings
         with self.engine.begin() as conn:
@@ -141,7 +150,7 @@ class Worker:
                 self.channels,
                 default_ttl_seconds=settings.default_ttl_seconds or None,
             )
-        result = dispatcher.DispatchReport(batches=1, claimed=len(rows))
+        result = BatchReport(claimed=len(rows))
         settles: list[Callable[[], sender.SendReport]] = []
         if rows:
             count("Claimed", len(rows))
@@ -156,7 +165,7 @@ class Worker:
 
         def settle() -> None:
             reports = [s() for s in settles]
-            result.handed_off = sum(r.owned for r in reports)
+            result.owned = sum(r.owned for r in reports)
             with self._lock:
                 for report in reports:
                     for status, n in report.statuses.items():
