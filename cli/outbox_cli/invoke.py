@@ -112,10 +112,6 @@ class FunctionSpec:
     # Sections of the env vars file that name no function of the template (a typo?).
     ignored_env_sections: list[str] = field(default_factory=list)
 
-    @property
-    def skipped_variables(self) -> list[str]:
-        return sorted(self.unresolved)
-
 
 # --- reading the template -------------------------------------------------------
 

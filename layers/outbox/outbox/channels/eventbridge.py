@@ -19,7 +19,6 @@ from . import Deadline, Message, Outcome
 from .aws import AwsChannel
 from .aws import classify as classify_common
 
-MAX_ENTRY_BYTES = 256 * 1024
 # Per-entry codes AWS documents as retryable; every other entry code is final.
 _ENTRY_RETRY = {"InternalFailure"}
 # Whole-call errors that sending again cannot fix.

@@ -424,9 +424,6 @@ _PAUSED = statement(
     ORDER BY channel
     """
 )
-_CHANNEL_HAS_ROWS = statement(
-    "SELECT EXISTS (SELECT 1 FROM outbox_message WHERE channel = :channel)"
-)
 
 
 @dataclass(frozen=True)
@@ -458,7 +455,3 @@ def paused_channels(conn: sa.Connection) -> list[PausedChannel]:
         PausedChannel(r.channel, r.reason, r.paused_at, r.paused_until)
         for r in conn.execute(_PAUSED).all()
     ]
-
-
-def channel_has_rows(conn: sa.Connection, channel: str) -> bool:
-    return bool(conn.execute(_CHANNEL_HAS_ROWS, {"channel": channel}).scalar_one())
