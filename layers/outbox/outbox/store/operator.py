@@ -16,6 +16,28 @@ import sqlalchemy as sa
 from ..states import CANCELLABLE_STATUSES, REDRIVABLE_STATUSES, TERMINAL_STATUSES
 from ._sql import array_literal, check_channels, check_statuses, statement
 
+__all__ = [
+    "ChannelStatusCount",
+    "PausedChannel",
+    "attempt_history",
+    "cancel",
+    "channel_status_counts",
+    "channels_with_rows",
+    "count_prunable",
+    "get_message",
+    "list_messages",
+    "matching_ids",
+    "pause_channel",
+    "paused_channels",
+    "prune_cutoff",
+    "prune_settled_before",
+    "recipient_history",
+    "redrive",
+    "resume_channel",
+    "statuses_of",
+    "uncancel",
+]
+
 # --- operator transitions ---------------------------------------------------
 
 _CANCEL = statement(

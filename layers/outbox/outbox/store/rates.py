@@ -26,6 +26,18 @@ import sqlalchemy as sa
 
 from ._sql import check_channels, json_document, statement
 
+__all__ = [
+    "DestinationFigures",
+    "Throttled",
+    "check_destination",
+    "check_limit",
+    "clear_limit",
+    "destination_figures",
+    "next_resume",
+    "record_throttling",
+    "set_limit",
+]
+
 # How long a destination waits after a throttling answer that named no time.
 THROTTLE_PAUSE_SECONDS = 1.0
 # How long a channel waits after a quota answer that named no reset time.
