@@ -66,10 +66,10 @@ _CHANNEL_QUOTA = Outcome(AttemptOutcome.NOT_STARTED, error=CHANNEL_QUOTA)
 MIN_CALL_SECONDS = 0.5
 # A channel whose calls of its last batch all came back within this time sends
 # its next batch on one thread, because waking every send thread for calls
-# that short costs more than the calls (bench/README.md, "One send thread for
-# a channel whose calls come back at once"). The other threads join as soon
-# as one call has run this long, so a provider that turns slow delays the
-# batch by no more than this.
+# that short costs more than the calls (bench/README.md, "The relay's own
+# overhead, second round", change 3). The other threads join as soon as one
+# call has run this long, so a provider that turns slow delays the batch by no
+# more than this.
 FAST_CALL_SECONDS = 0.001
 _calls_were_fast: dict[str, bool] = {}  # by channel name
 _FOREVER = float("inf")
@@ -92,10 +92,11 @@ _METRIC = {
 
 
 class _Limits:
-    """What one batch learned of its provider's limits while sending: after a
-    destination's throttling answer no further call to it starts, after a
-    quota answer no further call at all (docs/design.md, invariant 10). The
-    rows not started go back pending, no attempt and no deferral counted."""
+    """What one batch has learned of its provider's limits while sending.
+    After a destination's throttling answer, no further call to that
+    destination starts; after a quota answer, no further call starts at all
+    (docs/design.md, invariant 10). The rows not started go back to pending
+    with no attempt and no deferral counted."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -352,8 +353,8 @@ def send_then_settle(
         # Settlement's fields in order: id, claim_token, outcome, error,
         # provider_message_id, delay_seconds, duration_ms. They are given by
         # position because building a NamedTuple by keyword costs more, and
-        # this runs for every row (bench/README.md, "Fewer objects a
-        # message"). The error is a channel's text, perhaps a remote server's,
+        # this runs for every row (bench/README.md, "The relay's own overhead,
+        # second round", change 5). The error is a channel's text, perhaps a remote server's,
         # so it is scrubbed and bounded before it is stored, logged or
         # published.
         store.Settlement(
