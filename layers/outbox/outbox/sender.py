@@ -462,8 +462,9 @@ class _Batch:
     Every thread runs ``drain``: it takes a row, sends it, records the
     result and takes the next row, until none is left or the batch is
     closed. One task per thread, rather than one future per row, saves a
-    lock, a condition and a queue hand-over per message. Every field below
-    is read and written under ``lock``."""
+    lock, a condition and a queue hand-over per message. ``waiting``,
+    ``running``, ``results``, ``slowest`` and ``closed`` change only under
+    ``lock``; the other fields never change."""
 
     def __init__(
         self,
@@ -502,6 +503,8 @@ class _Batch:
         with self.lock:
             row = self._take()
         while row is not None:
+            # Read without the lock: an answer that lands meanwhile counts
+            # from the next row on.
             min_call_seconds = self.min_call_seconds if self.slowest is None else self.slowest
             result = _send_one(
                 self.channel,
