@@ -1076,6 +1076,12 @@ def worker(
     if batch_size is not None:
         settings = dataclasses.replace(settings, batch_size=batch_size)
     wanted = _registered_channels([channels_]) if channels_ else None
+    from outbox import channels as registry
+
+    try:
+        settings.check_rate_limit_channels(registry.names())
+    except ConfigError as exc:
+        fail(str(exc), 2, "config")
 
     stop = threading.Event()
 

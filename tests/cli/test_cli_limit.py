@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
 from outbox import store
+from outbox.limits import RateLimit
 from outbox_cli.cli import cli
 
 
@@ -86,3 +87,20 @@ def test_bad_input_is_refused_and_changes_nothing(
     assert result.exit_code == 2, result.output
     assert problem in result.output
     assert limits(engine) == []
+
+
+def test_show_says_who_set_each_limit(run: Any, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        store.apply_configured_limits(
+            conn, [RateLimit("webhook", "a.example", 10, 10), RateLimit("email", "", 14, 14)]
+        )
+    assert run("limit", "set", "email", "--rate", "2").exit_code == 0  # overrides the config
+    data = json.loads(run("limit", "show", "--json").stdout)
+    assert [
+        (d["channel"], d["limit_per_second"], d["limit_source"]) for d in data["destinations"]
+    ] == [
+        ("email", 2.0, "operator"),
+        ("webhook", 10.0, "config"),
+    ]
+    shown = run("limit", "show").stdout
+    assert "set by" in shown and "operator" in shown and "config" in shown
