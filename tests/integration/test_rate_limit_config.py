@@ -10,6 +10,7 @@ line, never a send."""
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -323,3 +324,24 @@ def test_a_provider_rate_out_of_bounds_is_not_stored(engine: sa.Engine, answer: 
 class _Context:
     def get_remaining_time_in_millis(self) -> int:
         return 30_000
+
+
+def test_a_provider_that_hangs_holds_up_the_first_send_at_most_briefly(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The question is given up after PROVIDER_ANSWER_SECONDS (here 0.1 s): the
+    answer that comes later is dropped, nothing is stored."""
+    release = threading.Event()
+
+    class Hanging(EmailChannel):
+        def provider_rate_limit(self) -> float | None:
+            release.wait(30)
+            return 14.0
+
+    monkeypatch.setattr(coldstart_limits, "PROVIDER_ANSWER_SECONDS", 0.1)
+    register("email", Hanging)
+    try:
+        assert coldstart_limits.refresh_provider_limit(engine, "email") is False
+    finally:
+        release.set()
+    assert limits(engine) == {}

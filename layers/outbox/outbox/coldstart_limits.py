@@ -11,7 +11,9 @@ learning the rate from the provider's throttling answers.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -20,6 +22,11 @@ from .config import RelaySettings
 from .limits import check_limit
 
 log = logging.getLogger(__name__)
+
+# The longest the first send of a process waits for the provider's answer: a
+# provider that hangs (its client's read timeout is the send's, seconds long)
+# must not hold up the sends; the question is then given up.
+PROVIDER_ANSWER_SECONDS = 2.0
 
 
 def apply_configured_limits(
@@ -48,7 +55,7 @@ def refresh_provider_limit(engine: sa.Engine, channel_name: str) -> bool:
         ask = getattr(channel, "provider_rate_limit", None)
         if ask is None:
             return False
-        rate = ask()
+        rate = _within(ask, PROVIDER_ANSWER_SECONDS)
         if rate is None:
             return False
         rate, burst = check_limit(rate)
@@ -61,3 +68,24 @@ def refresh_provider_limit(engine: sa.Engine, channel_name: str) -> bool:
             extra={"channel": channel_name, "error": type(exc).__name__},
         )
         return False
+
+
+def _within(ask: Callable[[], Any], seconds: float) -> Any:
+    """``ask()``'s answer, or TimeoutError after ``seconds`` (the call goes on
+    on a daemon thread, its answer dropped: botocore cannot be interrupted)."""
+    answer: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            answer["value"] = ask()
+        except Exception as exc:
+            answer["error"] = exc
+
+    thread = threading.Thread(target=run, name="provider-rate", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    if "error" in answer:
+        raise answer["error"]
+    return answer.get("value")
