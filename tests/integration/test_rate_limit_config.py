@@ -84,6 +84,8 @@ def apply(engine: sa.Engine, text: str, served: list[str] | None = None) -> stor
         ("email", "write CHANNEL[:DESTINATION]=RATE[/BURST]"),
         ("webhook:https://hooks.example.com/x=5", "the receiver's host[:port]"),
         ("webhook:hooks example.com=5", "the receiver's host[:port]"),
+        ("webhook:*.example.com=5", "the receiver's host[:port]"),
+        ("email:*=5", "email has one destination, the account"),
         ("email:example.com=5", "email has one destination, the account"),
         ("Email=5", "'Email' is not a channel name"),
         ("email=5,email=6", "email is named twice"),
@@ -345,3 +347,94 @@ def test_a_provider_that_hangs_holds_up_the_first_send_at_most_briefly(
     finally:
         release.set()
     assert limits(engine) == {}
+
+
+# --- a channel limited as a whole ---------------------------------------------------
+
+
+def claimed_ids(engine: sa.Engine) -> set[int]:
+    with engine.connect() as conn:
+        return set(
+            conn.execute(
+                sa.text("SELECT id FROM outbox_message WHERE status = 'claimed'")
+            ).scalars()
+        )
+
+
+def test_a_channel_limit_holds_all_its_destinations_together(engine: sa.Engine) -> None:
+    a = hooks(engine, "a.example", 20)
+    b = hooks(engine, "b.example", 20)
+    with engine.begin() as conn:
+        mail = outbox.enqueue_many(conn, [{"channel": "email", "payload": EMAIL}] * 5)
+        # A bucket of 5 for the whole webhook channel, one token back in 1000 s.
+        assert store.set_limit(conn, "webhook", "*", 0.001, 5) == (0.001, 5)
+    with engine.connect() as first, engine.connect() as second:
+        with first.begin():
+            store.claim(first, 100, 120)
+        with second.begin():
+            store.claim(second, 100, 120)
+    claimed = claimed_ids(engine)  # read from the database, not from the claims
+    assert len(claimed & set(a + b)) == 5  # the burst, across both claimers
+    assert claimed & set(a) and claimed & set(b)  # the destinations take turns
+    assert set(mail) <= claimed  # other channels at full speed
+    with engine.connect() as conn:
+        tokens = conn.execute(
+            sa.text("SELECT tokens FROM outbox_destination WHERE destination = '*'")
+        ).scalar_one()
+    assert tokens < 1  # paid in the claim's statement
+
+
+def test_a_channel_limit_and_a_destination_limit_both_hold(engine: sa.Engine) -> None:
+    a = hooks(engine, "a.example", 20)
+    b = hooks(engine, "b.example", 20)
+    apply(engine, "webhook=0.001/6,webhook:a.example=0.001/2")
+    assert limits(engine)[("webhook", "*")] == (0.001, 6, "config")
+    store_claims = [c.id for c in _claim(engine, 100)] + [c.id for c in _claim(engine, 100)]
+    claimed = claimed_ids(engine)
+    assert claimed == set(store_claims)
+    assert len(claimed & set(a)) == 2 and len(claimed & set(b)) == 4
+
+
+def test_an_empty_channel_bucket_never_holds_up_other_channels(engine: sa.Engine) -> None:
+    hooks(engine, "a.example", 300)  # due first, ahead in the claim order
+    with engine.begin() as conn:
+        mail = outbox.enqueue_many(conn, [{"channel": "email", "payload": EMAIL}] * 5)
+        # No destination: the whole channel (as `outbox limit set webhook` says it).
+        store.set_limit(conn, "webhook", store.check_destination("webhook", ""), 0.001, 1)
+    assert len(_claim(engine, 10)) == 6  # the webhook's one token, and every email
+    assert {c.id for c in _claim(engine, 10)} == set()
+    assert set(mail) <= claimed_ids(engine)
+    with engine.connect() as conn:  # a sleeping relay wakes for the next token
+        assert store.next_resume(conn) is not None
+
+
+def test_many_claimers_never_exceed_a_channel_limit(engine: sa.Engine) -> None:
+    hooks(engine, "a.example", 150)
+    hooks(engine, "b.example", 150)
+    with engine.begin() as conn:
+        store.set_limit(conn, "webhook", "*", 5, 5)
+        since = conn.execute(sa.text("SELECT now()")).scalar_one()
+    start = threading.Barrier(6)
+
+    def claimer() -> None:
+        start.wait()
+        for _ in range(5):
+            _claim(engine, 50)
+
+    threads = [threading.Thread(target=claimer) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with engine.connect() as conn:
+        taken, last = conn.execute(
+            sa.text("SELECT count(*), max(claimed_at) FROM outbox_message WHERE status = 'claimed'")
+        ).one()
+    # The burst, plus the refill over the claims' span by the database's clock.
+    span = (last - since).total_seconds()
+    assert 5 <= taken <= 5 + 5 * span + 1e-9
+
+
+def _claim(engine: sa.Engine, batch: int) -> list[store.Claim]:
+    with engine.begin() as conn:
+        return store.claim(conn, batch, 120)

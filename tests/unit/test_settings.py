@@ -136,7 +136,7 @@ def malformed(setting: Setting[Any]) -> list[str]:
         table.Choice: ["prefer", "VERIFY-FULL"],
         table.DaysOrNever: ["soon", "-1", "2.5"],
         # (the bad limits one by one: tests/unit/test_rate_limits_config.py)
-        table.RateLimits: ["email", "email=0", "webhook=5", "nope=1/0"],
+        table.RateLimits: ["email", "email=0", "webhook:a b=5", "nope=1/0"],
     }[type(setting)]
 
 

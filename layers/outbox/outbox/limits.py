@@ -76,6 +76,12 @@ _WEBHOOK_DESTINATION = re.compile(
 )
 # Channels whose every message goes to one destination: the account ('').
 ACCOUNT_CHANNELS = ("email", "sms", "push")
+# The key of a limit on a whole channel, all its destinations together (no
+# message's destination is ever this: not a host, a queue URL or a bus name).
+CHANNEL_WIDE = "*"
+# Channels whose every message names its destination, so that naming none
+# in a limit means the channel as a whole.
+NAMED_DESTINATION_CHANNELS = ("webhook", "sqs")
 MAX_DESTINATION_CHARS = 2048
 
 
@@ -83,7 +89,15 @@ def check_destination(channel: str, destination: str) -> str:
     """``destination`` as ``channel``'s rows carry it, or ValueError saying
     what it should be: a webhook's receiver ``host[:port]`` (lower-cased), ''
     (the account) for email, SMS and push; for the others any key up to
-    ``MAX_DESTINATION_CHARS`` without control characters ('' included)."""
+    ``MAX_DESTINATION_CHARS`` without control characters ('' included).
+
+    ``CHANNEL_WIDE`` ('*') limits a channel with many destinations as a whole;
+    so does no destination for webhook and SQS, whose messages all name one
+    (for EventBridge, '' is the relay's default bus)."""
+    if destination.strip() == CHANNEL_WIDE and channel not in ACCOUNT_CHANNELS:
+        return CHANNEL_WIDE
+    if channel in NAMED_DESTINATION_CHANNELS and not destination.strip():
+        return CHANNEL_WIDE
     if channel == "webhook":
         key = destination.strip().lower()
         if not _WEBHOOK_DESTINATION.match(key):
