@@ -105,3 +105,16 @@ def test_show_says_who_set_each_limit(run: Any, engine: sa.Engine) -> None:
     ]
     shown = run("limit", "show").stdout
     assert "set by" in shown and "operator" in shown and "config" in shown
+
+
+def test_a_worker_with_a_bad_rate_limit_does_not_start(
+    database_url: str, engine: sa.Engine
+) -> None:
+    result = CliRunner().invoke(
+        cli,
+        ["worker", "--once"],
+        env={"DATABASE_URL": database_url, "RATE_LIMITS": "email=14,fax=1"},
+    )
+    assert result.exit_code == 2, result.output
+    assert "configuration RATE_LIMITS: unknown channel 'fax'" in result.output
+    assert limits(engine) == []

@@ -28,7 +28,7 @@ from outbox.errors import ConfigError
 from outbox.limits import RateLimit
 from outbox.runtime import Runtime
 from outbox.worker import Worker
-from support import install_channel, settings
+from support import LambdaContext, install_channel, settings
 
 EMAIL = {"from": "a@example.com", "to": ["b@example.com"], "subject": "s", "text": "t"}
 
@@ -143,6 +143,40 @@ def test_the_dispatchers_first_run_writes_the_limits_once(
         conn.execute(sa.text("DELETE FROM outbox_destination"))
     runtime.apply_configured_limits()  # once per environment
     assert limits(engine) == {}
+
+
+class _AcceptEverything:
+    """The channel functions: every hand-off accepted."""
+
+    def __init__(self) -> None:
+        self.handed: list[Any] = []
+
+    def can_route(self, channel: str) -> bool:
+        return True
+
+    def hand_off(self, handoff: Any) -> None:
+        self.handed.extend(handoff.claims)
+
+
+def test_a_dispatcher_run_claims_within_the_configured_limit(
+    relay_env: dict[str, str], engine: sa.Engine
+) -> None:
+    """The whole path: the handler's first run writes RATE_LIMITS, then claims."""
+    with engine.begin() as conn:
+        ids = outbox.enqueue_many(conn, [{"channel": "email", "payload": EMAIL}] * 10)
+    runtime = Runtime.for_dispatcher(
+        {
+            **relay_env,
+            "RATE_LIMITS": "email=0.001/4",
+            "PACING_MODE": "poll",
+            "DISPATCH_BUDGET_SECONDS": "0",
+        }
+    )
+    invoker = _AcceptEverything()
+    runtime._invoker = invoker
+    runtime.dispatch({}, LambdaContext(60))
+    assert len(invoker.handed) == 4 and {c.id for c in invoker.handed} <= set(ids)
+    assert limits(engine) == {("email", ""): (0.001, 4, "config")}
 
 
 def test_a_configured_limit_is_one_bucket_for_every_claimer(engine: sa.Engine) -> None:
