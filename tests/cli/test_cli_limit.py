@@ -118,3 +118,15 @@ def test_a_worker_with_a_bad_rate_limit_does_not_start(
     assert result.exit_code == 2, result.output
     assert "configuration RATE_LIMITS: unknown channel 'fax'" in result.output
     assert limits(engine) == []
+
+
+def test_a_webhook_limit_without_a_destination_holds_the_whole_channel(
+    run: Any, engine: sa.Engine
+) -> None:
+    result = run("limit", "set", "webhook", "--rate", "50")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "webhook the whole channel: at most 50/s, 50 at once"
+    assert limits(engine) == [("webhook", "*", 50.0, 50.0)]
+    assert "(the whole channel)" in run("limit", "show").stdout
+    assert run("limit", "clear", "webhook").stdout.strip() == "limit cleared"
+    assert limits(engine) == []
