@@ -40,6 +40,8 @@ Rules every statement here keeps (docs/design.md, invariants 1-7):
   document, never a loop; every parameter follows the one convention of ``_sql``.
 """
 
+from ..limits import check_destination as check_destination
+from ..limits import check_limit as check_limit
 from ._sql import array_literal as array_literal
 from .delivery import *
 from .enqueue import *
