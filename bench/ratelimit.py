@@ -139,7 +139,7 @@ def run(
     answer after ``other_latency`` seconds, in the same run."""
     from outbox import channels, store
     from outbox.channels.webhook import WebhookChannel
-    from outbox.config import RelaySettings
+    from outbox.relay_settings import RelaySettings
     from outbox.worker import Worker
 
     channel = WebhookChannel(

@@ -109,8 +109,8 @@ def database_url(server_url: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def migrated_engine(database_url: str) -> Iterator[sa.Engine]:
     from outbox import migrate
-    from outbox.config import DatabaseSettings
     from outbox.db import create_engine
+    from outbox.relay_settings import DatabaseSettings
 
     engine = create_engine(DatabaseSettings(url=database_url, sslmode="disable"), pool_size=12)
     migrate.upgrade(engine)

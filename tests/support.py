@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from outbox import channels
 from outbox.channels import Deadline, Message, Outcome, SchemaChannel
-from outbox.config import RelaySettings
+from outbox.relay_settings import RelaySettings
 
 EMAIL = {
     "from": "relay@example.com",

@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
 from outbox import migrate
-from outbox.config import DatabaseSettings
 from outbox.db import create_engine
+from outbox.relay_settings import DatabaseSettings
 from outbox_cli.cli import cli
 
 HEAD = migrate.head()

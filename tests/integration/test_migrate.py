@@ -16,10 +16,10 @@ import sqlalchemy as sa
 
 import outbox
 from outbox import migrate
-from outbox.config import DatabaseSettings
 from outbox.db import create_engine
 from outbox.migrate import check_response_url
 from outbox.migrate import handle as migrate_handler
+from outbox.relay_settings import DatabaseSettings
 from support import LambdaContext, make_ca
 
 SQS_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/orders"

@@ -15,8 +15,8 @@ from sqlalchemy.engine import make_url
 
 import outbox
 from outbox import migrate
-from outbox.config import DatabaseSettings
 from outbox.db import create_engine
+from outbox.relay_settings import DatabaseSettings
 from support import EMAIL
 
 BEFORE = "0005"  # the head before 0009

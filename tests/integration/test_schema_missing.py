@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 import outbox
 from outbox import migrate
-from outbox.config import DatabaseSettings
 from outbox.db import create_engine
+from outbox.relay_settings import DatabaseSettings
 from outbox_cli.cli import cli
 from support import EMAIL
 

@@ -45,8 +45,8 @@ import sqlalchemy as sa
 
 from outbox import channels, dispatcher, reaper, sender, sendpool, store
 from outbox.channels import Deadline, Message, Outcome, SchemaChannel
-from outbox.config import RelaySettings
 from outbox.handoff import HandOff, HandOffThrottled, Invoker
+from outbox.relay_settings import RelaySettings
 
 CHANNEL = "sim"
 

@@ -24,8 +24,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 from . import aws
-from .config import DatabaseSettings
 from .errors import ConfigError
+from .relay_settings import DatabaseSettings
 
 _SECRET_MAX_AGE_SECONDS = 300
 

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from . import store
-from .config import RelaySettings
 from .handoff import HandOff, HandOffThrottled, Invoker, chunk
 from .observability import count
+from .relay_settings import RelaySettings
 
 log = logging.getLogger(__name__)
 

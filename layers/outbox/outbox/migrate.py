@@ -124,7 +124,7 @@ def upgrade(
     from alembic import command
 
     from . import store
-    from .config import OutcomeEventSettings
+    from .relay_settings import OutcomeEventSettings
 
     if delivered_events is None:
         delivered_events = OutcomeEventSettings.from_env().include_delivered

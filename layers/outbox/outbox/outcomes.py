@@ -30,8 +30,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from . import aws, channels, store
-from .config import OutcomeEventSettings
 from .redact import scrub_optional
+from .relay_settings import OutcomeEventSettings
 
 log = logging.getLogger(__name__)
 

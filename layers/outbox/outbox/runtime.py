@@ -19,10 +19,10 @@ import sqlalchemy as sa
 
 from . import aws, coldstart_limits, dispatcher, pacing, reaper, sender, store
 from . import settings as declared
-from .config import DatabaseSettings, OutcomeEventSettings, RelaySettings
 from .errors import ConfigError, ValidationError
 from .handoff import Invoker, LambdaInvoker
 from .observability import logger
+from .relay_settings import DatabaseSettings, OutcomeEventSettings, RelaySettings
 from .settings import read_all
 
 # Leave the Lambda this long after the work to flush logs and metrics.

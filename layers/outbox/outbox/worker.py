@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 from . import aws, coldstart_limits, reaper, sender, store
-from .config import OutcomeEventSettings, RelaySettings
 from .observability import count
+from .relay_settings import OutcomeEventSettings, RelaySettings
 from .settings import WORKER_STOP_GRACE_SECONDS
 
 log = logging.getLogger(__name__)
