@@ -40,6 +40,7 @@ Rules every statement here keeps (docs/design.md, invariants 1-7):
 """
 
 from ._sql import array_literal
+from .cooldown import prune_cooldowns
 from .delivery import (
     ChannelLoad,
     Claim,
@@ -187,6 +188,7 @@ __all__ = [
     "payload_json",
     "prune",
     "prune_attempts",
+    "prune_cooldowns",
     "prune_cutoff",
     "prune_dedupe_keys",
     "prune_settled_before",

@@ -17,6 +17,9 @@ import sqlalchemy as sa
 from ..payloads import MAX_STORED_BYTES
 from ..states import SETTLE_OUTCOMES
 from ._sql import array_literal, json_document, statement
+from .cooldown import CLAIM_GATE as COOLDOWN_GATE
+from .cooldown import CLAIM_PASSES as COOLDOWN_PASSES
+from .cooldown import SETTLE_WINDOW as COOLDOWN_WINDOW
 from .policy import BACKOFF_SQL, DEADLINE_SQL, EXHAUSTED_SQL, EXPIRED_PREFIX, Backoff, bounded_delay
 from .rates import BUCKETED_SQL, TOKENS_NOW_SQL
 
@@ -147,7 +150,7 @@ _CLAIM = f"""
         -- A paused or bucketed destination is skipped in the scan (one hashed
         -- subplan), so the rows of the others fill the batch.
         SELECT m.id, m.priority, m.available_at, m.channel,
-               COALESCE(m.destination, '') AS destination
+               COALESCE(m.destination, '') AS destination, m.cooldown_key
         FROM outbox_message AS m
         WHERE {{claimable}}
           AND (m.channel, COALESCE(m.destination, '')) NOT IN (
@@ -164,7 +167,7 @@ _CLAIM = f"""
         -- (the per-destination due index: a probe each).
         SELECT r.* FROM bucket AS b
         CROSS JOIN LATERAL (
-            SELECT m.id, m.priority, m.available_at, m.channel, b.destination
+            SELECT m.id, m.priority, m.available_at, m.channel, b.destination, m.cooldown_key
             FROM outbox_message AS m
             WHERE m.channel = b.channel AND m.destination = b.destination AND {{claimable}}
             ORDER BY m.priority DESC, m.available_at, m.id
@@ -189,13 +192,13 @@ _CLAIM = f"""
     ),
     due AS (
         -- A destination that throttled takes at most the tokens its bucket holds.
-        SELECT t.id FROM turn AS t
+        SELECT t.id, t.channel, t.cooldown_key, t.priority, t.available_at FROM turn AS t
         LEFT JOIN bucket AS b ON b.channel = t.channel AND b.destination = t.destination
         WHERE b.tokens IS NULL OR t.turn <= floor(b.tokens)
         ORDER BY t.priority DESC, t.turn, t.available_at, t.id
         LIMIT :batch_size
     ),
-    claimed AS (
+{COOLDOWN_GATE}    claimed AS (
     UPDATE outbox_message AS m
     SET status = 'claimed', claim_token = gen_random_uuid(), claimed_at = now(),
         lease_expires_at = now() + make_interval(secs => :lease_seconds),
@@ -207,6 +210,7 @@ _CLAIM = f"""
     -- index against the batch instead of looking each id up (150 ms a claim
     -- after a burst of 10,000 rows on an idle table).
     WHERE m.id = due.id AND (m.status = 'pending') IS TRUE
+      AND {COOLDOWN_PASSES}
     RETURNING {{returning}}
     ),
     spent AS (
@@ -597,8 +601,8 @@ _SETTLE = statement(
         WHERE m.id = d.id AND m.claim_token = d.token AND m.status = 'claimed'
         RETURNING m.id, m.status, m.claimed_at, m.last_error, m.channel,
                   m.recipient_fingerprints, d.outcome, d.attempts_after, d.error,
-                  d.provider_id, d.duration_ms
-    ),
+                  d.provider_id, d.duration_ms, m.cooldown_key, m.cooldown
+    ),{COOLDOWN_WINDOW}
     logged AS (
         INSERT INTO outbox_attempt
             (message_id, attempt, outcome, error, provider_message_id, claimed_at, duration_ms,
