@@ -15,6 +15,7 @@ from support import DOCS, doc_blocks
 
 RUN_BY = {
     "producer": "tests/docs/test_examples.py",
+    "producer-cooldown": "tests/integration/test_cooldown.py",
     "custom-channel": "tests/docs/test_examples.py",
     "psql-enqueue": "tests/integration/test_sql_enqueue.py",
     "grants": "tests/integration/test_grants.py",

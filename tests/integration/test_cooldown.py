@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 import outbox
 from outbox import ValidationError, store
-from support import EMAIL, expire_leases, make_due, row
+from support import DOCS, EMAIL, doc_blocks, expire_leases, make_due, row
 
 BACKOFF = store.Backoff(1, 60, 5)
 HOUR = timedelta(hours=1)
@@ -206,6 +206,26 @@ def test_a_sleeping_relay_wakes_at_the_end_of_the_window(engine: sa.Engine) -> N
         wake = store.next_wake(conn)
     assert wake.next_due == cooldown_row(engine, "k").until
     assert wake.earliest == wake.next_due
+
+
+def test_the_guides_example_waits_for_the_window(engine: sa.Engine) -> None:
+    code = doc_blocks(DOCS / "how-to" / "producing.md")["producer-cooldown"].code
+    for _ in range(2):
+        exec(compile(code, "producing.md", "exec"), {"engine": engine})  # noqa: S102
+    (first,) = claim(engine)
+    settle(engine, [first])
+    assert claim(engine) == []
+    with engine.connect() as conn:
+        keys = conn.execute(
+            sa.text(
+                "SELECT status, cooldown_key, EXTRACT(EPOCH FROM cooldown) AS s, on_cooldown "
+                "FROM outbox_message ORDER BY id"
+            )
+        ).all()
+    assert [tuple(k) for k in keys] == [
+        ("delivered", "user-7:digest", 3600, "wait"),
+        ("pending", "user-7:digest", 3600, "wait"),
+    ]
 
 
 def test_rows_without_a_cooldown_are_claimed_as_before(engine: sa.Engine) -> None:

@@ -26,6 +26,8 @@ Revision ID: 0013
 Revises: 0011
 """
 
+from types import ModuleType
+
 from alembic import op
 
 from outbox.migrations import revision_module
@@ -40,7 +42,7 @@ depends_on = None
 MAX_COOLDOWN_DAYS = 366
 
 
-def _m9():  # type: ignore[no-untyped-def]
+def _m9() -> ModuleType:
     return revision_module("0009")
 
 
