@@ -180,6 +180,29 @@ def test_a_holder_that_ends_undelivered_holds_nothing(engine: sa.Engine, outcome
     assert cooldown_row(engine, "k").message_id == later
 
 
+def test_a_key_taken_after_a_claim_began_is_held_for_that_claim(engine: sa.Engine) -> None:
+    """A claim's snapshot may predate the holder another claimer just took the
+    key for (a message committed since): whatever it reads of that holder, a
+    key taken after its statement began is held for it."""
+    (waiting,) = enqueue(engine, cooldown=HOUR, cooldown_key="k", delay=3600)
+    with engine.connect() as late:
+        tx = late.begin()
+        late.execute(sa.text("SELECT now()"))  # this transaction's clock starts here
+        enqueue(engine, cooldown=HOUR, cooldown_key="k")
+        settle(engine, claim(engine), "failed")  # took the key, then held nothing
+        with engine.begin() as conn:  # due on the late transaction's clock too
+            conn.execute(
+                sa.text("UPDATE outbox_message SET available_at = now() - interval '1 hour'")
+            )
+        assert store.claim(late, 10, 120) == []
+        tx.commit()
+    with engine.begin() as conn:
+        assert row(conn, waiting).available_at > conn.execute(sa.text("SELECT now()")).scalar()
+    make_due(engine)
+    (claimed,) = claim(engine)  # a claim that began after it sees the key free
+    assert claimed.id == waiting
+
+
 def test_a_sender_whose_lease_was_taken_opens_no_window(engine: sa.Engine) -> None:
     (holder,) = enqueue(engine, cooldown=HOUR, cooldown_key="k")
     (stale,) = claim(engine)

@@ -35,11 +35,17 @@ import sqlalchemy as sa
 from ._sql import statement
 from .policy import DEADLINE_SQL
 
-# Whether the key's row is free for the contender (EXCLUDED) on conflict.
-_FREE = """c.message_id = EXCLUDED.message_id OR c.until <= now()
-                      OR (c.until IS NULL AND NOT EXISTS (
-                            SELECT 1 FROM outbox_message AS h
-                            WHERE h.id = c.message_id AND h.status IN ('pending', 'claimed')))"""
+# Whether the key's row is free for the contender (EXCLUDED) on conflict: its
+# own; a window that has ended; or a holder not delivered that is neither
+# pending nor claimed (or pruned). That last test reads the holder in this
+# statement's snapshot, which may predate a holder that another claimer took
+# the key for meanwhile (a message committed since): so a key taken after this
+# statement's transaction began (``taken_at``, the clock at that upsert) is
+# held, whatever the snapshot says.
+_IN_FLIGHT = """EXISTS (SELECT 1 FROM outbox_message AS h
+                           WHERE h.id = c.message_id AND h.status IN ('pending', 'claimed'))"""
+_FREE = f"""c.message_id = EXCLUDED.message_id OR c.until <= now()
+                      OR (c.until IS NULL AND c.taken_at < now() AND NOT {_IN_FLIGHT})"""
 
 # Two CTEs of the claim (store/delivery.py), after ``due``: ``cooldown``
 # takes or reads each key's row, ``cooled`` moves the rows that do not pass.
@@ -52,9 +58,10 @@ CLAIM_GATE = f"""
         FROM due AS d WHERE d.cooldown_key IS NOT NULL
         ORDER BY d.channel, d.cooldown_key, d.priority DESC, d.available_at, d.id
         ON CONFLICT (channel, cooldown_key) DO UPDATE SET
-            (message_id, until) = (
+            (message_id, until, taken_at) = (
                 SELECT CASE WHEN f.free THEN EXCLUDED.message_id ELSE c.message_id END,
-                       CASE WHEN f.free THEN NULL ELSE c.until END
+                       CASE WHEN f.free THEN NULL ELSE c.until END,
+                       CASE WHEN f.free THEN clock_timestamp() ELSE c.taken_at END
                 FROM (SELECT {_FREE}) AS f(free))
         RETURNING c.channel, c.cooldown_key, c.message_id, c.until
     ),
@@ -106,7 +113,7 @@ SETTLE_WINDOW = """
 """
 
 _PRUNE_COOLDOWNS = statement(
-    """
+    f"""
     WITH ended AS (
         SELECT channel, cooldown_key FROM outbox_cooldown
         WHERE until < now()
@@ -115,11 +122,10 @@ _PRUNE_COOLDOWNS = statement(
         FOR UPDATE SKIP LOCKED
     ),
     released AS (
-        -- a holder that ended undelivered holds nothing (pruned: nothing either)
+        -- a holder that ended undelivered holds nothing (pruned: nothing
+        -- either); one taken since this statement began may not be visible yet
         SELECT c.channel, c.cooldown_key FROM outbox_cooldown AS c
-        WHERE c.until IS NULL AND NOT EXISTS (
-            SELECT 1 FROM outbox_message AS h
-            WHERE h.id = c.message_id AND h.status IN ('pending', 'claimed'))
+        WHERE c.until IS NULL AND c.taken_at < now() AND NOT {_IN_FLIGHT}
         LIMIT :batch_size
         FOR UPDATE OF c SKIP LOCKED
     )

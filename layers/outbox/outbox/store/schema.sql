@@ -781,6 +781,7 @@ CREATE TABLE public.outbox_cooldown (
     cooldown_key text NOT NULL,
     message_id bigint NOT NULL,
     until timestamp with time zone,
+    taken_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     CONSTRAINT outbox_cooldown_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text))
 );
 

@@ -7,7 +7,10 @@ within a window (docs/design.md, invariant 11).
 * ``outbox_cooldown``: one row per (channel, cooldown_key) whose cooldown was
   taken: ``message_id``, the message holding it, and ``until``, the end of its
   window (NULL while the holder is not delivered yet: it may still fail, and
-  then holds nothing). The claim takes it in the claim statement (an upsert,
+  then holds nothing), and ``taken_at``, when the holder took it (the clock at
+  the upsert, not the transaction's start: a claim whose statement began
+  before it treats the key as held, since it may not see that holder yet).
+  The claim takes it in the claim statement (an upsert,
   so concurrent claimers serialise on the row); the settle of a delivered
   holder opens its window (``until = now() + cooldown``); the reaper removes
   rows whose window ended or whose holder ended undelivered.
@@ -252,6 +255,7 @@ def upgrade() -> None:
             cooldown_key text        NOT NULL,
             message_id   bigint      NOT NULL,
             until        timestamptz,
+            taken_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
             PRIMARY KEY (channel, cooldown_key)
         )
         """
