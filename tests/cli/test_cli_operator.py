@@ -199,6 +199,14 @@ def test_enqueue_with_a_cooldown(run: Any, engine: sa.Engine) -> None:
             {"id": message_id},
         ).one()
     assert (cooldown[0], float(cooldown[1]), cooldown[2]) == ("user-7:digest", 3600.0, "suppress")
+    shown = run("show", str(message_id), "--json")
+    assert shown.exit_code == 0, shown.output
+    message = json.loads(shown.stdout)["message"]
+    assert (message["cooldown_key"], message["cooldown_seconds"], message["on_cooldown"]) == (
+        "user-7:digest",
+        3600.0,
+        "suppress",
+    )
 
 
 @pytest.mark.parametrize(
