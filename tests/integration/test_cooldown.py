@@ -119,6 +119,20 @@ def test_concurrent_claimers_deliver_one_message_per_key_and_window(engine: sa.E
     assert by_status(engine).keys() == {"delivered", "pending"}
 
 
+def test_the_workers_claim_and_receive_passes_one_message_per_key(engine: sa.Engine) -> None:
+    keyed = enqueue(engine, 3, cooldown=HOUR, cooldown_key="k")
+    plain = enqueue(engine, 2)
+    with engine.begin() as conn:
+        received = store.claim_and_receive(conn, 10, 120, 5)
+    assert [m.id for m in received] == [keyed[0], *plain]
+    with engine.begin() as conn:
+        store.settle(
+            conn, [store.Settlement(m.id, m.claim_token, "delivered") for m in received], BACKOFF
+        )
+    assert cooldown_row(engine, "k").until is not None
+    assert by_status(engine) == {"delivered": [keyed[0], *plain], "pending": keyed[1:]}
+
+
 def test_a_later_message_waits_for_the_window_or_is_suppressed(engine: sa.Engine) -> None:
     (first,) = enqueue(engine, cooldown=HOUR, cooldown_key="k")
     settle(engine, claim(engine))
