@@ -26,7 +26,7 @@ within a window (docs/design.md, invariant 11).
 Every function here pins its search_path (the install schema, then pg_temp).
 
 Revision ID: 0013
-Revises: 0011
+Revises: 0012
 """
 
 from types import ModuleType
@@ -36,8 +36,7 @@ from alembic import op
 from outbox.migrations import revision_module
 
 revision = "0013"
-# TODO(merge): "0012" (rate_limit_sources) once it is on main.
-down_revision = "0011"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
