@@ -133,6 +133,25 @@ def test_the_workers_claim_and_receive_passes_one_message_per_key(engine: sa.Eng
     assert by_status(engine) == {"delivered": [keyed[0], *plain], "pending": keyed[1:]}
 
 
+@pytest.mark.parametrize("limited", ["", "*"])  # the account's bucket, the channel's
+def test_a_limited_destination_or_channel_pays_only_for_what_passes(
+    engine: sa.Engine, limited: str
+) -> None:
+    with engine.begin() as conn:
+        store.set_limit(conn, "email", limited, 0.001, 10)
+    keyed = enqueue(engine, 3, cooldown=HOUR, cooldown_key="k")
+    plain = enqueue(engine, 2)
+    assert sorted(c.id for c in claim(engine)) == [keyed[0], *plain]
+    with engine.connect() as conn:
+        tokens = conn.execute(
+            sa.text(
+                "SELECT tokens FROM outbox_destination WHERE channel = 'email' AND destination = :d"
+            ),
+            {"d": limited},
+        ).scalar_one()
+    assert round(tokens) == 7
+
+
 def test_a_later_message_waits_for_the_window_or_is_suppressed(engine: sa.Engine) -> None:
     (first,) = enqueue(engine, cooldown=HOUR, cooldown_key="k")
     settle(engine, claim(engine))
