@@ -5,9 +5,9 @@ within a window (docs/design.md, invariant 11).
   seconds) and ``on_cooldown`` (``wait`` or ``suppress``): all three or none
   (a CHECK constraint). NULL on every row enqueued without a cooldown.
 * ``outbox_cooldown``: one row per (channel, cooldown_key) whose cooldown was
-  taken: ``message_id``, the message holding it, and ``until``, the end of its
+  taken: ``message_id``, the message holding it; ``until``, the end of its
   window (NULL while the holder is not delivered yet: it may still fail, and
-  then holds nothing), and ``taken_at``, when the holder took it (the clock at
+  then holds nothing); and ``taken_at``, when the holder took it (the clock at
   the upsert, not the transaction's start: a claim whose statement began
   before it treats the key as held, since it may not see that holder yet).
   The claim takes it in the claim statement (an upsert,
