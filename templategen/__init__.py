@@ -111,8 +111,11 @@ def check(channels: Sequence[Channel]) -> None:
         if not _NAME.match(str(channel.name)):
             raise DeclarationError(f"channel name {channel.name!r} is not {_NAME.pattern}")
         if not _TITLE.match(str(channel.title)):
-            raise DeclarationError(f"{channel.name}: title {channel.title!r} is not {_TITLE.pattern}")
-        if not isinstance(channel.concurrency, int) or channel.concurrency < 1:
+            raise DeclarationError(
+                f"{channel.name}: title {channel.title!r} is not {_TITLE.pattern}"
+            )
+        concurrency = channel.concurrency
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise DeclarationError(f"{channel.name}: concurrency is a whole number of 1 or more")
         for what in ("description", "parameters", "conditions", "environment", "policies"):
             if not isinstance(getattr(channel, what), str):
