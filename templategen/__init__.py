@@ -84,13 +84,18 @@ class Channel:
 
 def load_channels(path: Path = CHANNELS) -> list[Channel]:
     """The channels path declares, checked: a bad entry is a DeclarationError naming it."""
-    entries = yaml.safe_load(path.read_text())
+    return parse_channels(path.read_text(), path.name)
+
+
+def parse_channels(text: str, source: str = CHANNELS.name) -> list[Channel]:
+    """The channels of a list in channels.yaml's form (source names it in errors)."""
+    entries = yaml.safe_load(text)
     if not isinstance(entries, list):
-        raise DeclarationError(f"{path.name}: a list of channels, one entry each")
+        raise DeclarationError(f"{source}: a list of channels, one entry each")
     fields = set(Channel.__dataclass_fields__)
     channels = []
     for number, entry in enumerate(entries, 1):
-        where = f"{path.name}, channel {number}"
+        where = f"{source}, channel {number}"
         if not isinstance(entry, dict):
             raise DeclarationError(f"{where}: an entry is a mapping of {sorted(fields)}")
         unknown = sorted(set(entry) - fields)

@@ -21,32 +21,13 @@ from test_template import (
 
 import templategen
 from docgen.configuration import load_template
+from support import DOCS, doc_blocks
 from templategen import Channel, DeclarationError
 from templategen.__main__ import main
 
-# A channel of one's own, declared as docs/how-to/channels.md says.
-SLACK = Channel(
-    name="slack",
-    title="Slack",
-    description="Slack channel (chat.postMessage).",
-    concurrency=3,
-    parameters="""
-        SlackTokenSecretArn:
-          Type: String
-          Default: ""
-          # The bot token's secret, read by ARN.
-          AllowedPattern: "^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+)?$"
-    """,
-    environment="""
-        SLACK_TOKEN_SECRET_ARN: !Ref SlackTokenSecretArn
-    """,
-    policies="""
-        - Statement:
-            - Sid: ReadTheSlackToken
-              Effect: Allow
-              Action: secretsmanager:GetSecretValue
-              Resource: !Ref SlackTokenSecretArn
-    """,
+# A channel of one's own, declared as docs/how-to/channels.md shows.
+(SLACK,) = templategen.parse_channels(
+    doc_blocks(DOCS / "how-to" / "channels.md")["custom-channel-stack"].code
 )
 
 
