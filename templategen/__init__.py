@@ -12,12 +12,12 @@ read it as before. tests/template/test_generated.py fails when it is not what
 the generator writes.
 
 Why a generator, not CloudFormation's ``Fn::ForEach`` (AWS::LanguageExtensions):
-``Fn::ForEach`` cannot repeat entries of Parameters or Metadata (the
-concurrency parameters, the console's parameter groups) nor parts of a string
-(the dispatcher's CHANNEL_FUNCTIONS, the dashboard body), and every reader of
-template.yaml here (SAM CLI before 1.160 and without --language-extensions,
-samtranslator in ``outbox invoke``, docgen, checkov, the tests) would need the
-expanded form.
+``Fn::ForEach`` cannot be used in Parameters or Metadata (the concurrency
+parameters, the console's parameter groups) and cannot repeat part of a string
+(the dispatcher's CHANNEL_FUNCTIONS, the dashboard body); the SAM CLI expands
+it locally only from 1.160 on and only when asked (``--language-extensions``);
+and every other reader of template.yaml here (samtranslator in ``outbox
+invoke``, docgen, cfn-lint, checkov, the tests) would have to expand it first.
 """
 
 from __future__ import annotations
