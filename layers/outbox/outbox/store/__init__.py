@@ -11,6 +11,7 @@
     pacing          the dispatcher's next wake-up when it goes to sleep
     policy          the retry policy and the SQL fragments that apply it
     rates           destinations' pauses and learned rates (throttling, quotas)
+    cooldown        the cooldown per key the claim and settle include
     _sql            how statements are written and parameters encoded
 
 Each module's ``__all__`` is its part of the API, all of it imported here;
@@ -43,6 +44,7 @@ Rules every statement here keeps (docs/design.md, invariants 1-7):
 from ..limits import check_destination as check_destination
 from ..limits import check_limit as check_limit
 from ._sql import array_literal as array_literal
+from .cooldown import *
 from .delivery import *
 from .enqueue import *
 from .feedback import *
