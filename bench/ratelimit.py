@@ -618,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
     cell["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if args.output is not None:
         with args.output.open("a") as out:
-            out.write(json.dumps(cell) + "\n")
+            out.write(json.dumps({k: v for k, v in cell.items() if k != "trace"}) + "\n")
     print(json.dumps(cell, indent=2))
     return 0
 

@@ -72,9 +72,7 @@ MAX_LIMIT_BURST = 1_000_000.0
 # The learned rate of destination row ``d`` now: the plateau (``d.rate /
 # RATE_DECREASE``) times the cube of the seconds since the cut (``d.rate_at``):
 # ``d.rate`` at the cut, the plateau after PLATEAU_SECONDS, above it after.
-_FROM_PLATEAU_SQL = (
-    f"(GREATEST(0, EXTRACT(EPOCH FROM now() - d.rate_at)) - {PLATEAU_SECONDS!r})"
-)
+_FROM_PLATEAU_SQL = f"(GREATEST(0, EXTRACT(EPOCH FROM now() - d.rate_at)) - {PLATEAU_SECONDS!r})"
 RATE_NOW_SQL = (
     f"(d.rate / {RATE_DECREASE!r} * (1 + {_CUBE!r} * {_FROM_PLATEAU_SQL} "
     f"* {_FROM_PLATEAU_SQL} * {_FROM_PLATEAU_SQL}))"
