@@ -56,9 +56,11 @@ PLATEAU_SECONDS = 15.0
 # (PLATEAU_SECONDS, 1), as shares of the plateau.
 _CUBE = (1 - RATE_DECREASE) / PLATEAU_SECONDS**3
 # A throttling answer within this many seconds of the last pause's end means
-# the rate was far too high (the receiver's burst was spent at once: the first
-# guess, or a receiver that slowed down): the plateau is then half the rate.
-RESUMED_SECONDS = 1.0
+# the rate was far too high (the receiver's burst, which refilled during the
+# pause, was spent at once: the first guess, which a batch measures over its
+# own short burst, or a receiver that slowed down): the plateau is then half
+# the rate. Near the plateau the receiver's burst lasts many seconds.
+RESUMED_SECONDS = 2.0
 FAST_DECREASE = 0.5
 # The learned rate never falls below this (messages a second).
 MIN_RATE = 0.1
