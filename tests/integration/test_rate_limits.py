@@ -266,12 +266,24 @@ def test_a_throttling_answer_pauses_the_destination_and_counts_nothing(
 def test_a_throttled_answer_in_flight_while_paused_does_not_cut_the_rate_again(
     engine: sa.Engine,
 ) -> None:
+    with engine.begin() as conn:  # one transaction: now() stands still
+        learned_after(conn, cut_ago=60, pause_ended_ago=59, rate=90.0)
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 1, 100)})
+        cut = rate_now(conn)
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 3, 100)})
+        assert rate_now(conn) == cut  # cut once
+        [figures] = store.destination_figures(conn)
+    assert figures.throttled_total == 1 + 1 + 3
+
+
+def test_the_first_estimates_of_senders_throttled_at_once_add_up(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 1, 100)})
-        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 3, 100)})
-    [figures] = _figures(engine)
-    assert figures.rate == pytest.approx(100 * store.rates.RATE_DECREASE, rel=0.01)  # cut once
-    assert figures.throttled_total == 4
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 2, 50)})
+        assert rate_now(conn) == pytest.approx(DECREASE * 150, rel=1e-9)
+        store.set_limit(conn, "webhook", "a.example", 120)
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 1, 50)})
+        assert rate_now(conn) == pytest.approx(DECREASE * 120, rel=1e-9)  # held to the limit
 
 
 # --- the learned rate (store/rates.py): each test runs in one transaction,
@@ -291,6 +303,7 @@ def learned_after(
         sa.text(
             "UPDATE outbox_destination SET rate = :rate,"
             " rate_at = now() - make_interval(secs => :cut_ago),"
+            " minute_start = now() - make_interval(secs => :cut_ago),"
             " paused_until = now() - make_interval(secs => :ended_ago),"
             " tokens_at = now() - make_interval(secs => :ended_ago)"
         ),

@@ -116,10 +116,21 @@ class Throttled:
     asked_rate: float
 
 
+# Whether destination row ``d`` is in the pause of its first throttling
+# answers: its rate was cut once, in the minute it counts throttles from
+# (``rate_at`` is then ``minute_start``, and every answer it counted is of
+# that minute).
+FIRST_PAUSE_SQL = "(d.rate_at = d.minute_start AND d.throttled_total = d.throttled_minute)"
+
 # One statement for every throttled destination of a batch. A destination
 # already paused when the answer came (an answer to a call that was already
 # under way) lengthens the pause but does not cut the rate again: one cut
-# per signal, however many senders heard it. The plateau of a fresh answer is
+# per signal, however many senders heard it. Except in its first pause: the
+# first estimate is what each sender saw delivered, and several senders at
+# once (a function's execution environments, several workers) each saw their
+# own share, so their estimates add up (the sum is too high rather than too
+# low: a rate far too high is halved within seconds, while one far too low
+# takes a minute or more to climb back). The plateau of a fresh answer is
 # the rate now, held to the operator's limit; on a destination's first answer
 # (nothing learned yet) the rate the sender had asked at. After a long quiet
 # spell the curve has grown far past anything the receiver ever admitted, so
@@ -137,7 +148,10 @@ _THROTTLED = statement(
         AS t(destination text, pause_s float8, answers int, asked_rate float8)
     ON CONFLICT (channel, destination) DO UPDATE SET
         paused_until = GREATEST(d.paused_until, EXCLUDED.paused_until),
-        rate = CASE WHEN d.paused_until > now() AND d.rate IS NOT NULL THEN d.rate
+        rate = CASE WHEN d.paused_until > now() AND d.rate IS NOT NULL
+                    THEN CASE WHEN {FIRST_PAUSE_SQL}
+                              THEN LEAST(d.rate + EXCLUDED.rate, {RATE_DECREASE} * d.limit_rate)
+                              ELSE d.rate END
                     -- (LEAST and GREATEST ignore a NULL: no limit, or nothing learned yet)
                     ELSE GREATEST({MIN_RATE}, {RATE_DECREASE} * CASE
                         WHEN d.rate IS NULL
