@@ -30,7 +30,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import dispatcher, reaper, sender, store
+from . import coldstart_limits, dispatcher, reaper, sender, store
 from .channels import aws
 from .config import OutcomeEventSettings, RelaySettings
 from .observability import count
@@ -78,6 +78,11 @@ class Worker:
         self.report = WorkerReport()
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        # Written once per worker (docs/how-to/rate-limits.md): the configured
+        # limits before its first claim, a provider's own rate before its
+        # first send to that provider.
+        self._limits_applied = False
+        self._provider_limits_asked: set[str] = set()
 
     def _send(
         self, channel: str, rows: list[store.ClaimedMessage]
@@ -91,6 +96,11 @@ class Worker:
                 self.report.released += len(released)
             report = sender.SendReport(received=len(rows))
             return lambda: report
+        with self._lock:
+            ask = channel not in self._provider_limits_asked
+            self._provider_limits_asked.add(channel)
+        if ask:
+            coldstart_limits.refresh_provider_limit(self.engine, channel)
         # A sender here has the whole lease (less the margin) for its batch.
         return sender.send_then_settle(
             self.engine,
@@ -139,6 +149,9 @@ class Worker:
     def _claim_and_send(self) -> tuple[dispatcher.DispatchReport, Callable[[], None]]:
         """Claim a batch and send it; returns the batch's settle, not yet run."""
         settings = self.settings
+        if not self._limits_applied:
+            coldstart_limits.apply_configured_limits(self.engine, settings, self.channels)
+            self._limits_applied = True
         with self.engine.begin() as conn:
             rows = store.claim_and_receive(
                 conn,
