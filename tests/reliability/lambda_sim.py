@@ -551,7 +551,7 @@ def serving(
     sim = LambdaSim(
         engine, settings, SimProvider(faults, seed), faults, concurrency=concurrency, seed=seed
     )
-    sender._pool = sim.pool_for_this_thread  # type: ignore[assignment]
+    sendpool.pools = sim.pools
     threads = [
         threading.Thread(target=_dispatch_loop, args=(sim,), name="sim-dispatcher", daemon=True),
         threading.Thread(target=_reap_loop, args=(sim,), name="sim-reaper", daemon=True),
@@ -568,7 +568,7 @@ def serving(
             thread.join(timeout=30)
         for function in sim.functions.values():
             function.join()
-        sender._pool = sim.original_pool  # type: ignore[method-assign]
+        sendpool.pools = sim.pools.original
 
 
 def _dispatch_loop(sim: LambdaSim) -> None:
