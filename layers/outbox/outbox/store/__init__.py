@@ -41,6 +41,7 @@ Rules every statement here keeps (docs/design.md, invariants 1-7):
 
 from ..limits import check_destination, check_limit
 from ._sql import array_literal
+from .cooldown import prune_cooldowns
 from .delivery import (
     ChannelLoad,
     Claim,
@@ -191,6 +192,7 @@ __all__ = [
     "payload_json",
     "prune",
     "prune_attempts",
+    "prune_cooldowns",
     "prune_cutoff",
     "prune_dedupe_keys",
     "prune_settled_before",
