@@ -266,12 +266,123 @@ def test_a_throttling_answer_pauses_the_destination_and_counts_nothing(
 def test_a_throttled_answer_in_flight_while_paused_does_not_cut_the_rate_again(
     engine: sa.Engine,
 ) -> None:
+    with engine.begin() as conn:  # one transaction: now() stands still
+        learned_after(conn, cut_ago=60, pause_ended_ago=59, rate=90.0)
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 1, 100)})
+        cut = rate_now(conn)
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 3, 100)})
+        assert rate_now(conn) == cut  # cut once
+        [figures] = store.destination_figures(conn)
+    assert figures.throttled_total == 1 + 1 + 3
+
+
+def test_the_first_estimates_of_senders_throttled_at_once_add_up(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 1, 100)})
-        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 3, 100)})
-    [figures] = _figures(engine)
-    assert figures.rate == pytest.approx(80, rel=0.05)  # cut once: 100 x 0.8
-    assert figures.throttled_total == 4
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 2, 50)})
+        assert rate_now(conn) == pytest.approx(DECREASE * 150, rel=1e-9)
+        store.set_limit(conn, "webhook", "a.example", 120)
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 1, 50)})
+        assert rate_now(conn) == pytest.approx(DECREASE * 120, rel=1e-9)  # held to the limit
+
+
+# --- the learned rate (store/rates.py): each test runs in one transaction,
+# where now() stands still, and sets the times a throttle happened by hand.
+
+DECREASE = store.rates.RATE_DECREASE
+PLATEAU = store.rates.PLATEAU_SECONDS
+
+
+def learned_after(
+    conn: sa.Connection, cut_ago: float, pause_ended_ago: float, rate: float = 90.0
+) -> None:
+    """``a.example`` as if cut to ``rate`` (so its plateau is rate /
+    RATE_DECREASE) ``cut_ago`` seconds ago, its pause over for ``pause_ended_ago``."""
+    store.record_throttling(conn, "webhook", {"a.example": store.Throttled(1, 1, 1)})
+    conn.execute(
+        sa.text(
+            "UPDATE outbox_destination SET rate = :rate,"
+            " rate_at = now() - make_interval(secs => :cut_ago),"
+            " minute_start = now() - make_interval(secs => :cut_ago),"
+            " paused_until = now() - make_interval(secs => :ended_ago),"
+            " tokens_at = now() - make_interval(secs => :ended_ago)"
+        ),
+        {"rate": rate, "cut_ago": cut_ago, "ended_ago": pause_ended_ago},
+    )
+
+
+def rate_now(conn: sa.Connection) -> float:
+    [figures] = store.destination_figures(conn)
+    assert figures.rate is not None
+    return figures.rate
+
+
+@pytest.mark.parametrize(
+    ("seconds", "share"),
+    [
+        (0, DECREASE),  # the cut
+        (PLATEAU / 3, 1 - (1 - DECREASE) * (2 / 3) ** 3),  # fast while far below
+        (PLATEAU * 2 / 3, 1 - (1 - DECREASE) / 27),  # slow near the plateau
+        (PLATEAU, 1.0),  # at the plateau
+        (PLATEAU * 4 / 3, 1 + (1 - DECREASE) / 27),  # just above it, slowly
+        (PLATEAU * 3, 1 + (1 - DECREASE) * 8),  # then probing faster
+    ],
+)
+def test_the_learned_rate_climbs_back_to_the_plateau_and_lingers_there(
+    engine: sa.Engine, seconds: float, share: float
+) -> None:
+    with engine.begin() as conn:
+        learned_after(conn, cut_ago=seconds, pause_ended_ago=seconds, rate=90.0)
+        assert rate_now(conn) == pytest.approx(90.0 / DECREASE * share, rel=1e-9)
+
+
+def test_a_fresh_throttle_cuts_the_rate_then_to_a_share_of_it(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        # two plateau lengths after the last cut, long after its pause ended
+        learned_after(conn, cut_ago=2 * PLATEAU, pause_ended_ago=2 * PLATEAU - 1, rate=90.0)
+        before = rate_now(conn)
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(1, 1, 1000)})
+        after = rate_now(conn)  # the moment of the cut (now() stands still)
+    assert before == pytest.approx(100 * (1 + (1 - DECREASE)), rel=1e-9)
+    assert after == pytest.approx(DECREASE * before, rel=1e-9)
+
+
+def test_a_throttle_soon_after_the_pause_ended_halves_the_rate(engine: sa.Engine) -> None:
+    resumed = store.rates.RESUMED_SECONDS
+    with engine.begin() as conn:
+        learned_after(conn, cut_ago=resumed + 0.5, pause_ended_ago=resumed / 2, rate=90.0)
+        before = rate_now(conn)
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(1, 1, 1000)})
+        after = rate_now(conn)
+    assert after == pytest.approx(DECREASE * store.rates.FAST_DECREASE * before, rel=1e-9)
+
+
+def test_after_a_quiet_spell_the_plateau_is_what_was_seen_not_the_grown_curve(
+    engine: sa.Engine,
+) -> None:
+    with engine.begin() as conn:
+        learned_after(conn, cut_ago=3600, pause_ended_ago=3600, rate=90.0)
+        assert rate_now(conn) > 1e5  # an hour on the curve
+        # the sender saw 50 a second: the last plateau (100) is the higher
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(1, 1, 50)})
+        assert rate_now(conn) == pytest.approx(DECREASE * 100, rel=1e-9)
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_destination SET rate_at = now() - interval '1 hour',"
+                " paused_until = now() - interval '1 hour'"
+            )
+        )
+        # the sender saw 500 a second: that is the higher
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(1, 1, 500)})
+        assert rate_now(conn) == pytest.approx(DECREASE * 500, rel=1e-9)
+
+
+def test_a_throttle_while_a_limit_is_set_cuts_from_the_limit_at_most(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        store.set_limit(conn, "webhook", "a.example", 50)
+        learned_after(conn, cut_ago=3 * PLATEAU, pause_ended_ago=3 * PLATEAU, rate=90.0)
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(1, 1, 1000)})
+        assert rate_now(conn) == pytest.approx(DECREASE * 50, rel=1e-9)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), -5.0, 0.0, None, float("inf"), 1e12])
@@ -360,7 +471,8 @@ def test_a_learned_rate_never_exceeds_the_limit(engine: sa.Engine) -> None:
         store.record_throttling(conn, "webhook", {"a.example": store.Throttled(1, 1, 100)})
         [figures] = store.destination_figures(conn)
     assert (figures.limit_rate, figures.limit_burst) == (10, 10)
-    assert figures.rate == pytest.approx(8, rel=0.05)  # 0.8 x the limit, not x 100
+    # cut from the limit, not from 100
+    assert figures.rate == pytest.approx(10 * store.rates.RATE_DECREASE, rel=0.01)
 
 
 def test_clearing_a_limit_keeps_what_was_learned(engine: sa.Engine) -> None:
