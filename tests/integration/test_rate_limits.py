@@ -533,9 +533,7 @@ def test_the_worker_starts_no_call_of_its_next_batch_after_a_quota(
 
     monkeypatch.setattr(store, "claim_and_receive", claim_then_tell)
     monkeypatch.setattr(sender, "_settle", settle_after_the_next_claim)
-    worker = Worker(
-        engine, settings(batch_size=4, send_concurrency=1), reap_interval_seconds=3600
-    )
+    worker = Worker(engine, settings(batch_size=4, send_concurrency=1), reap_interval_seconds=3600)
     worker.run(until_empty=True)
     assert channel.calls == 1
     assert {counts(engine, ids)[i] for i in ids} == {("pending", 0, 0)}
