@@ -34,7 +34,7 @@ dead rows (from the database).
     .venv/bin/python -m bench.ratelimit --path lambda --provider ses --rows 3000 --rate 10
     .venv/bin/python -m bench.ratelimit --rows 600 --rate 20 --limit 20 --workers 4
     .venv/bin/python -m bench.ratelimit --rows 300 --rate 10 --other-rows 3000
-    .venv/bin/python -m bench.ratelimit --quota --path lambda --provider ses --rows 500
+    .venv/bin/python -m bench.ratelimit --quota 500 --path lambda --provider ses --rows 2000
 """
 
 from __future__ import annotations

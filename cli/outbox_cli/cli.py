@@ -941,7 +941,8 @@ def _pausable_channel(conn: sa.Connection, channel: str) -> str:
 def pause(channel: str, reason: str | None, as_json: bool) -> None:
     """Stop claiming CHANNEL's messages: they stay pending, no attempt counted.
 
-    Claims taken before the pause finish normally. Undo with `outbox resume`."""
+    Batches a sender is already sending finish; claims handed off but not yet
+    taken by a sender go back pending, not started. Undo with `outbox resume`."""
     from outbox import store
 
     with database() as engine, engine.begin() as conn:

@@ -16,7 +16,8 @@ import outbox
 from outbox import sender, store
 from outbox.channels import Outcome
 from outbox.handoff import HandOff
-from support import ScriptedChannel, install_channel, settings
+from outbox.worker import Worker
+from support import ScriptedChannel, attempts, install_channel, settings
 
 
 def hook(host: str, n: int = 0) -> dict[str, Any]:
@@ -66,7 +67,7 @@ def counts(engine: sa.Engine, ids: list[int]) -> dict[int, tuple[str, int, int]]
 
 def run_sender(engine: sa.Engine, claims: list[store.Claim], **overrides: Any) -> Any:
     event = HandOff(claims[0].channel, tuple(claims)).to_event()
-    return sender.run(engine, event, settings(send_concurrency=1, **overrides), lambda: 30.0)
+    return sender.run(engine, event, settings(**{"send_concurrency": 1, **overrides}), lambda: 30.0)
 
 
 # --- the destination -----------------------------------------------------------
@@ -414,9 +415,10 @@ def test_a_quota_answer_pauses_the_channel_until_resumed(engine: sa.Engine) -> N
         "quota: ThrottlingException: daily quota exceeded",
     )
     assert paused.paused_until is not None
-    # the other sender, already under way: at most one refused call
-    run_sender(engine, second)
-    assert channel.calls == 3
+    # the other event, claimed before the pause: its receipt sends nothing
+    report = run_sender(engine, second)
+    assert channel.calls == 2
+    assert report.statuses == {"not_started": 4}
     assert claim(engine) == []
     after = counts(engine, ids)
     assert {after[i] for i in ids if i != ids[0]} == {("pending", 0, 0)}
@@ -427,6 +429,114 @@ def test_a_quota_answer_pauses_the_channel_until_resumed(engine: sa.Engine) -> N
         assert store.resume_channel(conn, "scripted")
     run_sender(engine, claim(engine))
     assert {counts(engine, ids)[i] for i in ids} == {("delivered", 1, 0)}
+
+
+@pytest.mark.parametrize("pause", ["quota", "operator"])
+def test_the_receipt_of_a_paused_channel_sends_nothing_and_counts_nothing(
+    engine: sa.Engine, pause: str
+) -> None:
+    channel = install_channel(DestinationChannel())
+    ids = enqueue_scripted(engine, 3)
+    claims = claim(engine)  # claimed and handed off before the pause
+    with engine.begin() as conn:
+        if pause == "quota":
+            store.record_throttling(conn, "scripted", {}, ("quota: daily", 3600))
+        else:
+            store.pause_channel(conn, "scripted", "incident")
+    report = run_sender(engine, claims)
+    assert channel.calls == 0
+    assert report.owned == 3 and report.lease_lost == []
+    assert report.statuses == {"not_started": 3}
+    assert {counts(engine, ids)[i] for i in ids} == {("pending", 0, 0)}
+    with engine.connect() as conn:
+        assert {a.outcome for i in ids for a in attempts(conn, i)} == {"not_started"}
+    assert claim(engine) == []  # still paused
+    with engine.begin() as conn:
+        assert store.resume_channel(conn, "scripted")
+    run_sender(engine, claim(engine))
+    assert channel.calls == 3
+    assert {counts(engine, ids)[i] for i in ids} == {("delivered", 1, 0)}
+
+
+class QuotaSpentChannel(ScriptedChannel):
+    """A provider whose quota is spent: every call is refused. The first call
+    answers at once; any other call started meanwhile waits until the sender
+    has taken note of that answer, so every thread is busy when it hears it."""
+
+    def __init__(self, noted: threading.Event) -> None:
+        super().__init__()
+        self.noted = noted
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def send(self, message: Any, deadline: Any) -> Outcome:
+        with self._lock:
+            self.calls += 1
+            first = self.calls == 1
+        if not first:
+            self.noted.wait(10)  # a bound, not a timing: set by the first answer's note
+        return Outcome.quota("daily quota exceeded", 3600)
+
+
+def noting_quota(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """An event set once a sender has taken note of a quota answer."""
+    noted = threading.Event()
+    note = sender._Limits.note
+
+    def note_then_tell(self: Any, row: Any, outcome: Outcome) -> None:
+        note(self, row, outcome)
+        if outcome.pause is not None:
+            noted.set()
+
+    monkeypatch.setattr(sender._Limits, "note", note_then_tell)
+    return noted
+
+
+def test_after_a_quota_answer_no_new_call_starts(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    channel = install_channel(QuotaSpentChannel(noting_quota(monkeypatch)))
+    ids = enqueue_scripted(engine, 20)
+    report = run_sender(engine, claim(engine), send_concurrency=4)
+    # the first refused call, and at most the other threads' calls under way
+    assert 1 <= channel.calls <= 4
+    assert report.statuses == {"not_started": 20}
+    assert {counts(engine, ids)[i] for i in ids} == {("pending", 0, 0)}
+    with engine.connect() as conn:
+        [paused] = store.paused_channels(conn)
+    assert paused.channel == "scripted"
+
+
+def test_the_worker_starts_no_call_of_its_next_batch_after_a_quota(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    channel = install_channel(QuotaSpentChannel(noting_quota(monkeypatch)))
+    ids = enqueue_scripted(engine, 12)
+    # A settle that runs beside the next claim (the worker's pipeline) waits
+    # for that claim, so the next batch would be claimed before the pause.
+    claims = threading.Event()
+    claim_and_receive = store.claim_and_receive
+
+    def claim_then_tell(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return claim_and_receive(*args, **kwargs)
+        finally:
+            claims.set()
+
+    settle = sender._settle
+
+    def settle_after_the_next_claim(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name.startswith("settle"):
+            claims.clear()
+            claims.wait(10)  # a bound: set by the worker's next claim
+        return settle(*args, **kwargs)
+
+    monkeypatch.setattr(store, "claim_and_receive", claim_then_tell)
+    monkeypatch.setattr(sender, "_settle", settle_after_the_next_claim)
+    worker = Worker(engine, settings(batch_size=4, send_concurrency=1), reap_interval_seconds=3600)
+    worker.run(until_empty=True)
+    assert channel.calls == 1
+    assert {counts(engine, ids)[i] for i in ids} == {("pending", 0, 0)}
 
 
 def test_a_quota_pause_ends_by_itself_and_an_operator_pause_outlasts_it(
