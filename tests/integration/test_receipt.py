@@ -25,6 +25,8 @@ from support import (
     LambdaContext,
     ScriptedChannel,
     attempts,
+    claim,
+    enqueue,
     expire_leases,
     install_channel,
     make_due,
@@ -37,18 +39,6 @@ from support import (
 @pytest.fixture(autouse=True)
 def _scripted_channel() -> None:
     install_channel(ScriptedChannel())
-
-
-def enqueue(engine: sa.Engine, n: int = 1, **options: object) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(
-            conn, [{"channel": "scripted", "payload": {"n": i}, **options} for i in range(n)]
-        )
-
-
-def claim(engine: sa.Engine) -> list[store.Claim]:
-    with engine.begin() as conn:
-        return store.claim(conn, 100, 120)
 
 
 def run_sender(engine: sa.Engine, event: dict[str, Any]) -> sender.SendReport:
@@ -77,7 +67,7 @@ def test_two_senders_handed_the_same_event_at_once_call_the_provider_once(
     channel = install_channel(SlowCountingChannel())
     for _ in range(10):  # rounds: the race must come out the same every time
         channel.calls.clear()
-        ids = enqueue(engine, 5)
+        ids = enqueue(engine, 5, "scripted")
         event = HandOff("scripted", tuple(claim(engine))).to_event()
         start = threading.Barrier(2)
         reports: list[sender.SendReport] = []
@@ -111,7 +101,7 @@ def test_a_receipt_taken_by_an_uncommitted_sender_is_not_given_to_a_second(
 ) -> None:
     """The second compare-and-set waits for the first and then matches nothing
     (READ COMMITTED re-checks ``received_at`` on the row the first one wrote)."""
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     (c,) = claim(engine)
     pair = [c]
     second: list[list[store.ClaimedMessage]] = []
@@ -134,7 +124,7 @@ def test_a_receipt_taken_by_an_uncommitted_sender_is_not_given_to_a_second(
 
 def test_an_id_listed_twice_in_one_event_is_sent_once(engine: sa.Engine) -> None:
     channel = install_channel(SlowCountingChannel())
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     (c,) = claim(engine)
     event = HandOff("scripted", (c, c)).to_event()
     assert len(event["messages"]) == 2
@@ -144,7 +134,7 @@ def test_an_id_listed_twice_in_one_event_is_sent_once(engine: sa.Engine) -> None
     with engine.connect() as conn:
         assert [(a.attempt, a.outcome) for a in attempts(conn, mid)] == [(1, "delivered")]
     # and the store drops a repeated pair itself, for any caller
-    (mid2,) = enqueue(engine)
+    (mid2,) = enqueue(engine, channel="scripted")
     (c2,) = claim(engine)
     with engine.begin() as conn:
         taken = store.receive_claimed(conn, "scripted", [c2, c2], 3)
@@ -153,7 +143,7 @@ def test_an_id_listed_twice_in_one_event_is_sent_once(engine: sa.Engine) -> None
 
 def test_a_replayed_event_finds_nothing_to_send(engine: sa.Engine) -> None:
     channel = install_channel(SlowCountingChannel())
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     event = HandOff("scripted", tuple(claim(engine))).to_event()
     assert run_sender(engine, event).owned == 1
     assert run_sender(engine, event).lease_lost == [mid]
@@ -166,7 +156,7 @@ def test_a_replay_while_the_first_sender_is_still_sending_finds_nothing(
     """The claim is still ``claimed`` with a live lease; only the receipt stops
     the replay (the old fenced read would have sent it a second time)."""
     install_channel(ScriptedChannel())
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     claims = claim(engine)
     receive(engine, claims)  # the first sender took it and is calling the provider
     report = run_sender(engine, HandOff("scripted", tuple(claims)).to_event())
@@ -178,7 +168,7 @@ def test_a_replay_while_the_first_sender_is_still_sending_finds_nothing(
 def test_a_lease_that_ends_with_no_receipt_counts_no_attempt(engine: sa.Engine) -> None:
     """The event never reached a sender (dropped for age, throttled, lost):
     back to pending at once, no attempt, an attempt row that says so."""
-    ids = enqueue(engine, 2, max_attempts=1)
+    ids = enqueue(engine, 2, "scripted", max_attempts=1)
     claims = claim(engine)
     receive(engine, claims[:1])  # the first was started, the second never was
     expire_leases(engine)
@@ -208,7 +198,7 @@ def test_a_lease_that_ends_with_no_receipt_counts_no_attempt(engine: sa.Engine) 
 
 
 def test_a_lease_with_no_receipt_is_bounded_by_the_deliver_by_time(engine: sa.Engine) -> None:
-    (mid,) = enqueue(engine, ttl=3600)
+    (mid,) = enqueue(engine, channel="scripted", ttl=3600)
     claim(engine)
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE outbox_message SET expires_at = now() - interval '1 second'"))
@@ -279,10 +269,10 @@ def test_a_duplicated_hand_off_is_counted_as_one_not_as_a_lost_lease(
 
     observability.flush_metrics()
     capsys.readouterr()
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     claims = claim(engine)
     receive(engine, claims)  # the first delivery of the event is sending it
-    (other,) = enqueue(engine)
+    (other,) = enqueue(engine, channel="scripted")
     stale = store.Claim(other, "scripted", str(uuid.uuid4()), 1)  # not its claim
     with caplog.at_level("INFO", logger="outbox"):
         report = run_sender(engine, HandOff("scripted", (*claims, stale)).to_event())
@@ -316,7 +306,7 @@ def test_a_sample_events_claim_is_reported_as_never_live_not_as_a_lost_lease(
 
     observability.flush_metrics()
     capsys.readouterr()
-    sampled, mid = enqueue(engine, 2)
+    sampled, mid = enqueue(engine, 2, "scripted")
     sample = store.Claim(sampled, "scripted", "00000000-0000-0000-0000-000000000001", 1)
     elsewhere = store.Claim(mid + 1000, "scripted", str(uuid.uuid4()), 1)
     stale = store.Claim(mid, "scripted", str(uuid.uuid4()), 1)
