@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-import outbox
 from outbox import reaper, sender, store
 from outbox.channels import Deadline, Message, Outcome
 from outbox.handoff import HandOff, LambdaInvoker
