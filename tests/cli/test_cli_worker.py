@@ -19,21 +19,15 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-import outbox
 from outbox.channels import Outcome
 from outbox.worker import Worker
 from outbox_cli.cli import cli
-from support import EMAIL, ScriptedChannel, install_channel, settings, statuses
-
-
-def seed(engine: sa.Engine, n: int, channel: str, payload: Any) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(conn, [{"channel": channel, "payload": payload}] * n)
+from support import EMAIL, ScriptedChannel, enqueue, install_channel, settings, statuses
 
 
 def test_two_workers_over_one_backlog_deliver_each_message_once(engine: sa.Engine) -> None:
     channel = install_channel(ScriptedChannel())
-    ids = seed(engine, 400, "scripted", {"n": 1})
+    ids = enqueue(engine, 400, "scripted", {"n": 1})
     config = settings(batch_size=15, send_concurrency=4)
     start = threading.Barrier(2)
     workers = [
@@ -63,7 +57,7 @@ def test_two_workers_over_one_backlog_deliver_each_message_once(engine: sa.Engin
 
 def test_worker_once_retries_and_batch_size(engine: sa.Engine) -> None:
     install_channel(ScriptedChannel(answers=[Outcome.retry("flaky"), Outcome.delivered()]))
-    seed(engine, 5, "scripted", {"n": 1})
+    enqueue(engine, 5, "scripted", {"n": 1})
     worker = Worker(engine, settings(batch_size=2), channels=["scripted"])
     report = worker.run(once=True)
     assert (report.claimed, report.batches) == (2, 1)
@@ -73,7 +67,7 @@ def test_worker_once_retries_and_batch_size(engine: sa.Engine) -> None:
 
 def test_a_stopped_worker_releases_what_it_did_not_start(engine: sa.Engine) -> None:
     install_channel(ScriptedChannel())
-    seed(engine, 3, "scripted", {"n": 1})
+    enqueue(engine, 3, "scripted", {"n": 1})
     worker = Worker(engine, settings(), channels=["scripted"])
     worker.stop.set()  # stop arrives between the claim and the hand-off
     result = worker.run_once()
@@ -89,7 +83,7 @@ def test_a_stopped_worker_releases_what_it_did_not_start(engine: sa.Engine) -> N
 
 def test_worker_command_until_empty_json(engine: sa.Engine, database_url: str) -> None:
     install_channel(ScriptedChannel())
-    seed(engine, 7, "scripted", {"n": 1})
+    enqueue(engine, 7, "scripted", {"n": 1})
     result = CliRunner().invoke(
         cli,
         ["worker", "--until-empty", "--channels", "scripted", "--batch-size", "3", "--json"],
@@ -102,7 +96,7 @@ def test_worker_command_until_empty_json(engine: sa.Engine, database_url: str) -
 
 
 def test_worker_command_rejects_bad_options(engine: sa.Engine, database_url: str) -> None:
-    seed(engine, 2, "email", EMAIL)
+    enqueue(engine, 2, "email", EMAIL)
     runner = CliRunner()
     for args, fragment in (
         (["--channels", "carrier-pigeon"], "unknown channel 'carrier-pigeon'"),
@@ -134,7 +128,7 @@ def test_sigterm_mid_run_leaves_no_claimed_rows(
         EmailIdentity="example.com"
     )
     total = 3000
-    seed(engine, total, "email", EMAIL)
+    enqueue(engine, total, "email", EMAIL)
     env = {
         **os.environ,
         "DATABASE_URL": database_url,
@@ -221,7 +215,7 @@ def test_sigterm_while_receivers_drip_stops_within_the_grace(
     sender_timeout = 3
     monkeypatch.setenv("WEBHOOK_ALLOW_INSECURE", "true")  # a loopback http receiver
     with drip_receiver("headers", interval=0.2, lasts=60) as rx:
-        seed(engine, 4, "webhook", {"url": rx.url(), "event_type": "t", "body": {}})
+        enqueue(engine, 4, "webhook", {"url": rx.url(), "event_type": "t", "body": {}})
         worker = start_worker(
             "webhook",
             database_url,
@@ -262,7 +256,7 @@ def test_a_stop_mid_batch_starts_no_further_call(engine: sa.Engine) -> None:
             return super().send(message, deadline)
 
     channel = install_channel(StopsTheWorker())
-    ids = seed(engine, 5, "scripted", {"n": 1})
+    ids = enqueue(engine, 5, "scripted", {"n": 1})
     worker = Worker(engine, settings(send_concurrency=1), channels=["scripted"], stop=stop)
     worker.run_once()
     assert channel.sent == ids[:1]
@@ -291,7 +285,7 @@ def test_sigterm_while_an_aws_provider_hangs_stops_within_the_grace(
     listener.listen(16)  # the kernel accepts; nobody ever answers
     hung = f"http://127.0.0.1:{listener.getsockname()[1]}"
     sender_timeout = 3
-    seed(engine, 4, "email", EMAIL)
+    enqueue(engine, 4, "email", EMAIL)
     worker = start_worker(
         "email",
         database_url,

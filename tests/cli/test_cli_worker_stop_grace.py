@@ -22,11 +22,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-import outbox
 from outbox import sender
 from outbox.channels import Deadline, Message, Outcome
 from outbox.worker import Worker
-from support import ScriptedChannel, install_channel, settings, statuses
+from support import ScriptedChannel, enqueue, install_channel, settings, statuses
 
 
 @pytest.fixture
@@ -35,11 +34,6 @@ def moto_endpoint() -> Iterator[str]:
 
     with moto_server() as url:
         yield url
-
-
-def seed(engine: sa.Engine, n: int, channel: str, payload: Any) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(conn, [{"channel": channel, "payload": payload}] * n)
 
 
 def cut_rows(engine: sa.Engine) -> list[tuple[Any, ...]]:
@@ -69,7 +63,7 @@ def test_sigterm_cuts_dripping_calls_at_the_stop_grace_and_settles_them_as_retri
         Name=f"webhooks/{uuid.uuid4().hex}", SecretString=new_secret()
     )["ARN"]
     with drip_receiver("headers", interval=0.2, lasts=120) as rx:
-        seed(engine, 4, "webhook", {"url": rx.url(), "event_type": "t", "body": {}})
+        enqueue(engine, 4, "webhook", {"url": rx.url(), "event_type": "t", "body": {}})
         worker = subprocess.Popen(
             [sys.executable, "-m", "outbox_cli", "worker", "--channels", "webhook", "--json"],
             env={
@@ -123,7 +117,7 @@ class Hangs(ScriptedChannel):
 def test_a_stopped_worker_cuts_its_running_call_and_releases_the_rest(engine: sa.Engine) -> None:
     stop = threading.Event()
     channel = install_channel(Hangs(stop))
-    ids = seed(engine, 3, "hangs", {"n": 1})
+    ids = enqueue(engine, 3, "hangs", {"n": 1})
     worker = Worker(
         engine,
         settings(send_concurrency=1, sender_timeout_seconds=30),
