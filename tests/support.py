@@ -180,11 +180,15 @@ def wait_after_settle(conn: sa.Connection, message_id: int) -> float:
     )
 
 
-def insert_raw(conn: sa.Connection, channel: str, payload_json: str) -> int:
+def insert_raw(db: sa.Engine | sa.Connection, channel: str, payload_json: str) -> int:
     """A row written past the producer's checks (raw SQL), as a bug or a hand
-    in the database could leave it."""
+    in the database could leave it: in the caller's transaction when ``db``
+    is a connection, else in one of its own."""
+    if not isinstance(db, sa.Connection):
+        with db.begin() as conn:
+            return insert_raw(conn, channel, payload_json)
     return int(
-        conn.execute(
+        db.execute(
             sa.text(
                 "INSERT INTO outbox_message (channel, payload) "
                 "VALUES (:c, CAST(:p AS jsonb)) RETURNING id"
