@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import ssl
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -196,6 +197,26 @@ def insert_raw(db: sa.Engine | sa.Connection, channel: str, payload_json: str) -
             {"c": channel, "p": payload_json},
         ).scalar_one()
     )
+
+
+def waits_on_a_lock(engine: sa.Engine, thread: threading.Thread, seconds: float = 30) -> bool:
+    """Whether ``thread`` comes to wait on a lock in the test database (a
+    session of it shows wait_event_type 'Lock'), polled until it does, the
+    thread ends, or ``seconds`` pass: the server's word that it waited, where
+    a fixed pause would only guess how long a busy machine takes to get there."""
+    deadline = time.monotonic() + seconds
+    while thread.is_alive() and time.monotonic() < deadline:
+        with engine.connect() as probe:
+            waiting = probe.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        if waiting:
+            return True
+        thread.join(0.02)
+    return False
 
 
 def row(conn: sa.Connection, message_id: int) -> sa.Row[Any]:

@@ -20,6 +20,7 @@ from support import (
     install_channel,
     row,
     settings,
+    waits_on_a_lock,
 )
 
 
@@ -58,8 +59,7 @@ def test_ids_of_one_key_follow_commit_order_under_concurrent_producers(
 
         two = threading.Thread(target=producer_two)
         two.start()
-        two.join(0.5)
-        assert two.is_alive(), "the second producer of the key did not wait"
+        assert waits_on_a_lock(engine, two), "the second producer of the key did not wait"
         assert claim_ids(engine) == []  # nothing of K is committed yet
         first.commit()
     two.join(5)

@@ -72,7 +72,11 @@ def test_reaper_racing_a_settle_never_leaves_a_row_both_delivered_and_pending(
         schema = EmailChannel.schema
 
     seen: set[str] = set()
-    for _ in range(10):
+    # Ten rounds at least; more (up to 40) while the race has not yet come out
+    # both ways: a busy machine shifts when the calls end against the lease.
+    for round_ in range(40):
+        if round_ >= 10 and {"delivered", "expired"} <= seen:
+            break
         with engine.begin() as conn:
             conn.execute(sa.text("TRUNCATE outbox_attempt, outbox_message, outbox_dedupe"))
         ids = enqueue(engine, 30)

@@ -32,6 +32,7 @@ from support import (
     receive,
     row,
     settings,
+    waits_on_a_lock,
 )
 
 
@@ -114,8 +115,7 @@ def test_a_receipt_taken_by_an_uncommitted_sender_is_not_given_to_a_second(
 
         waiter = threading.Thread(target=take)
         waiter.start()
-        waiter.join(0.5)
-        assert waiter.is_alive(), "the second receipt did not wait for the first"
+        assert waits_on_a_lock(engine, waiter), "the second receipt did not wait for the first"
         first.commit()
     waiter.join(5)
     assert second == [[]]
