@@ -199,11 +199,14 @@ def insert_raw(db: sa.Engine | sa.Connection, channel: str, payload_json: str) -
     )
 
 
-def waits_on_a_lock(engine: sa.Engine, thread: threading.Thread, seconds: float = 30) -> bool:
+def waits_on_a_lock(
+    engine: sa.Engine, thread: threading.Thread, kind: str | None = None, seconds: float = 30
+) -> bool:
     """Whether ``thread`` comes to wait on a lock in the test database (a
-    session of it shows wait_event_type 'Lock'), polled until it does, the
-    thread ends, or ``seconds`` pass: the server's word that it waited, where
-    a fixed pause would only guess how long a busy machine takes to get there."""
+    session of it shows wait_event_type 'Lock', and wait_event ``kind`` when
+    given: 'advisory', 'transactionid', ...), polled until it does, the thread
+    ends, or ``seconds`` pass: the server's word that it waited, where a fixed
+    pause would only guess how long a busy machine takes to get there."""
     deadline = time.monotonic() + seconds
     while thread.is_alive() and time.monotonic() < deadline:
         with engine.connect() as probe:
@@ -211,7 +214,9 @@ def waits_on_a_lock(engine: sa.Engine, thread: threading.Thread, seconds: float 
                 sa.text(
                     "SELECT count(*) FROM pg_stat_activity "
                     "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                )
+                    " AND (CAST(:kind AS text) IS NULL OR wait_event = :kind)"
+                ),
+                {"kind": kind},
             ).scalar_one()
         if waiting:
             return True

@@ -156,6 +156,7 @@ def test_a_message_enqueued_while_the_loop_runs_goes_out_within_a_poll(engine: s
         lambda: 0.0 if handed or pauses >= 5 else 60.0,
         sleep=pause,
     )
+    assert arrived, "the loop never paused to poll"
     assert handed == {arrived[0]: 1} and report.claimed == 1
 
 

@@ -49,6 +49,10 @@ def test_ids_of_one_key_follow_commit_order_under_concurrent_producers(
     higher id and is sent; 1 then commits and is sent while 2 is in flight.
     With it, 2 waits for 1's commit, so its row is the later one."""
     second_id: list[int] = []
+    with engine.begin() as conn:  # a first enqueue of the channel would be a wait of its own
+        conn.execute(
+            sa.text("INSERT INTO outbox_channel (name) VALUES ('scripted') ON CONFLICT DO NOTHING")
+        )
     with engine.connect() as first:
         first.begin()
         first_id = outbox.enqueue(first, "scripted", {"n": 1}, ordering_key="K")
@@ -59,7 +63,8 @@ def test_ids_of_one_key_follow_commit_order_under_concurrent_producers(
 
         two = threading.Thread(target=producer_two)
         two.start()
-        assert waits_on_a_lock(engine, two), "the second producer of the key did not wait"
+        # (on the key's lock, not on a first insert of the channel's name)
+        assert waits_on_a_lock(engine, two, "advisory"), "the second producer did not wait"
         assert claim_ids(engine) == []  # nothing of K is committed yet
         first.commit()
     two.join(5)
