@@ -5,9 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import re
 import ssl
+import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,7 +163,7 @@ def db_now(engine: sa.Engine) -> dt.datetime:
     of every transaction the call ran: what the call wrote can be checked
     against those bounds instead of against a later transaction's clock."""
     with engine.connect() as conn:
-        return conn.execute(sa.text("SELECT now()")).scalar_one()  # type: ignore[no-any-return]
+        return conn.execute(sa.text("SELECT now()")).scalar_one()
 
 
 def wait_after_settle(conn: sa.Connection, message_id: int) -> float:
@@ -197,6 +199,25 @@ def insert_raw(db: sa.Engine | sa.Connection, channel: str, payload_json: str) -
             {"c": channel, "p": payload_json},
         ).scalar_one()
     )
+
+
+def wait_until(
+    condition: Callable[[], bool],
+    seconds: float = 120,
+    process: subprocess.Popen[str] | None = None,
+) -> bool:
+    """Poll ``condition`` until it holds (True) or ``seconds`` pass (False);
+    ``process``, when given, must keep running meanwhile (its output is the
+    failure). A generous bound on the test, never a verdict on its speed: a
+    busy machine takes long to start a process and reach a receiver."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if process is not None:
+            assert process.poll() is None, process.communicate()
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def waits_on_a_lock(

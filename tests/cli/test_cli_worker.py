@@ -22,7 +22,15 @@ from click.testing import CliRunner
 from outbox.channels import Outcome
 from outbox.worker import Worker
 from outbox_cli.cli import cli
-from support import EMAIL, ScriptedChannel, enqueue, install_channel, settings, statuses
+from support import (
+    EMAIL,
+    ScriptedChannel,
+    enqueue,
+    install_channel,
+    settings,
+    statuses,
+    wait_until,
+)
 
 
 def test_two_workers_over_one_backlog_deliver_each_message_once(engine: sa.Engine) -> None:
@@ -144,12 +152,7 @@ def test_sigterm_mid_run_leaves_no_claimed_rows(
         text=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if statuses(engine).get("delivered", 0) >= 50:
-                break
-            assert worker.poll() is None, worker.communicate()
-            time.sleep(0.05)
+        wait_until(lambda: statuses(engine).get("delivered", 0) >= 50, process=worker)
         worker.send_signal(signal.SIGTERM)
         out, err = worker.communicate(timeout=60)
     finally:
@@ -225,11 +228,8 @@ def test_sigterm_while_receivers_drip_stops_within_the_grace(
             WEBHOOK_SECRET_ARN=secret_arn,
         )
         try:
-            deadline = time.monotonic() + 30
-            while rx.requests < 4 and time.monotonic() < deadline:
-                assert worker.poll() is None, worker.communicate()
-                time.sleep(0.05)
-            assert rx.requests == 4, "the receivers were never reached"
+            reached = wait_until(lambda: rx.requests >= 4, process=worker)
+            assert reached, "the receivers were never reached"
             signalled = time.monotonic()
             worker.send_signal(signal.SIGTERM)
             out, err = worker.communicate(timeout=60)
@@ -301,10 +301,7 @@ def test_sigterm_while_an_aws_provider_hangs_stops_within_the_grace(
             # Claimed, and the calls are hanging (the signal handler is in place
             # by then: a start slowed by a busy machine must not meet the signal
             # first). Waited for, not slept on: a busy machine is slow to get there.
-            waited = time.monotonic() + 60
-            while len(hanging) < 4 and time.monotonic() < waited:
-                assert worker.poll() is None, worker.communicate()
-                time.sleep(0.05)
+            wait_until(lambda: len(hanging) >= 4, process=worker)
             assert hanging, "no call reached the endpoint"
             signalled = time.monotonic()
             worker.send_signal(signal.SIGTERM)

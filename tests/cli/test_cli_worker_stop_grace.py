@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -25,7 +24,7 @@ import sqlalchemy as sa
 from outbox import sender
 from outbox.channels import Deadline, Message, Outcome
 from outbox.worker import Worker
-from support import ScriptedChannel, enqueue, install_channel, settings, statuses
+from support import ScriptedChannel, enqueue, install_channel, settings, statuses, wait_until
 
 
 @pytest.fixture
@@ -83,11 +82,8 @@ def test_sigterm_cuts_dripping_calls_at_the_stop_grace_and_settles_them_as_retri
             text=True,
         )
         try:
-            waited = time.monotonic() + 30
-            while rx.requests < 4 and time.monotonic() < waited:
-                assert worker.poll() is None, worker.communicate()
-                time.sleep(0.05)
-            assert rx.requests == 4, "the receivers were never reached"
+            reached = wait_until(lambda: rx.requests >= 4, process=worker)
+            assert reached, "the receivers were never reached"
             worker.send_signal(signal.SIGTERM)
             out, err = worker.communicate(timeout=90)  # a bound on the test, not a verdict
         finally:
