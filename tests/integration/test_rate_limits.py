@@ -16,7 +16,7 @@ import outbox
 from outbox import sender, store
 from outbox.channels import Outcome
 from outbox.handoff import HandOff
-from support import ScriptedChannel, install_channel, settings
+from support import ScriptedChannel, claim, enqueue, install_channel, settings
 
 
 def hook(host: str, n: int = 0) -> dict[str, Any]:
@@ -28,18 +28,6 @@ def enqueue_hooks(engine: sa.Engine, host: str, n: int) -> list[int]:
         return outbox.enqueue_many(
             conn, [{"channel": "webhook", "payload": hook(host, i)} for i in range(n)]
         )
-
-
-def enqueue_scripted(engine: sa.Engine, n: int) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(
-            conn, [{"channel": "scripted", "payload": {"n": i}} for i in range(n)]
-        )
-
-
-def claim(engine: sa.Engine, batch: int = 100) -> list[store.Claim]:
-    with engine.begin() as conn:
-        return store.claim(conn, batch, 120)
 
 
 def destinations_of(engine: sa.Engine, ids: list[int]) -> set[str]:
@@ -229,7 +217,7 @@ def test_a_throttling_answer_pauses_the_destination_and_counts_nothing(
     channel = install_channel(
         DestinationChannel(answers=[Outcome.delivered(), Outcome.throttled("HTTP 429", 60)])
     )
-    ids = enqueue_scripted(engine, 6)
+    ids = enqueue(engine, 6, "scripted")
     report = run_sender(engine, claim(engine))
     assert channel.calls == 2  # one refused call; the other rows were not started
     assert report.statuses == {"delivered": 1, "not_started": 5}
@@ -292,7 +280,7 @@ def test_a_quota_answer_pauses_the_channel_until_resumed(engine: sa.Engine) -> N
     channel = install_channel(
         DestinationChannel(answers=[Outcome.delivered(), quota, quota, quota, quota])
     )
-    ids = enqueue_scripted(engine, 8)
+    ids = enqueue(engine, 8, "scripted")
     first, second = claim(engine, batch=4), claim(engine, batch=4)  # two events in flight
     run_sender(engine, first)
     assert channel.calls == 2  # the refused call, then nothing more
@@ -322,7 +310,7 @@ def test_a_quota_pause_ends_by_itself_and_an_operator_pause_outlasts_it(
     engine: sa.Engine,
 ) -> None:
     install_channel(ScriptedChannel())
-    ids = enqueue_scripted(engine, 2)
+    ids = enqueue(engine, 2, "scripted")
     with engine.begin() as conn:
         store.record_throttling(conn, "scripted", {}, ("quota: daily", 3600))
     assert claim(engine) == []
