@@ -19,7 +19,8 @@ WHEELHOUSE_REQUIREMENTS := 'sqlalchemy>=2.0,<2.2' 'fastjsonschema>=2.19,<3' 'pg8
 	'aws-lambda-powertools>=3.0,<4' 'python-dateutil>=2.8.2,<3' 'boto3>=1.34'
 WHEELHOUSE := $(VENV)/wheelhouse/.complete-$(shell echo "$(WHEELHOUSE_REQUIREMENTS)" | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck pytest sam-check build bench clean venv requirements requirements-check wheel docs schema
+.PHONY: run test lint typecheck pytest sam-check build bench clean venv requirements requirements-check wheel docs schema \
+	template
 
 venv: $(STAMP) $(WHEELHOUSE)
 
@@ -86,6 +87,13 @@ requirements-check: $(STAMP)
 # after adding a migration; tests/integration/test_schema_sql.py checks it.
 schema: $(STAMP)
 	$(BIN)/python -m outbox_cli.schema
+
+# template.yaml from templategen/: one declaration per channel
+# (templategen/channels.yaml) and the rest of the template
+# (templategen/template.yaml.j2). Run it after editing either; never edit
+# template.yaml by hand. tests/template/test_generated.py checks it.
+template: $(STAMP)
+	$(BIN)/python -m templategen
 
 # The distribution (wheel and sdist) in dist/.
 wheel: $(STAMP)

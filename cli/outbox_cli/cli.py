@@ -57,6 +57,7 @@ from outbox.states import (
 
 from . import missing_extra
 from .render import (
+    destination_label,
     emit_json,
     inert,
     render_change,
@@ -963,8 +964,9 @@ def _destination_option(f: F) -> F:
     return click.option(
         "--destination",
         default="",
-        show_default="the account",
-        help="The destination's key: a webhook's host[:port], an SQS queue URL, an event bus.",
+        show_default="the account; for webhook and sqs, the whole channel",
+        help="The destination's key: a webhook's host[:port], an SQS queue URL, an event bus; "
+        "'*': all the channel's destinations together.",
     )(f)
 
 
@@ -990,7 +992,7 @@ def limit_set(
     if as_json:
         emit_json({"channel": channel, "destination": destination, "rate": rate, "burst": burst})
     else:
-        where = inert(destination) if destination else "the account"
+        where = destination_label(destination)
         click.echo(f"{inert(channel)} {where}: at most {rate:g}/s, {burst:g} at once")
 
 
@@ -1076,6 +1078,12 @@ def worker(
     if batch_size is not None:
         settings = dataclasses.replace(settings, batch_size=batch_size)
     wanted = _registered_channels([channels_]) if channels_ else None
+    from outbox import channels as registry
+
+    try:
+        settings.check_rate_limit_channels(registry.names())
+    except ConfigError as exc:
+        fail(str(exc), 2, "config")
 
     stop = threading.Event()
 

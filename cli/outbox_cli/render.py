@@ -24,6 +24,8 @@ from typing import Any
 
 import click
 
+from outbox.limits import CHANNEL_WIDE
+
 TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 TIME_COLUMNS = ("due", "created", "finished")
 
@@ -237,6 +239,13 @@ def render_status(
         )
 
 
+def destination_label(destination: str) -> str:
+    """A limit's destination as a person reads it."""
+    if destination == CHANNEL_WIDE:
+        return "the whole channel"
+    return inert(destination) if destination else "the account"
+
+
 def destination_json(d: Any) -> dict[str, Any]:
     """One destination's figures (``store.DestinationFigures``) as JSON."""
     return {
@@ -244,6 +253,7 @@ def destination_json(d: Any) -> dict[str, Any]:
         "destination": d.destination,
         "limit_per_second": d.limit_rate,
         "limit_burst": d.limit_burst,
+        "limit_source": d.limit_source,
         "rate_per_second": None if d.rate is None else round(d.rate, 3),
         "paused_until": d.paused_until,
         "throttled_last_minute": d.throttled_last_minute,
@@ -265,6 +275,7 @@ def render_destinations(destinations: Sequence[Any], as_json: bool) -> None:
         "destination",
         "limit/s",
         "burst",
+        "set by",
         "learned rate/s",
         "throttled (1 min)",
         "throttled",
@@ -275,9 +286,12 @@ def render_destinations(destinations: Sequence[Any], as_json: bool) -> None:
         add_row(
             table,
             d.channel,
-            d.destination or "(the account)",
+            f"({destination_label(d.destination)})"
+            if d.destination in ("", CHANNEL_WIDE)
+            else d.destination,
             "" if d.limit_rate is None else f"{d.limit_rate:g}",
             "" if d.limit_burst is None else f"{d.limit_burst:g}",
+            d.limit_source or "",
             "" if d.rate is None else f"{d.rate:.2f}",
             d.throttled_last_minute,
             d.throttled_total,

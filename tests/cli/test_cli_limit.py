@@ -9,8 +9,11 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
 
 from outbox import store
+from outbox.limits import RateLimit
+from outbox_cli.cli import cli
 
 
 def limits(engine: sa.Engine) -> list[tuple[str, str, float | None, float | None]]:
@@ -60,7 +63,8 @@ def test_set_show_clear(run: Any, engine: sa.Engine) -> None:
         (["webhook", "--destination", "a.example", "--rate", "5", "--burst", "0"], "burst"),
         (["webhook", "--destination", "https://a.example/x", "--rate", "5"], "host[:port]"),
         (["webhook", "--destination", "a.example:70000", "--rate", "5"], "host[:port]"),
-        (["webhook", "--rate", "5"], "host[:port]"),
+        (["webhook", "--destination", "*.example", "--rate", "5"], "host[:port]"),
+        (["email", "--destination", "*", "--rate", "5"], "the account"),
         (["email", "--destination", "example.com", "--rate", "5"], "the account"),
         (["fax", "--rate", "5"], "unknown channel 'fax'"),
         (["Email", "--rate", "5"], "not a channel name"),
@@ -73,4 +77,46 @@ def test_bad_input_is_refused_and_changes_nothing(
     result = run("limit", "set", *args)
     assert result.exit_code == 2, result.output
     assert problem in result.output
+    assert limits(engine) == []
+
+
+def test_show_says_who_set_each_limit(run: Any, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        store.apply_configured_limits(
+            conn, [RateLimit("webhook", "a.example", 10, 10), RateLimit("email", "", 14, 14)]
+        )
+    assert run("limit", "set", "email", "--rate", "2").exit_code == 0  # overrides the config
+    data = json.loads(run("limit", "show", "--json").stdout)
+    assert [
+        (d["channel"], d["limit_per_second"], d["limit_source"]) for d in data["destinations"]
+    ] == [
+        ("email", 2.0, "operator"),
+        ("webhook", 10.0, "config"),
+    ]
+    shown = run("limit", "show").stdout
+    assert "set by" in shown and "operator" in shown and "config" in shown
+
+
+def test_a_worker_with_a_bad_rate_limit_does_not_start(
+    database_url: str, engine: sa.Engine
+) -> None:
+    result = CliRunner().invoke(
+        cli,
+        ["worker", "--once"],
+        env={"DATABASE_URL": database_url, "RATE_LIMITS": "email=14,fax=1"},
+    )
+    assert result.exit_code == 2, result.output
+    assert "configuration RATE_LIMITS: unknown channel 'fax'" in result.output
+    assert limits(engine) == []
+
+
+def test_a_webhook_limit_without_a_destination_holds_the_whole_channel(
+    run: Any, engine: sa.Engine
+) -> None:
+    result = run("limit", "set", "webhook", "--rate", "50")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "webhook the whole channel: at most 50/s, 50 at once"
+    assert limits(engine) == [("webhook", "*", 50.0, 50.0)]
+    assert "(the whole channel)" in run("limit", "show").stdout
+    assert run("limit", "clear", "webhook").stdout.strip() == "limit cleared"
     assert limits(engine) == []

@@ -16,6 +16,7 @@ from support import DOCS, doc_blocks
 RUN_BY = {
     "producer": "tests/docs/test_examples.py",
     "custom-channel": "tests/docs/test_examples.py",
+    "custom-channel-stack": "tests/template/test_generated.py",
     "psql-enqueue": "tests/integration/test_sql_enqueue.py",
     "grants": "tests/integration/test_grants.py",
     "own-schema": "tests/integration/test_schema_recipe.py",

@@ -394,11 +394,16 @@ def test_a_bad_limit_is_refused_and_changes_nothing(
         ("webhook", "10.0.0.1", "10.0.0.1"),
         ("webhook", "https://hooks.example.com/x", None),
         ("webhook", "hooks example", None),
-        ("webhook", "", None),
+        ("webhook", "", "*"),  # the channel as a whole
+        ("webhook", " * ", "*"),
+        ("webhook", "*.example.com", None),
         ("webhook", "hooks.example.com:99999", None),
         ("webhook", "hooks.example.com:0", None),
         ("email", "", ""),
         ("email", "example.com", None),
+        ("email", "*", None),  # the account is the channel already
+        ("sqs", "", "*"),
+        ("eventbridge", "*", "*"),
         ("sqs", "https://sqs.x/123456789012/q", "https://sqs.x/123456789012/q"),
         ("eventbridge", "", ""),
         ("eventbridge", "bus\x1b[2J", None),

@@ -331,24 +331,35 @@ def test_the_worker_fails_a_channel_it_cannot_send_at_once(engine: sa.Engine) ->
 
 def test_a_forked_process_sends_with_threads_of_its_own(engine: sa.Engine) -> None:
     """A process forked after sending (a pre-fork server, the bench's workers)
-    inherits the pools but not their threads: it must not queue sends for ever."""
+    inherits the send threads' records but not the threads: it must start its
+    own rather than queue its sends for ever."""
     import multiprocessing as mp
 
-    from outbox import sender
-
-    assert sender._pool(3).run(lambda: None, 1, timeout=5)  # the parent now holds a pool
+    channel = install_channel(ScriptedChannel())
+    enqueue(engine, 2, "scripted")
+    # The parent sends first, so it holds send threads of this size.
+    assert send(engine, claim(engine, batch=1), send_concurrency=3).statuses == {"delivered": 1}
+    with engine.begin() as conn:  # the row the child sends, received here
+        rows = store.claim_and_receive(conn, 1, 120, 3)
 
     def child(out: object) -> None:
-        ran: list[int] = []
-        sender._pool(3).run(lambda: ran.append(42), 1, timeout=5)
-        out.put(ran[0])  # type: ignore[attr-defined]
+        # The child only sends; it settles nothing, so it needs no connection.
+        # Without threads of its own the call never starts, and the row is
+        # given up as not started when its deadline (4.5 s here) passes.
+        sender.send_then_settle(engine, "scripted", rows, settings(send_concurrency=3), lambda: 5.0)
+        out.put(channel.sent)  # type: ignore[attr-defined]
 
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     proc = ctx.Process(target=child, args=(out,))
     proc.start()
-    proc.join(timeout=10)
-    assert proc.exitcode == 0 and out.get(timeout=1) == 42
+    try:
+        sent_by_child = out.get(timeout=60)
+    finally:
+        proc.join(timeout=10)
+        if proc.exitcode is None:
+            proc.kill()
+    assert sent_by_child == [*channel.sent, rows[0].id] and proc.exitcode == 0
 
 
 class ThreadRecordingChannel(ScriptedChannel):
@@ -408,13 +419,32 @@ def test_a_fast_channel_that_turns_slow_has_every_send_thread_again(
     assert len(set(channel.threads)) >= 2  # a slow channel starts on all of them
 
 
-def test_tasks_added_after_a_batch_ended_never_start() -> None:
-    ran: list[int] = []
-    threads = sender._SendThreads(2, "countdown")
-    tasks = threads.start(lambda: ran.append(1), 1)
-    assert tasks.wait(5)
-    threads.add(tasks, lambda: ran.append(2), 1)
-    assert tasks.wait(0)
-    time.sleep(0.05)  # a task wrongly queued would have run by now
-    assert ran == [1]
-    threads.retire()
+def test_a_call_stuck_past_its_deadline_does_not_hold_the_next_batch(
+    engine: sa.Engine,
+) -> None:
+    """The call is given up at its deadline, and its thread is still in the
+    provider: the next batch must find a thread free all the same."""
+    released = threading.Event()
+
+    class StuckOnce(ScriptedChannel):
+        calls = 0
+
+        def send(self, message: Message, deadline: Deadline) -> Outcome:
+            self.calls += 1
+            if self.calls == 1:
+                released.wait(60)  # stuck until the test ends
+                return Outcome.delivered()
+            return super().send(message, deadline)
+
+    channel = install_channel(StuckOnce())
+    stuck, then = enqueue(engine, 2, "scripted")
+    try:
+        first = send(engine, claim(engine, batch=1), 1.5, send_concurrency=1)
+        assert first.statuses == {"pending": 1}  # given up at its deadline, 1 s in
+        # One send thread, and the one there was is still stuck in the call.
+        second = send(engine, claim(engine, batch=1), 10, send_concurrency=1)
+    finally:
+        released.set()
+    assert second.statuses == {"delivered": 1} and channel.sent == [then]
+    with engine.connect() as conn:
+        assert row(conn, stuck).last_error == sender.DEADLINE_EXCEEDED

@@ -43,7 +43,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from outbox import channels, dispatcher, reaper, sender, store
+from outbox import channels, dispatcher, reaper, sender, sendpool, store
 from outbox.channels import Deadline, Message, Outcome, SchemaChannel
 from outbox.config import RelaySettings
 from outbox.handoff import HandOff, HandOffThrottled
@@ -141,7 +141,7 @@ class SimProvider(SchemaChannel):
 
     @staticmethod
     def environment() -> str:
-        """The simulated environment a send thread belongs to (see own_send_threads)."""
+        """The simulated environment a send thread belongs to (see EnvironmentPools)."""
         return threading.current_thread().name.rsplit("-send_", 1)[0]
 
     def _kill(self, point: str) -> None:
@@ -254,7 +254,7 @@ class SimFunction:
             return None
 
     def _serve(self) -> None:
-        with self.sim.own_send_threads():
+        with self.sim.pools.own_send_threads():
             while (item := self._take()) is not None:
                 try:
                     self._invoke(item)
@@ -328,8 +328,7 @@ class LambdaSim:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self._rng = random.Random(seed)
-        self._local = threading.local()
-        self.original_pool = sender._pool
+        self.pools = EnvironmentPools(sendpool.pools)
         self.functions = {c: SimFunction(self, c, n) for c, n in concurrency.items()}
 
     # --- the Invoker protocol ---------------------------------------------
@@ -361,29 +360,48 @@ class LambdaSim:
         with self.lock:
             return probability > 0 and self._rng.random() < probability
 
+    def idle(self) -> bool:
+        return all(f.idle() for f in self.functions.values())
+
+
+class EnvironmentPools(sendpool.Pools):
+    """Stands in for ``outbox.sendpool.pools`` during a run: each simulated
+    execution environment (a function's worker thread) has send threads of its
+    own, as in Lambda. Other threads use the process's own pools."""
+
+    def __init__(self, original: sendpool.Pools) -> None:
+        super().__init__()
+        self.original = original
+        self._local = threading.local()
+
     @contextmanager
     def own_send_threads(self) -> Iterator[None]:
-        """Each worker is its own execution environment, with its own send threads."""
-        prefix = f"{threading.current_thread().name}-send"
-        pool = sender._SendThreads(self.settings.send_concurrency, prefix)
-        self._local.pool = pool
+        """The calling thread is one execution environment until the block ends."""
+        self._local.prefix = f"{threading.current_thread().name}-send"
+        self._local.threads = None
         try:
             yield
         finally:
-            pool.retire()
+            threads = self._local.threads
+            self._local.prefix = self._local.threads = None
+            if threads is not None:
+                threads.retire()
 
-    def pool_for_this_thread(self, size: int) -> sender._SendThreads:
-        """Stands in for ``outbox.sender._pool`` during a run."""
-        pool: sender._SendThreads | None = getattr(self._local, "pool", None)
-        if pool is None:  # not a simulated environment's thread
-            return self.original_pool(size)
-        if pool.retired:  # retired after a call stuck past its deadline
-            prefix = f"{threading.current_thread().name}-send"
-            pool = self._local.pool = sender._SendThreads(size, prefix)
-        return pool
+    def get(self, size: int) -> sendpool.SendThreads:
+        prefix: str | None = getattr(self._local, "prefix", None)
+        if prefix is None:  # not a simulated environment's thread
+            return self.original.get(size)
+        threads: sendpool.SendThreads | None = self._local.threads
+        if threads is None:  # the first send, or its threads were retired
+            threads = self._local.threads = sendpool.SendThreads(size, prefix)
+        return threads
 
-    def idle(self) -> bool:
-        return all(f.idle() for f in self.functions.values())
+    def retire(self, threads: sendpool.SendThreads) -> None:
+        if getattr(self._local, "threads", None) is threads:
+            self._local.threads = None  # the environment's next send starts new threads
+            threads.retire()
+        else:
+            self.original.retire(threads)
 
 
 @dataclass
@@ -484,7 +502,7 @@ def run(
     started = time.monotonic()
     provider.armed = True
     provider.outage_until = started + outage_seconds
-    sender._pool = sim.pool_for_this_thread  # type: ignore[assignment]
+    sendpool.pools = sim.pools
     real_settle = store.settle_with_outcomes  # the sender's settle
 
     def settle_unless_killed(*args: Any, **kwargs: Any) -> Any:
@@ -516,7 +534,7 @@ def run(
             thread.join(timeout=30)
         for function in sim.functions.values():
             function.join()
-        sender._pool = sim.original_pool  # type: ignore[method-assign]
+        sendpool.pools = sim.pools.original
         store.settle_with_outcomes = real_settle  # type: ignore[assignment]
     return check(engine, sim, ids, started)
 

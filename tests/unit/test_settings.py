@@ -135,6 +135,8 @@ def malformed(setting: Setting[Any]) -> list[str]:
         table.Bool: ["yes", "1", "off"],
         table.Choice: ["prefer", "VERIFY-FULL"],
         table.DaysOrNever: ["soon", "-1", "2.5"],
+        # (the bad limits one by one: tests/unit/test_rate_limits_config.py)
+        table.RateLimits: ["email", "email=0", "webhook:a b=5", "nope=1/0"],
     }[type(setting)]
 
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import settings as declared
 from .errors import ConfigError
+from .limits import RateLimit
 from .settings import from_setting
 from .store import Backoff
 
@@ -122,6 +123,9 @@ class RelaySettings:
     # that override the derived one: see in_flight_budgets().
     channel_concurrency: dict[str, int] = from_setting(declared.CHANNEL_CONCURRENCY)  # noqa: RUF009
     channel_max_in_flight: dict[str, int] = from_setting(declared.CHANNEL_MAX_IN_FLIGHT)  # noqa: RUF009
+    # Applied to the database at cold start by whatever claims (the
+    # dispatcher, `outbox worker`): docs/how-to/rate-limits.md.
+    rate_limits: tuple[RateLimit, ...] = from_setting(declared.RATE_LIMITS)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RelaySettings:
@@ -169,6 +173,17 @@ class RelaySettings:
         }
         budgets.update(self.channel_max_in_flight)
         return budgets
+
+    def check_rate_limit_channels(self, known: Iterable[str]) -> None:
+        """ConfigError naming RATE_LIMITS for a limit on a channel that is not
+        in ``known`` (the channels this claimer serves)."""
+        known = sorted(set(known))
+        for limit in self.rate_limits:
+            if limit.channel not in known:
+                raise ConfigError(
+                    "RATE_LIMITS",
+                    f"unknown channel {limit.channel!r} (known: {', '.join(known) or 'none'})",
+                )
 
     def check_lease(self) -> None:
         """docs/design.md, invariant 4: a sender and its queued event must fit inside the lease."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import dispatcher, pacing, reaper, sender, store
+from . import coldstart_limits, dispatcher, pacing, reaper, sender, store
 from . import settings as declared
 from .config import DatabaseSettings, OutcomeEventSettings, RelaySettings
 from .errors import ConfigError, ValidationError
@@ -53,6 +53,11 @@ class Runtime:
         wake_name = declared.WAKE_SCHEDULE_NAME.read(env)
         self.wake_schedule = pacing.WakeSchedule(wake_name) if wake_name else None
         self.reaper_function = declared.REAPER_FUNCTION.read(env)
+        # Written to the database once per environment, on its first use
+        # (docs/how-to/rate-limits.md): the configured limits by the
+        # dispatcher, a provider's own rate by the channel that sends to it.
+        self._limits_applied = False
+        self._provider_limits_asked: set[str] = set()
 
     @classmethod
     def for_dispatcher(cls, env: Mapping[str, str] | None = None) -> Runtime:
@@ -67,7 +72,18 @@ class Runtime:
                 "is empty, so the dispatcher has no function to hand any message to "
                 "(it maps each channel to its function; run `outbox worker` to send locally)",
             )
+        runtime.settings.check_rate_limit_channels(runtime.settings.channel_functions)
         return runtime
+
+    def apply_configured_limits(self) -> None:
+        """The dispatcher's first run in this environment writes RATE_LIMITS
+        to the database, for the channels it hands off (a failure leaves it
+        to the next run, as the claim's own failure would)."""
+        if not self._limits_applied:
+            coldstart_limits.apply_configured_limits(
+                self.engine, self.settings, sorted(self.settings.channel_functions)
+            )
+            self._limits_applied = True
 
     @property
     def engine(self) -> sa.Engine:
@@ -103,6 +119,7 @@ class Runtime:
             return min(budget - spent, remaining() - _EXIT_MARGIN_SECONDS)
 
         if not self.sleeps:
+            self.apply_configured_limits()
             report = dispatcher.run(self.engine, self.invoker, self.settings, time_left)
             logger.info("dispatcher run", extra={**asdict(report), "woken_by": source})
             return asdict(report)
@@ -118,6 +135,7 @@ class Runtime:
             )
             reaper.expire_overdue_rows(self.engine, self.settings, reap_time_left, released)
             reaper.count_released(released)
+            self.apply_configured_limits()
             report = dispatcher.run(
                 self.engine,
                 self.invoker,
@@ -177,6 +195,9 @@ class Runtime:
 
     def send(self, channel: str, event: Any, context: Any) -> dict[str, Any]:
         try:
+            if channel not in self._provider_limits_asked:
+                self._provider_limits_asked.add(channel)  # once, whatever it answers
+                coldstart_limits.refresh_provider_limit(self.engine, channel)
             report = sender.run(
                 self.engine, event, self.settings, _remaining(context), channel_name=channel
             )

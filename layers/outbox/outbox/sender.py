@@ -1,23 +1,25 @@
-"""The sender runtime shared by every channel function.
+"""The sender runtime shared by every channel function: its send policy.
 
-receipt (a compare-and-set: each claim is taken, and so sent, once) ->
-concurrent provider calls, each within its deadline -> one fenced settle
-statement that also writes the attempt rows.
+A batch goes through three steps. The receipt is a compare-and-set, so each
+claim is taken, and so sent, only once. Then the provider calls run side by
+side, each within its deadline. Last, one fenced settle statement records the
+outcomes and writes the attempt rows.
 
 The deadline of a row is the sooner of its lease end (from the database
 clock) and the Lambda's end, less a margin for the settle. A row whose
-deadline is near is not started: it goes back to pending, due at once, with
-no attempt and no deferral counted (a slow provider ahead of it, or a short
-invocation, is not the message's fault), rather than left to expire
+deadline is near is not started. It goes back to pending, due at once, with
+no attempt and no deferral counted, rather than being left to expire: a slow
+provider ahead of it, or a short invocation, is not the message's fault
 (docs/design.md, invariant 4).
+
+This module decides what to send, when a call may start, and what each row's
+outcome is. The threads that make the calls are ``outbox.sendpool``.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
-import queue
 import threading
 import time
 from collections import Counter, deque
@@ -27,7 +29,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import channels, payloads, store
+from . import channels, payloads, sendpool, store
 from .channels import CHANNEL, DESTINATION, Channel, Deadline, Message, Outcome
 from .config import RelaySettings
 from .errors import ValidationError
@@ -45,8 +47,9 @@ NOT_STARTED = "deadline near: not started"
 DEADLINE_EXCEEDED = "provider call exceeded its deadline"
 STOPPING = "stopping: not started"
 STOP_GRACE_EXCEEDED = "stopping: provider call cut at the stop grace"
-# A channel's send must return an Outcome; anything else is a bug in the
-# channel, retried (an attempt counted, so it ends dead) like an exception.
+# A channel's send must return an Outcome. Anything else is a bug in the
+# channel, so it is retried like an exception: an attempt is counted, and the
+# row ends dead if the bug stays.
 RETURNED_NONE = "channel returned None, not an Outcome"
 _NOT_STARTED = Outcome(AttemptOutcome.NOT_STARTED, error=NOT_STARTED)
 _STOPPED = Outcome(AttemptOutcome.NOT_STARTED, error=STOPPING)
@@ -54,21 +57,26 @@ DESTINATION_THROTTLED = "destination throttled: not started"
 CHANNEL_QUOTA = "channel quota spent: not started"
 _DESTINATION_THROTTLED = Outcome(AttemptOutcome.NOT_STARTED, error=DESTINATION_THROTTLED)
 _CHANNEL_QUOTA = Outcome(AttemptOutcome.NOT_STARTED, error=CHANNEL_QUOTA)
-# A call is started only with time left to be answered: one started with less
-# is all but sure to be given up after the receiver got the request, and then
-# sent again. "Enough" is the slowest call of the event answered so far, and
-# before any was answered (or when every one hangs) this, or a twentieth of the
-# function's timeout when that is shorter (a short-lived test deployment).
+# The minimum call time: a call starts only if its deadline leaves at least
+# this long for the answer. A call started with less time would probably be
+# given up after the receiver got the request, and then be sent again. Once a
+# call of the batch has been answered, the slowest answered call replaces this
+# figure. A function whose timeout is short (a test deployment) uses a
+# twentieth of that timeout when it is less.
 MIN_CALL_SECONDS = 0.5
-# A channel whose every call of its last batch came back within this starts
-# the next on one send thread: waking SEND_CONCURRENCY threads for calls of
-# microseconds cost more than the calls did (bench/README.md). The other
-# threads join as soon as a call has run this long, so a provider that turns
-# slow costs the batch at most this much.
+# A channel whose calls of its last batch all came back within this time sends
+# its next batch on one thread, because waking every send thread for calls
+# that short costs more than the calls (bench/README.md, "The relay's own
+# overhead, second round", change 3). The other threads join as soon as one
+# call has run this long, so a provider that turns slow delays the batch by no
+# more than this.
 FAST_CALL_SECONDS = 0.001
 _calls_were_fast: dict[str, bool] = {}  # by channel name
 _FOREVER = float("inf")
-# While calls run after a stop was asked for, how often the sender looks at it.
+# A row's outcome, and how long its provider call took in milliseconds (None
+# when no call was made).
+_Result = tuple[Outcome, int | None]
+# How often the sender checks for a stop while calls are running.
 STOP_POLL_SECONDS = 0.05
 # Metric name per settled status or outcome.
 _METRIC = {
@@ -84,10 +92,11 @@ _METRIC = {
 
 
 class _Limits:
-    """What one batch learned of its provider's limits while sending: after a
-    destination's throttling answer no further call to it starts, after a
-    quota answer no further call at all (docs/design.md, invariant 10). The
-    rows not started go back pending, no attempt and no deferral counted."""
+    """What one batch has learned of its provider's limits while sending.
+    After a destination's throttling answer, no further call to that
+    destination starts; after a quota answer, no further call starts at all
+    (docs/design.md, invariant 10). The rows not started go back to pending
+    with no attempt and no deferral counted."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -96,12 +105,13 @@ class _Limits:
         self.quota: Outcome | None = None
         self.calls: Counter[str] = Counter()  # answered, by destination
         self.delivered: Counter[str] = Counter()  # by destination
-        # By destination: the rate it was called at until its first throttling
-        # answer. The first estimate of what a destination admits is the rate
-        # the batch delivered to it (low rather than high: each cut from a rate
-        # too high costs a refused call and the pause the provider asks for);
-        # this one only when nothing was delivered (another sender had spent
-        # what it admits), which would make the estimate nil.
+        # By destination, the rate at which it was called until its first
+        # throttling answer. The first estimate of what a destination admits
+        # is the rate the batch delivered to it, because an estimate that is
+        # too low costs less than one that is too high (each cut from too high
+        # a rate costs a refused call and the provider's pause). This rate is
+        # the estimate only when nothing was delivered (another sender had
+        # used up what the destination admits), since zero is no estimate.
         self.called_rate: dict[str, float] = {}
 
     def blocked(self, row: store.ClaimedMessage) -> Outcome | None:
@@ -131,7 +141,7 @@ class _Limits:
         seconds = max(time.monotonic() - self.began, 0.001)
         throttled = {
             destination: store.Throttled(
-                # the longest pause asked for (None: the relay's own)
+                # The longest pause asked for; None means the relay's own pause.
                 max((p for p in pauses if p is not None), default=None),
                 len(pauses),
                 self.delivered[destination] / seconds or self.called_rate[destination],
@@ -149,9 +159,10 @@ class SendReport:
     received: int = 0
     owned: int = 0
     lease_lost: list[int] = field(default_factory=list)
-    # claims another sender took under the same claim: a duplicated event
+    # Claims another sender took under the same claim, from a duplicated event.
     duplicates: list[int] = field(default_factory=list)
-    # claims naming no message of the channel: never live (a sample event)
+    # Claims that name no message of the channel: they were never live, as in
+    # a sample event.
     unknown: list[int] = field(default_factory=list)
     statuses: Counter[str] = field(default_factory=Counter)
 
@@ -161,12 +172,13 @@ def _send_one(
     row: store.ClaimedMessage,
     deadline: Deadline,
     stop: threading.Event | None = None,
-    enough: float = MIN_CALL_SECONDS,
+    min_call_seconds: float = MIN_CALL_SECONDS,
     limits: _Limits | None = None,
-) -> tuple[Outcome, int | None]:
-    """One row's call and how long it took in milliseconds (None: no provider
-    call was made). ``enough``: the time a call needs left to be started;
-    ``limits``: what the batch learned of the provider's limits so far."""
+) -> _Result:
+    """One row's call, and how long it took in milliseconds (None when no
+    provider call was made). The call starts only if the deadline leaves
+    ``min_call_seconds``; ``limits`` is what the batch has learned so far of
+    the provider's limits."""
     started = time.monotonic()
     if stop is not None and stop.is_set():
         return _STOPPED, None
@@ -174,7 +186,7 @@ def _send_one(
         blocked = limits.blocked(row)
         if blocked is not None:
             return blocked, None
-    if deadline.remaining() < enough:
+    if deadline.remaining() < min_call_seconds:
         return _NOT_STARTED, None
     try:
         payload = payloads.decode(row.payload)
@@ -183,7 +195,7 @@ def _send_one(
         return Outcome.failed(f"invalid payload: {exc}"), None
     except NotImplementedError:
         return Outcome.failed(f"channel {row.channel!r} does not implement validate"), None
-    except Exception as exc:  # a bug in a custom channel's validate
+    except Exception as exc:  # a bug in a custom channel's validate method
         return Outcome.retry(f"unexpected {type(exc).__name__} in validate"), None
     message = Message(row.id, row.channel, payload, row.attempt, row.dedupe_key, row.ordering_key)
     try:
@@ -233,10 +245,12 @@ def run(
     owned = {r.id for r in rows}
     not_owned = [c for c in handoff.claims if c.id not in owned]
     if not_owned:
-        # Not ours to send; touch nothing. Either another sender took them
-        # under this very claim (the event came twice: expected, now and then),
-        # or no message has the id (never a live claim: a sample event), or
-        # the claim is over (settled, reaped, claimed again): say which.
+        # These rows are not ours to send, so nothing touches them. There are
+        # three reasons, and the log says which one applies. Another sender
+        # took them under this very claim, because the event came twice
+        # (which happens now and then). Or no message has the id, because the
+        # claim was never live (a sample event). Or the claim is over: the row
+        # was settled, reaped or claimed again.
         with engine.begin() as conn:
             why = store.unowned_claims(conn, handoff.channel, not_owned)
         report.duplicates.extend(c.id for c in not_owned if c.id in why.duplicates)
@@ -282,14 +296,17 @@ def send_then_settle(
     stop: threading.Event | None = None,
     stop_grace: float | None = None,
 ) -> Callable[[], SendReport]:
-    """Send rows whose receipt this process holds, now; returns their settle
-    (one fenced statement, the log line and the metrics) to run when the caller
-    chooses: ``run`` at once, ``outbox worker`` while it claims its next batch.
-    ``stop`` set (the worker's SIGTERM): no further call starts; the rows not
-    begun go back to pending, no attempt counted; with ``stop_grace``, calls
-    still running that long after the stop are given up as retries (their
-    outcome is unknown), so the process can settle and exit within a
-    container's stop grace instead of waiting out their deadlines."""
+    """Send now the rows whose receipt this process holds, and return their
+    settle (one fenced statement, the log line and the metrics) for the caller
+    to run when it chooses. ``run`` settles at once; ``outbox worker`` settles
+    while it claims its next batch.
+
+    Once ``stop`` is set (the worker's SIGTERM), no further call starts, and
+    the rows not begun go back to pending with no attempt counted. With
+    ``stop_grace``, calls still running that long after the stop are given up
+    as retries, because their outcome is unknown. The process can then settle
+    and exit within a container's stop grace instead of waiting for the
+    calls' deadlines."""
     if report is None:
         report = SendReport(received=len(rows), owned=len(rows))
     if channel is None:
@@ -301,17 +318,15 @@ def send_then_settle(
     throttled: dict[str, store.Throttled] = {}
     quota: tuple[str, float | None] | None = None
     if missing is not None or channel is None:
-        # Nothing here can send this channel: fail the rows at once with the
-        # reason, rather than let them come back until dead.
+        # Nothing here can send this channel. Fail the rows at once with the
+        # reason, rather than let them come back again and again until dead.
         reason = missing or f"channel {channel_name!r} is unavailable"
         log.error("channel cannot send; rows failed", extra={"channel": channel_name})
-        results: dict[int, tuple[Outcome, int | None]] = {
-            r.id: (Outcome.failed(reason), None) for r in rows
-        }
+        results: dict[int, _Result] = {r.id: (Outcome.failed(reason), None) for r in rows}
     else:
         margin = settings.settle_margin_seconds
         lambda_left = remaining_seconds()
-        # One Deadline per distinct lease end: the rows of one claim share one.
+        # One Deadline per distinct lease end, so the rows of one claim share one.
         shared: dict[float, Deadline] = {}
         deadlines = {}
         for r in rows:
@@ -320,19 +335,28 @@ def send_then_settle(
             if deadline is None:
                 deadline = shared[seconds] = Deadline(seconds)
             deadlines[r.id] = deadline
-        floor = min(MIN_CALL_SECONDS, settings.sender_timeout_seconds / 20)
+        min_call_seconds = min(MIN_CALL_SECONDS, settings.sender_timeout_seconds / 20)
         limits = _Limits()
         results = _send_all(
-            channel, rows, deadlines, settings.send_concurrency, stop, floor, stop_grace, limits
+            channel,
+            rows,
+            deadlines,
+            settings.send_concurrency,
+            stop,
+            min_call_seconds,
+            stop_grace,
+            limits,
         )
         throttled, quota = limits.records()
 
     settlements = [
         # Settlement's fields in order: id, claim_token, outcome, error,
-        # provider_message_id, delay_seconds, duration_ms (by position: a
-        # NamedTuple built by keyword costs twice as much, once a row). The
-        # error is a channel's text, maybe a remote server's: scrubbed and
-        # bounded before it is stored, logged or published.
+        # provider_message_id, delay_seconds, duration_ms. They are given by
+        # position because building a NamedTuple by keyword costs more, and
+        # this runs for every row (bench/README.md, "The relay's own overhead,
+        # second round", change 5). The error is a channel's text, perhaps a remote server's,
+        # so it is scrubbed and bounded before it is stored, logged or
+        # published.
         store.Settlement(
             row.id,
             row.claim_token,
@@ -343,8 +367,8 @@ def send_then_settle(
             duration_ms,
         )
         if outcome.pause is None
-        # Throttled, or a quota spent: the pause (written with the settle) holds
-        # the destination or channel back; the row itself counts nothing.
+        # Throttled, or a quota used up. The pause, written with the settle,
+        # holds the destination or channel back, and the row counts nothing.
         else store.Settlement(
             row.id,
             row.claim_token,
@@ -374,8 +398,9 @@ def _settle(
 ) -> SendReport:
     with engine.begin() as conn:
         if throttled or quota:
-            # First, in the same transaction: no claim may take the rows the
-            # settle gives back before their destination or channel is paused.
+            # This comes first, in the same transaction, so that no claim can
+            # take the rows the settle gives back before their destination or
+            # channel is paused.
             store.record_throttling(conn, channel_name, throttled or {}, quota)
         settled = store.settle_with_outcomes(conn, settlements, backoff)
     if throttled:
@@ -395,15 +420,16 @@ def _settle(
         report.lease_lost.extend(lost)
         count("LeaseLost", len(lost), channel=channel_name)
         log.warning("lease lost before settle; outcome abandoned", extra={"message_ids": lost})
-    # One line per batch, not per message: ids by status, errors by id.
+    # One log line per batch, not per message, with the ids by status and the
+    # errors by id.
     ids_by_status: dict[str, list[int]] = {}
     errors: dict[int, str] = {}
     for s in settlements:
         row = settled.get(s.id)
         if row is None:
             continue
-        # pending after a deferral or a row not started: say which (a deferral
-        # past the limit was counted as a retry: pending, like one)
+        # A pending row says whether it was deferred or not started. A deferral
+        # past the limit was counted as a retry, so it is reported as pending.
         key = row.outcome if row.status == "pending" and row.outcome in _NOT_COUNTED else row.status
         ids_by_status.setdefault(key, []).append(s.id)
         if s.error:
@@ -422,12 +448,113 @@ def _settle(
         )
     for key, n in report.statuses.items():
         count(_METRIC[key], n, channel=channel_name)
-    timings(  # the provider calls made (a row not started or refused took none)
+    timings(  # only the provider calls made: a row not started or refused made none
         "SendMilliseconds",
         [s.duration_ms for s in settlements if s.duration_ms is not None and s.id in settled],
         channel=channel_name,
     )
     return report
+
+
+class _Batch:
+    """The rows of one batch while the send threads work through them.
+
+    Every thread runs ``drain``: it takes a row, sends it, records the
+    result and takes the next row, until none is left or the batch is
+    closed. One task per thread, rather than one future per row, saves a
+    lock, a condition and a queue hand-over per message. ``waiting``,
+    ``running``, ``results``, ``slowest`` and ``closed`` change only under
+    ``lock``; the other fields never change."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        rows: list[store.ClaimedMessage],
+        deadlines: dict[int, Deadline],
+        stop: threading.Event | None,
+        min_call_seconds: float,
+        limits: _Limits | None,
+    ) -> None:
+        self.channel = channel
+        self.rows = rows
+        self.deadlines = deadlines
+        self.stop = stop
+        self.limits = limits
+        # Until a call of this batch is answered; then ``slowest`` replaces it.
+        self.min_call_seconds = min_call_seconds
+        self.lock = threading.Lock()
+        self.waiting = deque(rows)  # not yet taken by a thread
+        self.running: dict[int, float] = {}  # row id -> when its call began
+        self.results: dict[int, _Result] = {}
+        self.slowest: float | None = None  # of the calls answered so far, in seconds
+        self.closed = False  # once set, no thread takes a further row
+
+    def _take(self) -> store.ClaimedMessage | None:
+        """The next row, marked as running, or None when the batch is done.
+        The caller holds the lock."""
+        if self.closed or not self.waiting:
+            return None
+        row = self.waiting.popleft()
+        self.running[row.id] = time.monotonic()
+        return row
+
+    def drain(self) -> None:
+        """Send rows one after another until none is left: each send thread's task."""
+        with self.lock:
+            row = self._take()
+        while row is not None:
+            # Read without the lock: an answer that lands meanwhile counts
+            # from the next row on.
+            min_call_seconds = self.min_call_seconds if self.slowest is None else self.slowest
+            result = _send_one(
+                self.channel,
+                row,
+                self.deadlines[row.id],
+                self.stop,
+                min_call_seconds,
+                self.limits,
+            )
+            with self.lock:  # the row's result and the next row in one hold of the lock
+                del self.running[row.id]
+                # A row given up at its deadline keeps that outcome.
+                answered = self.results.setdefault(row.id, result) is result
+                if answered and result[1] is not None:  # a provider call was made
+                    seconds = result[1] / 1000
+                    if self.slowest is None or seconds > self.slowest:
+                        self.slowest = seconds
+                row = self._take()
+
+    def slow_call_running(self, now: float) -> bool:
+        """Whether rows are waiting while a call has run ``FAST_CALL_SECONDS``."""
+        with self.lock:
+            return bool(self.waiting) and any(
+                now - began >= FAST_CALL_SECONDS for began in self.running.values()
+            )
+
+    def close(self, cut_by_stop: bool) -> tuple[dict[int, _Result], bool]:
+        """End the batch: no thread takes a further row. Returns the outcome of
+        every row, and whether a call is still running. A row that no thread
+        took was not started. A call still running is given up, and counts
+        as a retry because its outcome is unknown. Once closed, no later
+        answer changes a result or ``slowest``."""
+        with self.lock:
+            self.closed = True
+            stuck = bool(self.running)
+            now = time.monotonic()
+            for row in self.rows:
+                if row.id not in self.results:
+                    began = self.running.get(row.id)
+                    self.results[row.id] = (
+                        (_STOPPED if cut_by_stop else _NOT_STARTED, None)
+                        if began is None
+                        else (
+                            Outcome.retry(
+                                STOP_GRACE_EXCEEDED if cut_by_stop else DEADLINE_EXCEEDED
+                            ),
+                            int((now - began) * 1000),
+                        )
+                    )
+            return dict(self.results), stuck
 
 
 def _send_all(
@@ -436,64 +563,31 @@ def _send_all(
     deadlines: dict[int, Deadline],
     concurrency: int,
     stop: threading.Event | None = None,
-    floor: float = MIN_CALL_SECONDS,
+    min_call_seconds: float = MIN_CALL_SECONDS,
     stop_grace: float | None = None,
     limits: _Limits | None = None,
-) -> dict[int, tuple[Outcome, int | None]]:
-    """Send every row, up to ``concurrency`` at once; a call still running at its
-    deadline is given up (its outcome is unknown, so it counts as a retry), and a
-    row no thread reached by then is not started. Once ``stop`` is set, that
-    deadline is at most ``stop_grace`` seconds away.
+) -> dict[int, _Result]:
+    """Send every row, up to ``concurrency`` at once. A call still running at
+    its deadline is given up (its outcome is unknown, so it counts as a
+    retry), and a row that no thread reached by then is not started. Once
+    ``stop`` is set, that deadline is at most ``stop_grace`` seconds away.
 
-    Each send thread takes rows one after another from a shared queue: one task
-    per thread rather than one future per row, which cost a lock, a condition
-    and a queue hand-over per message. A channel whose calls all came back
-    within ``FAST_CALL_SECONDS`` last time starts on one thread, and the others
-    join as soon as a call runs that long."""
-    # Even one row goes through the pool: only a waiting caller can give up
-    # on a provider call that hangs past its deadline.
-    pool = _pool(concurrency)
-    queue = deque(rows)
-    results: dict[int, tuple[Outcome, int | None]] = {}
-    running: dict[int, float] = {}  # row id -> when its call began
-    lock = threading.Lock()
-    closed = False
-
-    slowest: float | None = None  # of the calls answered so far, in seconds
-
-    def take() -> store.ClaimedMessage | None:
-        # under the lock: the next row, marked as running, or None when done
-        if closed or not queue:
-            return None
-        row = queue.popleft()
-        running[row.id] = time.monotonic()
-        return row
-
-    def drain() -> None:
-        nonlocal slowest
-        with lock:
-            row = take()
-        while row is not None:
-            enough = floor if slowest is None else slowest
-            result = _send_one(channel, row, deadlines[row.id], stop, enough, limits)
-            with lock:  # the row's result and the next row, in one hold of the lock
-                del running[row.id]
-                # A row given up at its deadline keeps that outcome.
-                answered = results.setdefault(row.id, result) is result
-                if answered and result[1] is not None:  # a provider call was made
-                    seconds = result[1] / 1000
-                    if slowest is None or seconds > slowest:
-                        slowest = seconds
-                row = take()
-
+    A channel whose calls all came back within ``FAST_CALL_SECONDS`` last
+    time starts on one thread, and the other threads join as soon as a call
+    runs that long."""
+    # Even a single row goes through the send threads, because only a caller
+    # that waits apart from the call can give up on a call that hangs past
+    # its deadline.
+    threads = sendpool.pools.get(concurrency)
+    batch = _Batch(channel, rows, deadlines, stop, min_call_seconds, limits)
     wanted = min(concurrency, len(rows))
     narrow = wanted > 1 and _calls_were_fast.get(channel.name, False)
-    tasks = pool.start(drain, 1 if narrow else wanted)
+    countdown = threads.start(batch.drain, 1 if narrow else wanted)
     ends = time.monotonic() + max(d.remaining() for d in set(deadlines.values()))
     grace = _FOREVER if stop is None or stop_grace is None else stop_grace
-    unseen_stop = stop if grace < _FOREVER else None  # looked at until it is set
+    unseen_stop = stop if grace < _FOREVER else None  # checked until it is seen set
     cut_by_stop = False
-    while not tasks.wait(
+    while not countdown.wait(
         min(
             ends - time.monotonic(),
             FAST_CALL_SECONDS if narrow else _FOREVER,
@@ -502,157 +596,20 @@ def _send_all(
     ):
         now = time.monotonic()
         if unseen_stop is not None and unseen_stop.is_set():
-            unseen_stop = None  # the grace runs from the first look that sees the stop
+            unseen_stop = None  # the grace runs from the first check that sees the stop
             if now + grace < ends:
                 ends, cut_by_stop = now + grace, True
         if now >= ends:
             break
         if not narrow:
-            continue  # woken only to look at the stop: every thread is sending already
-        with lock:
-            slow = bool(queue) and any(
-                now - began >= FAST_CALL_SECONDS for began in running.values()
-            )
-        if slow:
-            pool.add(tasks, drain, wanted - 1)
+            continue  # woken only to check for the stop; every thread is sending already
+        if batch.slow_call_running(now):
+            threads.add(countdown, batch.drain, wanted - 1)
             narrow = False
-    with lock:
-        closed = True  # a thread still sending takes no further row
-        stuck = bool(running)
-        now = time.monotonic()
-        for row in rows:
-            if row.id not in results:
-                began = running.get(row.id)
-                results[row.id] = (
-                    (_STOPPED if cut_by_stop else _NOT_STARTED, None)
-                    if began is None
-                    else (
-                        Outcome.retry(STOP_GRACE_EXCEEDED if cut_by_stop else DEADLINE_EXCEEDED),
-                        int((now - began) * 1000),
-                    )
-                )
-        outcome = dict(results)
-        _calls_were_fast[channel.name] = slowest is not None and slowest < FAST_CALL_SECONDS
+    results, stuck = batch.close(cut_by_stop)
+    _calls_were_fast[channel.name] = batch.slowest is not None and batch.slowest < FAST_CALL_SECONDS
     if stuck:
         # Do not wait for calls stuck past their deadline (they hold no claim
         # now), and do not let them occupy the threads of the next batch.
-        _retire_pool(concurrency, pool)
-    return outcome
-
-
-class _SendThreads:
-    """A fixed set of daemon threads that run send tasks.
-
-    Not a ThreadPoolExecutor: the interpreter joins those at exit, so a call
-    stuck in a provider's read timeout past its deadline (already given up
-    and settled as a retry) would keep ``outbox worker`` from exiting after
-    SIGTERM. Daemon threads never hold the process."""
-
-    def __init__(self, size: int, name_prefix: str = "send") -> None:
-        self.size = size
-        self.retired = False
-        self._tasks: queue.SimpleQueue[tuple[Callable[[], None], _Countdown] | None] = (
-            queue.SimpleQueue()
-        )
-        for n in range(size):
-            threading.Thread(target=self._serve, name=f"{name_prefix}_{n}", daemon=True).start()
-
-    def _serve(self) -> None:
-        while (item := self._tasks.get()) is not None:
-            task, tasks = item
-            try:
-                task()
-            except BaseException:  # a task's own failure must not kill the thread
-                log.exception("send task failed")
-            finally:
-                tasks.task_done()
-
-    def start(self, task: Callable[[], None], copies: int) -> _Countdown:
-        """Run ``copies`` of ``task`` side by side; the countdown says when all ended."""
-        tasks = _Countdown(copies)
-        for _ in range(copies):
-            self._tasks.put((task, tasks))
-        return tasks
-
-    def add(self, tasks: _Countdown, task: Callable[[], None], copies: int) -> None:
-        """``copies`` more of ``task`` under the same countdown, unless all of
-        its tasks have ended already (then there is nothing left to share)."""
-        if tasks.add(copies):
-            for _ in range(copies):
-                self._tasks.put((task, tasks))
-
-    def run(self, task: Callable[[], None], copies: int, timeout: float) -> bool:
-        """``start``, then wait at most ``timeout`` seconds for all the copies.
-        False: some were still running."""
-        return self.start(task, copies).wait(timeout)
-
-    def retire(self) -> None:
-        """Each thread ends once it is done with what it runs now."""
-        self.retired = True
-        for _ in range(self.size):
-            self._tasks.put(None)
-
-
-class _Countdown:
-    """The tasks of one batch: done when the last of them has ended. Its caller
-    waits on one lock, where a Semaphore woke it once for every task."""
-
-    def __init__(self, tasks: int) -> None:
-        self._left = tasks
-        self._count = threading.Lock()
-        self._ended = threading.Lock()
-        if tasks > 0:
-            self._ended.acquire()
-
-    def add(self, tasks: int) -> bool:
-        """Count ``tasks`` more; False (nothing counted) once all have ended."""
-        with self._count:
-            if self._left == 0:
-                return False
-            self._left += tasks
-            return True
-
-    def task_done(self) -> None:
-        with self._count:
-            self._left -= 1
-            if self._left == 0:
-                self._ended.release()
-
-    def wait(self, timeout: float) -> bool:
-        """True once every task has ended; False after ``timeout`` seconds."""
-        if self._ended.acquire(timeout=max(0.0, timeout)):
-            self._ended.release()  # any later wait sees it ended too
-            return True
-        return False
-
-
-# The send threads outlive a batch: a warm Lambda (or a worker) reuses them
-# instead of starting new ones for every hand-off.
-_pools: dict[int, _SendThreads] = {}
-_pools_lock = threading.Lock()
-
-
-def _forget_pools_in_child() -> None:
-    """A forked process inherits the pools but none of their threads: its sends
-    would queue for ever. It starts pools of its own."""
-    global _pools_lock
-    _pools.clear()
-    _pools_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_pools_in_child)
-
-
-def _pool(size: int) -> _SendThreads:
-    with _pools_lock:
-        pool = _pools.get(size)
-        if pool is None:
-            pool = _pools[size] = _SendThreads(size)
-        return pool
-
-
-def _retire_pool(size: int, pool: _SendThreads) -> None:
-    with _pools_lock:
-        if _pools.get(size) is pool:
-            del _pools[size]
-    pool.retire()  # tasks other callers queued before this still run
+        sendpool.pools.retire(threads)
+    return results

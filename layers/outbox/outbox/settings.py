@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, TypeVar, cast
 
 from .errors import ConfigError
+from .limits import RateLimit, parse_rate_limits
 
 T = TypeVar("T")
 N = TypeVar("N", int, float)
@@ -230,6 +231,20 @@ class ChannelMap(Setting[dict[str, Any]]):
 
     def document(self, value: dict[str, Any]) -> str:
         return json.dumps(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RateLimits(Setting[tuple[RateLimit, ...]]):
+    """Comma-separated ``CHANNEL[:DESTINATION]=RATE[/BURST]`` (``outbox.limits``)."""
+
+    def parse(self, text: str) -> tuple[RateLimit, ...]:
+        try:
+            return parse_rate_limits(text)
+        except ValueError as exc:
+            self.fail(str(exc))
+
+    def document(self, value: tuple[RateLimit, ...]) -> str:
+        return ",".join(limit.spelt() for limit in value)
 
 
 # --- the table ------------------------------------------------------------------
@@ -511,6 +526,16 @@ CHANNEL_MAX_IN_FLIGHT = ChannelMap(
     low=1,
     high=1_000_000,
     meaning="dispatcher: JSON map channel to an in-flight budget replacing the derived one",
+)
+RATE_LIMITS = RateLimits(
+    name="RATE_LIMITS",
+    default=(),
+    meaning=(
+        "dispatcher and outbox worker: rate limits, comma-separated "
+        "CHANNEL[:DESTINATION]=RATE[/BURST] in messages a second and at once "
+        "(email=14,webhook:hooks.example.com=10/20); applied to the database at cold "
+        "start; an operator's outbox limit set overrides one (docs/how-to/rate-limits.md)"
+    ),
 )
 
 # Producers

@@ -7,14 +7,14 @@ through the same sender runtime as the channel functions; every fence and
 settle is the same SQL as in Lambda, so several workers (and Lambda
 dispatchers) may run against one database at once.
 
-Stopping (``stop`` set, e.g. by SIGTERM): the batch in hand finishes: its
-provider calls already started are settled, rows not yet started are
-released at once (no attempt counted). No claim is left to expire. Calls
-still running ``WORKER_STOP_GRACE_SECONDS`` after the stop are given up and
-settled as retries (an attempt counted: the receiver may have had the
-request), rather than waited for up to their full deadline
-(``SENDER_TIMEOUT_SECONDS``), which would leave a container's stop grace no
-time to settle.
+When ``stop`` is set (by SIGTERM, for example), the batch in hand finishes.
+Its provider calls already started are settled, and its rows not yet started
+are released at once with no attempt counted, so no claim is left to expire.
+Calls still running ``WORKER_STOP_GRACE_SECONDS`` after the stop are given up
+and settled as retries, with an attempt counted because the receiver may have
+had the request. Waiting for them up to their full deadline
+(``SENDER_TIMEOUT_SECONDS``) would leave a container's stop grace no time to
+settle.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import dispatcher, reaper, sender, store
+from . import coldstart_limits, dispatcher, reaper, sender, store
 from .channels import aws
 from .config import OutcomeEventSettings, RelaySettings
 from .observability import count
@@ -68,7 +68,8 @@ class Worker:
             stop_grace_seconds = WORKER_STOP_GRACE_SECONDS.read(os.environ)
         self.stop_grace_seconds = stop_grace_seconds
         self.settings = settings
-        # Off unless a bus is named: then the reaper step publishes them too.
+        # Outcome events are off unless a bus is named; then the reaper step
+        # publishes them too.
         self.outcome_events = outcome_events or OutcomeEventSettings()
         self._events_client: Any = None
         self.channels = list(channels) if channels else None
@@ -78,20 +79,34 @@ class Worker:
         self.report = WorkerReport()
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        # Written once per worker (docs/how-to/rate-limits.md): the configured
+        # limits before its first claim, a provider's own rate before its
+        # first send to that provider.
+        self._limits_applied = False
+        self._provider_limits_asked: set[str] = set()
 
     def _send(
         self, channel: str, rows: list[store.ClaimedMessage]
     ) -> Callable[[], sender.SendReport]:
         """Send the rows now; returns their settle."""
         if self.stop.is_set():
-            # Not started: give the rows back now rather than leave them claimed.
+            # Nothing was started: give the rows back now rather than leave
+            # them claimed.
             with self.engine.begin() as conn:
                 released = store.release(conn, rows, reason=sender.STOPPING, own_receipt=True)
             with self._lock:
                 self.report.released += len(released)
             report = sender.SendReport(received=len(rows))
             return lambda: report
-        # A sender here has the whole lease (less the margin) for its batch.
+        with self._lock:
+            ask = channel not in self._provider_limits_asked
+            self._provider_limits_asked.add(channel)
+        if ask:
+            coldstart_limits.refresh_provider_limit(self.engine, channel)
+        # A worker has no Lambda timeout, so it gives each batch the time a
+        # channel function has (SENDER_TIMEOUT_SECONDS): a provider that hangs
+        # holds a batch no longer here than in Lambda. A row's deadline is
+        # the sooner of that and its lease end, less the settle margin.
         return sender.send_then_settle(
             self.engine,
             channel,
@@ -139,6 +154,9 @@ class Worker:
     def _claim_and_send(self) -> tuple[dispatcher.DispatchReport, Callable[[], None]]:
         """Claim a batch and send it; returns the batch's settle, not yet run."""
         settings = self.settings
+        if not self._limits_applied:
+            coldstart_limits.apply_configured_limits(self.engine, settings, self.channels)
+            self._limits_applied = True
         with self.engine.begin() as conn:
             rows = store.claim_and_receive(
                 conn,
@@ -158,7 +176,7 @@ class Worker:
             groups = sorted(by_channel.items())
             if len(groups) == 1:
                 settles = [self._send(*groups[0])]
-            else:  # channels do not wait for each other's providers
+            else:  # one channel does not wait for another channel's provider
                 settles = list(self._channel_pool().map(lambda group: self._send(*group), groups))
 
         def settle() -> None:

@@ -87,6 +87,17 @@ class EmailChannel(aws.AwsChannel):
                 "payload.to", f"{recipients} recipients; SES allows {_MAX_RECIPIENTS}"
             )
 
+    def provider_rate_limit(self) -> float | None:
+        """The account's maximum send rate (SES ``GetAccount``'s
+        ``SendQuota.MaxSendRate``, messages a second), or None when SES names
+        none. The relay makes it the email limit where no operator or
+        configuration set one (``coldstart_limits``)."""
+        quota = self.client.get_account().get("SendQuota") or {}
+        rate = quota.get("MaxSendRate")
+        if isinstance(rate, bool) or not isinstance(rate, int | float):
+            return None
+        return float(rate)
+
     def suppressed(self, payload: dict[str, Any]) -> Outcome | None:
         """``suppressed`` when every recipient is on the SES suppression list."""
         recipients = {a.lower() for k in ("to", "cc", "bcc") for a in payload.get(k, [])}

@@ -39,6 +39,7 @@ Rules every statement here keeps (docs/design.md, invariants 1-7):
   document, never a loop; every parameter follows the one convention of ``_sql``.
 """
 
+from ..limits import check_destination, check_limit
 from ._sql import array_literal
 from .delivery import (
     ChannelLoad,
@@ -103,15 +104,16 @@ from .policy import (
     bounded_delay,
 )
 from .rates import (
+    AppliedLimits,
     DestinationFigures,
     Throttled,
-    check_destination,
-    check_limit,
+    apply_configured_limits,
     clear_limit,
     destination_figures,
     next_resume,
     record_throttling,
     set_limit,
+    set_provider_limit,
 )
 from .upkeep import (
     LEASE_EXPIRED_ERROR,
@@ -133,6 +135,7 @@ from .upkeep import (
 __all__ = [
     "LEASE_EXPIRED_ERROR",
     "NOT_STARTED_ERROR",
+    "AppliedLimits",
     "Backlog",
     "Backoff",
     "ChannelBacklog",
@@ -153,6 +156,7 @@ __all__ = [
     "Settled",
     "Settlement",
     "Throttled",
+    "apply_configured_limits",
     "array_literal",
     "attempt_history",
     "backlog",
@@ -200,6 +204,7 @@ __all__ = [
     "resume_channel",
     "set_delivered_outcome_events",
     "set_limit",
+    "set_provider_limit",
     "settle",
     "settle_with_outcomes",
     "statuses_of",

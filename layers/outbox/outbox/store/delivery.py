@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Protocol
 
 import sqlalchemy as sa
 
+from ..limits import CHANNEL_WIDE
 from ..payloads import MAX_STORED_BYTES
 from ..states import SETTLE_OUTCOMES
 from ._sql import array_literal, json_document, statement
@@ -137,9 +138,20 @@ _CLAIM = f"""
         SELECT d.channel, d.destination, {TOKENS_NOW_SQL} AS tokens
         FROM outbox_destination AS d
         WHERE {BUCKETED_SQL} AND (d.paused_until IS NULL OR d.paused_until <= now())
-          AND {TOKENS_NOW_SQL} >= 1
+          AND {TOKENS_NOW_SQL} >= 1 AND d.destination <> '{CHANNEL_WIDE}'
         ORDER BY d.tokens_at NULLS FIRST
         LIMIT {BUCKETS_PER_CLAIM}
+        FOR UPDATE
+    ),
+    channel_bucket AS (
+        -- The channels limited as a whole (destination '{CHANNEL_WIDE}': all their
+        -- destinations together), empty or not, locked like the buckets above and
+        -- always after them (the scalar subquery reads all of bucket first), so
+        -- two claimers never wait for each other's locks in a circle.
+        SELECT d.channel, {TOKENS_NOW_SQL} AS tokens
+        FROM outbox_destination AS d
+        WHERE d.destination = '{CHANNEL_WIDE}' AND d.limit_rate IS NOT NULL
+          AND (SELECT count(*) FROM bucket) >= 0
         FOR UPDATE
     ),
     unbucketed AS (
@@ -153,6 +165,8 @@ _CLAIM = f"""
           AND (m.channel, COALESCE(m.destination, '')) NOT IN (
                 SELECT d.channel, d.destination FROM outbox_destination AS d
                 WHERE d.paused_until > now() OR {BUCKETED_SQL})
+          -- A channel limited as a whole has a scan of its own (channel_limited).
+          AND m.channel NOT IN ({{channels_limited}})
         ORDER BY m.priority DESC, m.available_at, m.id
         -- Twice the batch, for the fair share below to choose from; locked, so
         -- that concurrent claimers each get rows of their own.
@@ -175,8 +189,29 @@ _CLAIM = f"""
             FOR UPDATE SKIP LOCKED
         ) AS r
     ),
+    channel_limited AS (
+        -- Each channel limited as a whole that holds a token: its due rows but
+        -- those of its paused or bucketed destinations, in claim order (the
+        -- per-channel due index: a probe each), so that a long backlog of it
+        -- never fills the scan above while other channels' rows wait behind it.
+        SELECT r.* FROM channel_bucket AS cb
+        CROSS JOIN LATERAL (
+            SELECT m.id, m.priority, m.available_at, m.channel,
+                   COALESCE(m.destination, '') AS destination
+            FROM outbox_message AS m
+            WHERE m.channel = cb.channel AND {{claimable}}
+              AND (m.channel, COALESCE(m.destination, '')) NOT IN (
+                    SELECT d.channel, d.destination FROM outbox_destination AS d
+                    WHERE d.paused_until > now() OR {BUCKETED_SQL})
+            ORDER BY m.priority DESC, m.available_at, m.id
+            LIMIT CAST(:batch_size AS int) * 2
+            FOR UPDATE SKIP LOCKED
+        ) AS r
+        WHERE cb.tokens >= 1
+    ),
     candidate AS (
         SELECT * FROM unbucketed UNION ALL SELECT * FROM bucketed
+        UNION ALL SELECT * FROM channel_limited
     ),
     turn AS (
         -- Fair share: each destination's rows take turns (its first row, then
@@ -187,12 +222,24 @@ _CLAIM = f"""
                    ORDER BY c.priority DESC, c.available_at, c.id) AS turn
         FROM candidate AS c
     ),
-    due AS (
-        -- A destination that throttled takes at most the tokens its bucket holds.
-        SELECT t.id FROM turn AS t
+    allowed AS (
+        -- A destination that throttled takes at most the tokens its bucket holds;
+        -- the rows left are numbered within their channel in the batch's order.
+        SELECT t.*, row_number() OVER (
+                   PARTITION BY t.channel ORDER BY t.priority DESC, t.turn, t.available_at, t.id
+               ) AS in_channel
+        FROM turn AS t
         LEFT JOIN bucket AS b ON b.channel = t.channel AND b.destination = t.destination
         WHERE b.tokens IS NULL OR t.turn <= floor(b.tokens)
-        ORDER BY t.priority DESC, t.turn, t.available_at, t.id
+    ),
+    due AS (
+        -- A channel limited as a whole takes at most the tokens its own bucket
+        -- holds, whichever of its destinations the rows go to: its first rows in
+        -- the batch's order, so the batch's LIMIT can only take fewer.
+        SELECT a.id FROM allowed AS a
+        LEFT JOIN channel_bucket AS cb ON cb.channel = a.channel
+        WHERE cb.tokens IS NULL OR a.in_channel <= floor(cb.tokens)
+        ORDER BY a.priority DESC, a.turn, a.available_at, a.id
         LIMIT :batch_size
     ),
     claimed AS (
@@ -210,14 +257,23 @@ _CLAIM = f"""
     RETURNING {{returning}}
     ),
     spent AS (
-        -- Every bucket drawn from pays for the rows it gave, in this statement.
+        -- Every bucket drawn from pays for the rows it gave, in this statement:
+        -- a destination's, and its channel's when the channel is limited as a whole.
         UPDATE outbox_destination AS d
-        SET tokens = b.tokens - c.rows, tokens_at = now()
-        FROM bucket AS b
-        JOIN (SELECT channel, destination, count(*) AS rows FROM claimed
-              GROUP BY channel, destination) AS c
-          ON c.channel = b.channel AND c.destination = b.destination
-        WHERE d.channel = b.channel AND d.destination = b.destination
+        SET tokens = p.tokens - p.rows, tokens_at = now()
+        FROM (
+            SELECT b.channel, b.destination, b.tokens, c.rows
+            FROM bucket AS b
+            JOIN (SELECT channel, destination, count(*) AS rows FROM claimed
+                  GROUP BY channel, destination) AS c
+              ON c.channel = b.channel AND c.destination = b.destination
+            UNION ALL
+            SELECT cb.channel, '{CHANNEL_WIDE}', cb.tokens, c.rows
+            FROM channel_bucket AS cb
+            JOIN (SELECT channel, count(*) AS rows FROM claimed GROUP BY channel) AS c
+              ON c.channel = cb.channel
+        ) AS p
+        WHERE d.channel = p.channel AND d.destination = p.destination
     )
     SELECT {{columns}} FROM claimed
 """
@@ -231,10 +287,18 @@ _CLAIMED = (
 _CLAIMED_COLUMNS = "id, channel, claim_token, attempt"
 
 
+# The channels limited as a whole (``outbox limit set webhook --rate 50``).
+_CHANNELS_LIMITED = (
+    "SELECT d.channel FROM outbox_destination AS d "
+    f"WHERE d.destination = '{CHANNEL_WIDE}' AND d.limit_rate IS NOT NULL"
+)
+
+
 def _claim_statement(channel_filter: str, received_at: str, returning: str, columns: str) -> Any:
     return statement(
         _CLAIM.format(
             claimable=_CLAIMABLE.format(channel_filter=channel_filter),
+            channels_limited=_CHANNELS_LIMITED,
             received_at=received_at,
             returning=returning,
             columns=columns,

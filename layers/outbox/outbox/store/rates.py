@@ -17,14 +17,14 @@ provider's reset or ``QUOTA_PAUSE_SECONDS``; the claim skips it till then.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
-from ._sql import check_channels, json_document, statement
+from ..limits import CONFIG, OPERATOR, PROVIDER, RateLimit, check_limit
+from ._sql import array_literal, check_channels, json_document, statement
 
 # How long a destination waits after a throttling answer that named no time.
 THROTTLE_PAUSE_SECONDS = 1.0
@@ -38,10 +38,6 @@ RATE_INCREASE_PER_SECOND = 0.05
 MIN_RATE = 0.1
 # No pause is longer than a day, whatever a provider answers.
 MAX_PAUSE_SECONDS = 86400.0
-
-# Operator limits (``outbox limit set``) are held to these, as the table is.
-MAX_LIMIT_RATE = 100_000.0
-MAX_LIMIT_BURST = 1_000_000.0
 
 # The learned rate of destination row ``d`` now: as learned, grown since.
 RATE_NOW_SQL = (
@@ -182,6 +178,8 @@ class DestinationFigures:
     paused_until: Any  # a datetime while paused, else None
     throttled_last_minute: int
     throttled_total: int
+    # Where the limit came from: 'operator', 'config' or 'provider' (None: no limit).
+    limit_source: str | None = None
 
 
 _DESTINATIONS = statement(
@@ -190,7 +188,7 @@ _DESTINATIONS = statement(
            CASE WHEN d.paused_until > now() THEN d.paused_until END AS paused_until,
            CASE WHEN d.minute_start > now() - interval '1 minute'
                 THEN d.throttled_minute ELSE 0 END AS throttled_last_minute,
-           d.throttled_total
+           d.throttled_total, d.limit_source
     FROM outbox_destination AS d
     ORDER BY d.channel, d.destination
     """
@@ -209,6 +207,7 @@ def destination_figures(conn: sa.Connection) -> list[DestinationFigures]:
             r.paused_until,
             int(r.throttled_last_minute),
             int(r.throttled_total),
+            r.limit_source,
         )
         for r in conn.execute(_DESTINATIONS)
     ]
@@ -217,16 +216,24 @@ def destination_figures(conn: sa.Connection) -> list[DestinationFigures]:
 # --- the operator's limits ------------------------------------------------------
 
 # A new limit starts with a full bucket; a changed one keeps what is left.
-_SET_LIMIT = statement(
-    """
+# An operator's limit replaces any other; the configuration's replaces the
+# provider's; the provider's replaces none (limits.LIMIT_SOURCES).
+_LIMIT_UPSERT = """
     INSERT INTO outbox_destination AS d
-        (channel, destination, limit_rate, limit_burst, tokens, tokens_at)
-    VALUES (:channel, :destination, :rate, :burst, :burst, now())
+        (channel, destination, limit_rate, limit_burst, limit_source, tokens, tokens_at)
+    {rows}
     ON CONFLICT (channel, destination) DO UPDATE SET
         limit_rate = EXCLUDED.limit_rate, limit_burst = EXCLUDED.limit_burst,
+        limit_source = EXCLUDED.limit_source,
         tokens = LEAST(COALESCE(d.tokens, EXCLUDED.limit_burst), EXCLUDED.limit_burst),
         tokens_at = COALESCE(d.tokens_at, now())
-    """
+    WHERE {replaces}
+"""
+_SET_LIMIT = statement(
+    _LIMIT_UPSERT.format(
+        rows=f"VALUES (:channel, :destination, :rate, :burst, '{OPERATOR}', :burst, now())",
+        replaces="true",
+    )
 )
 # Cleared: the row goes, unless it holds what the relay learned (then only
 # the limit goes). Two statements: one statement's two CTEs cannot both
@@ -241,35 +248,11 @@ _DROP_LIMITED = statement(
 )
 _CLEAR_LIMIT = statement(
     """
-    UPDATE outbox_destination SET limit_rate = NULL, limit_burst = NULL
+    UPDATE outbox_destination SET limit_rate = NULL, limit_burst = NULL, limit_source = NULL
     WHERE channel = :channel AND destination = :destination AND limit_rate IS NOT NULL
     RETURNING channel
     """
 )
-
-
-def check_limit(rate: Any, burst: Any = None) -> tuple[float, float]:
-    """(rate, burst) as numbers the table holds, or ValueError saying why: a
-    rate in (0, MAX_LIMIT_RATE] messages a second; a burst in [1,
-    MAX_LIMIT_BURST] (default: one second's worth, at least one)."""
-    rate = _finite("rate", rate)
-    if not 0 < rate <= MAX_LIMIT_RATE:
-        raise ValueError(f"rate must be above 0 and at most {MAX_LIMIT_RATE:g} a second")
-    if burst is None:
-        burst = max(1.0, rate)
-    burst = _finite("burst", burst)
-    if not 1 <= burst <= MAX_LIMIT_BURST:
-        raise ValueError(f"burst must be between 1 and {MAX_LIMIT_BURST:g} messages")
-    return rate, burst
-
-
-def _finite(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number")
-    number = float(value)
-    if number != number or number in (float("inf"), float("-inf")):
-        raise ValueError(f"{name} must be a finite number")
-    return number
 
 
 def set_limit(
@@ -287,50 +270,12 @@ def set_limit(
 
 
 def clear_limit(conn: sa.Connection, channel: str, destination: str) -> bool:
-    """Remove the operator's limit; True if there was one."""
+    """Remove the limit, whoever set it; True if there was one. (A limit the
+    configuration names comes back at the next cold start that applies it.)"""
     check_channels([channel])
     key = {"channel": channel, "destination": destination}
     dropped = conn.execute(_DROP_LIMITED, key).first() is not None
     return conn.execute(_CLEAR_LIMIT, key).first() is not None or dropped
-
-
-# A webhook destination: a host name, an IPv4 address or a bracketed IPv6
-# address, lower-case, then an optional port (what outbox_destination_of makes).
-_HOST_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
-_WEBHOOK_DESTINATION = re.compile(
-    rf"^(?:{_HOST_LABEL}(?:\.{_HOST_LABEL})*|\[[0-9a-f:.]+\])"
-    r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?$"
-)
-# Channels whose every message goes to one destination: the account ('').
-ACCOUNT_CHANNELS = ("email", "sms", "push")
-MAX_DESTINATION_CHARS = 2048
-
-
-def check_destination(channel: str, destination: str) -> str:
-    """``destination`` as ``channel``'s rows carry it, or ValueError saying
-    what it should be: a webhook's receiver ``host[:port]`` (lower-cased), ''
-    (the account) for email, SMS and push; for the others any key up to
-    ``MAX_DESTINATION_CHARS`` without control characters ('' included)."""
-    if channel == "webhook":
-        key = destination.strip().lower()
-        if not _WEBHOOK_DESTINATION.match(key):
-            raise ValueError(
-                "a webhook destination is the receiver's host[:port] "
-                "(hooks.example.com, hooks.example.com:8443)"
-            )
-        return key
-    if channel in ACCOUNT_CHANNELS:
-        if destination:
-            raise ValueError(f"{channel} has one destination, the account: give none")
-        return ""
-    if len(destination) > MAX_DESTINATION_CHARS or any(
-        ord(c) < 32 or ord(c) == 127 for c in destination
-    ):
-        raise ValueError(
-            f"a destination is at most {MAX_DESTINATION_CHARS} characters, "
-            "with no control characters"
-        )
-    return destination
 
 
 # For a relay that sleeps until its next event (docs/how-to/pacing.md): the
@@ -350,3 +295,76 @@ def next_resume(conn: sa.Connection) -> Any:
     """The earliest future time a paused destination or channel resumes, or an
     empty bucket holds a token again (a datetime), or None."""
     return conn.execute(_NEXT_RESUME).scalar_one()
+
+
+# --- limits from the configuration and from the provider --------------------------
+
+_APPLY_CONFIGURED = statement(
+    _LIMIT_UPSERT.format(
+        rows=f"""SELECT c.channel, c.destination, c.rate, c.burst, '{CONFIG}', c.burst, now()
+    FROM jsonb_to_recordset(CAST(:limits AS jsonb))
+        AS c(channel text, destination text, rate float8, burst float8)""",
+        replaces=f"d.limit_source IS DISTINCT FROM '{OPERATOR}'",
+    )
+)
+# The configuration's limits it no longer names, on the channels the caller
+# serves: the row goes when it holds nothing learned, else only the limit.
+_UNCONFIGURED = f"""
+    WHERE d.limit_source = '{CONFIG}'
+      AND (CAST(:channels AS text[]) IS NULL OR d.channel = ANY(CAST(:channels AS text[])))
+      AND (d.channel, d.destination) NOT IN (
+            SELECT c.channel, c.destination
+            FROM jsonb_to_recordset(CAST(:limits AS jsonb)) AS c(channel text, destination text))
+"""
+_DROP_UNCONFIGURED = statement(
+    f"DELETE FROM outbox_destination AS d {_UNCONFIGURED} AND d.rate IS NULL"
+)
+_CLEAR_UNCONFIGURED = statement(
+    "UPDATE outbox_destination AS d "
+    f"SET limit_rate = NULL, limit_burst = NULL, limit_source = NULL {_UNCONFIGURED}"
+)
+
+
+@dataclass(frozen=True)
+class AppliedLimits:
+    """What applying the configuration changed: limits written, and removed."""
+
+    written: int
+    removed: int
+
+
+def apply_configured_limits(
+    conn: sa.Connection, limits: Sequence[RateLimit], channels: Sequence[str] | None = None
+) -> AppliedLimits:
+    """Make the configuration's limits (``RATE_LIMITS``) the database's, for
+    every claimer: write each one, except over an operator's; remove those
+    it wrote before and no longer names, on ``channels`` (None: every
+    channel). Idempotent; three statements, whatever the number of limits."""
+    check_channels([limit.channel for limit in limits])
+    check_channels(channels)
+    document = json_document([limit._asdict() for limit in limits])
+    served = None if channels is None else array_literal(channels)
+    written = conn.execute(_APPLY_CONFIGURED, {"limits": document}).rowcount
+    removed = conn.execute(_DROP_UNCONFIGURED, {"limits": document, "channels": served}).rowcount
+    removed += conn.execute(_CLEAR_UNCONFIGURED, {"limits": document, "channels": served}).rowcount
+    return AppliedLimits(written, removed)
+
+
+_SET_PROVIDER_LIMIT = statement(
+    _LIMIT_UPSERT.format(
+        rows=f"VALUES (:channel, :destination, :rate, :burst, '{PROVIDER}', :burst, now())",
+        replaces=f"d.limit_source IS NULL OR d.limit_source = '{PROVIDER}'",
+    )
+)
+
+
+def set_provider_limit(
+    conn: sa.Connection, channel: str, destination: str, rate: float, burst: float | None = None
+) -> bool:
+    """The provider's own figure as ``channel``'s ``destination``'s limit, where
+    neither an operator nor the configuration set one; True if written.
+    ValueError (nothing changed) for a figure outside the limits' bounds."""
+    check_channels([channel])
+    rate, burst = check_limit(rate, burst)
+    key = {"channel": channel, "destination": destination, "rate": rate, "burst": burst}
+    return conn.execute(_SET_PROVIDER_LIMIT, key).rowcount > 0

@@ -683,9 +683,12 @@ CREATE TABLE public.outbox_destination (
     throttled_total bigint DEFAULT 0 NOT NULL,
     throttled_minute integer DEFAULT 0 NOT NULL,
     minute_start timestamp with time zone,
+    limit_source text,
     CONSTRAINT outbox_destination_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text)),
     CONSTRAINT outbox_destination_limit_burst_check CHECK (((limit_burst >= (1)::double precision) AND (limit_burst <= (1000000)::double precision))),
+    CONSTRAINT outbox_destination_limit_has_source CHECK (((limit_rate IS NULL) = (limit_source IS NULL))),
     CONSTRAINT outbox_destination_limit_rate_check CHECK (((limit_rate > (0)::double precision) AND (limit_rate <= (100000)::double precision))),
+    CONSTRAINT outbox_destination_limit_source_known CHECK ((limit_source = ANY (ARRAY['operator'::text, 'config'::text, 'provider'::text]))),
     CONSTRAINT outbox_destination_rate_check CHECK ((rate > (0)::double precision))
 );
 
