@@ -1,19 +1,40 @@
-"""A receiver that admits a steady rate: the issue 21 table, through ``outbox worker``.
+"""Providers that admit a steady rate: the issue 21 table, through ``outbox
+worker`` and through the Lambda path.
 
-A real HTTP receiver on 127.0.0.1 admits ``rate`` requests a second (a token
-bucket holding one second's worth) and answers ``429 Retry-After: 1`` beyond
-it. ``rows`` webhook messages to it are drained by the command's loop
-(``Worker.run``, as ``outbox worker --channels webhook`` runs it) with the
-template's batch size and send concurrency; no limit is configured, so the
-relay learns the receiver's rate from its answers. Figures: wall time against
-the ideal (``rows / rate``, less the second's worth the receiver's bucket
-starts with: "of the bound"), refused calls (counted at the receiver) per
-delivered message, the most requests the receiver admitted within any one
-second, attempts counted for throttling and dead rows (from the database).
+Two providers, each a token bucket that admits ``rate`` calls a second (one
+second's worth at once) and refuses the rest:
+
+* ``webhook``: a real HTTP receiver on 127.0.0.1 that answers ``429
+  Retry-After: 1`` beyond its rate;
+* ``ses``: the email channel (``EmailChannel``, its own ``classify``) over a
+  stubbed ``sesv2`` client whose ``send_email`` raises botocore's
+  ``ThrottlingException`` "Maximum sending rate exceeded." beyond its rate,
+  after ``--ses-latency-ms`` a call (and "Daily message quota exceeded." once
+  its quota is spent, for the quota cell).
+
+Two ways to send:
+
+* ``worker``: ``--workers`` command loops (``Worker.run``, as ``outbox worker
+  --channels <channel>`` runs it) in this process;
+* ``lambda``: the real dispatcher, senders and reaper through the Lambda
+  simulator of tests/reliability (``lambda_sim.serving``): one queue for the
+  channel function, ``--concurrency`` execution environments (its reserved
+  concurrency), each with its own send threads.
+
+With ``--limit`` the destination has a configured limit (``outbox limit set``:
+that rate, burst one second's worth); without, the relay learns the rate from
+the answers (docs/how-to/rate-limits.md). Figures: wall time from the start
+to the last admitted call, against the ideal (the rows less the second's worth
+the provider's bucket starts with, at its rate: "of the bound"); refused calls
+(counted at the provider) per delivered message; the most calls admitted
+within any one second ("busiest second"); attempts counted for throttling and
+dead rows (from the database).
 
     .venv/bin/python -m bench.ratelimit --rows 600 --rate 20
+    .venv/bin/python -m bench.ratelimit --path lambda --provider ses --rows 3000 --rate 10
     .venv/bin/python -m bench.ratelimit --rows 600 --rate 20 --limit 20 --workers 4
-    .venv/bin/python -m bench.ratelimit --rows 600 --rate 10 --other-rows 3000
+    .venv/bin/python -m bench.ratelimit --rows 300 --rate 10 --other-rows 3000
+    .venv/bin/python -m bench.ratelimit --quota 500 --path lambda --provider ses --rows 2000
 """
 
 from __future__ import annotations
@@ -21,10 +42,14 @@ from __future__ import annotations
 import argparse
 import http.server
 import json
+import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -32,19 +57,37 @@ import sqlalchemy as sa
 from . import common
 
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # a bench-only signing key
+_TESTS = Path(__file__).resolve().parents[1] / "tests"
+PROVIDERS = ("webhook", "ses")
+PATHS = ("worker", "lambda")
+# What SES answers past its rate, and once its daily quota is spent.
+SES_RATE_EXCEEDED = "Maximum sending rate exceeded."
+SES_QUOTA_EXCEEDED = "Daily message quota exceeded."
+
+
+def _sender_instance() -> str:
+    """The sender instance making this call: a simulated execution environment
+    (its send threads are named after it), else this process (the worker
+    loops of one process share its send threads)."""
+    name = threading.current_thread().name
+    return name.rsplit("-send_", 1)[0] if "-send_" in name else "process"
 
 
 class Admitting:
-    """A token bucket at the receiver: ``rate`` a second, one second's worth at
-    once (None: admits everything), each answer after ``latency`` seconds."""
+    """A token bucket at the provider: ``rate`` a second, one second's worth at
+    once (None: admits everything), each answer after ``latency`` seconds.
+    With ``quota``: after that many admitted calls every call is refused as
+    over quota, until ``quota`` is set to None."""
 
-    def __init__(self, rate: float | None, latency: float = 0.0) -> None:
+    def __init__(self, rate: float | None, latency: float = 0.0, quota: int | None = None) -> None:
         self.rate = rate
         self.latency = latency
+        self.quota = quota
         self.tokens = rate or 0.0
         self.at = time.monotonic()
         self.admitted: list[float] = []  # when, on the monotonic clock
         self.refused = 0
+        self.over_quota: Counter[str] = Counter()  # refused for the quota, by sender instance
         self.lock = threading.Lock()
 
     def admit(self) -> bool:
@@ -60,8 +103,18 @@ class Admitting:
             self.admitted.append(now)
             return True
 
+    def quota_spent(self) -> bool:
+        """Whether this call is refused for the quota (counted by the calling
+        sender instance: a simulated environment, or the process)."""
+        with self.lock:
+            if self.quota is None or len(self.admitted) < self.quota:
+                return False
+            self.refused += 1
+            self.over_quota[_sender_instance()] += 1
+            return True
+
     def busiest_second(self) -> int:
-        """The most requests admitted within any one second."""
+        """The most calls admitted within any one second."""
         times, most, first = sorted(self.admitted), 0, 0
         for last, at in enumerate(times):
             while at - times[first] >= 1.0:
@@ -70,8 +123,17 @@ class Admitting:
         return most
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    # The listen backlog (read when the server binds, so a class attribute):
+    # ten simulated environments open up to 80 connections at once, and the
+    # default of 5 made the kernel reset some of them.
+    request_queue_size = 512
+
+
 @contextmanager
 def receiver(rate: float | None, latency: float = 0.0) -> Iterator[tuple[Admitting, int]]:
+    """A webhook receiver on 127.0.0.1: the bucket, and its port."""
     state = Admitting(rate, latency)
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -92,9 +154,7 @@ def receiver(rate: float | None, latency: float = 0.0) -> Iterator[tuple[Admitti
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    server.request_queue_size = 128
+    server = _Server(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
@@ -104,12 +164,43 @@ def receiver(rate: float | None, latency: float = 0.0) -> Iterator[tuple[Admitti
         server.server_close()
 
 
+class SesStub:
+    """A ``sesv2`` client whose ``send_email`` admits what ``bucket`` admits and
+    otherwise raises what SES raises: ``ThrottlingException`` "Maximum sending
+    rate exceeded." past the rate, "Daily message quota exceeded." past the
+    quota. Only ``send_email`` is called (the suppression check is off)."""
+
+    def __init__(self, bucket: Admitting) -> None:
+        self.bucket = bucket
+
+    @staticmethod
+    def _throttling(message: str) -> Exception:
+        from botocore.exceptions import ClientError
+
+        return ClientError(
+            {
+                "Error": {"Code": "ThrottlingException", "Message": message},
+                "ResponseMetadata": {"HTTPStatusCode": 400},
+            },
+            "SendEmail",
+        )
+
+    def send_email(self, **request: Any) -> dict[str, Any]:
+        if self.bucket.latency:
+            time.sleep(self.bucket.latency)
+        if self.bucket.quota_spent():
+            raise self._throttling(SES_QUOTA_EXCEEDED)
+        if not self.bucket.admit():
+            raise self._throttling(SES_RATE_EXCEEDED)
+        return {"MessageId": str(uuid.uuid4())}
+
+
 class _Secrets:
     def get(self, name: str, max_age: int = 0) -> str:
         return SECRET
 
 
-def _insert(engine: Any, port: int, host: str, rows: int) -> None:
+def _insert_hooks(engine: sa.Engine, port: int, host: str, rows: int) -> None:
     with engine.begin() as conn:
         conn.execute(
             sa.text(
@@ -122,25 +213,20 @@ def _insert(engine: Any, port: int, host: str, rows: int) -> None:
         )
 
 
-def run(
-    url: str,
-    rows: int,
-    rate: float,
-    *,
-    limit: float | None = None,
-    workers: int = 1,
-    other_rows: int = 0,
-    other_latency: float = 0.02,
-) -> dict[str, Any]:
-    """``rows`` to a receiver admitting ``rate`` a second, drained by
-    ``workers`` worker loops; with ``limit``, a configured limit (rate and
-    burst) for that destination, else the relay learns it; with
-    ``other_rows``, as many to a second receiver that admits everything, each
-    answer after ``other_latency`` seconds, in the same run."""
-    from outbox import channels, store
+def _insert_emails(engine: sa.Engine, rows: int) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_message (channel, payload) "
+                f"SELECT 'email', {common.payload_sql()} FROM generate_series(1, :rows) AS g"
+            ),
+            {"rows": rows},
+        )
+
+
+def _register_webhook() -> None:
+    from outbox import channels
     from outbox.channels.webhook import WebhookChannel
-    from outbox.config import RelaySettings
-    from outbox.worker import Worker
 
     channel = WebhookChannel(
         allow_insecure=True,
@@ -149,85 +235,251 @@ def run(
         secrets=_Secrets(),
     )
     channels.register("webhook", lambda: channel)
-    settings = RelaySettings()
-    engine = common.engine_for(url, pool_size=4 * workers)
-    stop = threading.Event()
-    try:
-        with receiver(rate) as (rx, port), receiver(None, other_latency) as (other, other_port):
-            _insert(engine, port, "limited.bench", rows)
-            if other_rows:
-                _insert(engine, other_port, "other.bench", other_rows)
-            if limit is not None:
-                with engine.begin() as conn:
-                    store.set_limit(conn, "webhook", f"limited.bench:{port}", limit, limit)
-            threads = [
-                threading.Thread(
-                    target=Worker(engine, settings, channels=["webhook"], stop=stop).run,
-                    daemon=True,
-                )
-                for _ in range(workers)
-            ]
-            started = time.monotonic()
-            for thread in threads:
-                thread.start()
-            while True:
-                time.sleep(0.1)
-                with engine.connect() as conn:
-                    left = conn.execute(
-                        sa.text(
-                            "SELECT count(*) FROM outbox_message "
-                            "WHERE status IN ('pending', 'claimed')"
-                        )
-                    ).scalar_one()
-                if left == 0:
-                    break
-            elapsed = max(rx.admitted) - started if rx.admitted else 0.0
+
+
+def _register_ses(bucket: Admitting) -> None:
+    from outbox import channels
+    from outbox.channels.email import EmailChannel
+
+    channel = EmailChannel(client=SesStub(bucket), configuration_set="", check_suppression=False)
+    channels.register("email", lambda: channel)
+
+
+def _lambda_settings(channel: str, concurrency: int) -> Any:
+    """The template's defaults (batch, chunk, send concurrency, lease, sender
+    timeout, event age), the channel routed to its function: the simulator's
+    scaled-down durations are for its retry windows, which throttling never
+    reaches, while its one-second sender timeout would give up calls that a
+    busy local receiver answers late."""
+    from outbox.config import RelaySettings
+
+    if str(_TESTS) not in sys.path:
+        sys.path.insert(0, str(_TESTS))
+    return RelaySettings(
+        channel_functions={channel: f"{channel}-sender"},
+        channel_concurrency={channel: concurrency},
+    )
+
+
+@contextmanager
+def _senders(
+    path: str, engine: sa.Engine, channel: str, workers: int, concurrency: int
+) -> Iterator[Any]:
+    """The relay sending ``channel``'s rows until the block ends; yields its settings."""
+    if path == "worker":
+        from outbox.config import RelaySettings
+        from outbox.worker import Worker
+
+        settings = RelaySettings()
+        stop = threading.Event()
+        threads = [
+            threading.Thread(
+                target=Worker(engine, settings, channels=[channel], stop=stop).run, daemon=True
+            )
+            for _ in range(workers)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            yield settings
+        finally:
             stop.set()
             for thread in threads:
                 thread.join()
-        with engine.connect() as conn:
-            counts: dict[str, int] = dict(
-                conn.execute(
-                    sa.text("SELECT status, count(*) FROM outbox_message GROUP BY status")
-                ).all()
-            )
-            counted = conn.execute(
+        return
+    settings = _lambda_settings(channel, concurrency)
+    from reliability import lambda_sim
+
+    with lambda_sim.serving(engine, settings, {channel: concurrency}):
+        yield settings
+
+
+def _left(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
                 sa.text(
-                    "SELECT count(*) FROM outbox_attempt WHERE outcome IN ('retry', 'dead')"
-                    " AND (error LIKE 'HTTP 429%' OR error LIKE 'HTTP 503%'"
-                    "      OR error LIKE 'deferred%')"
+                    "SELECT count(*) FROM outbox_message WHERE status IN ('pending', 'claimed')"
                 )
             ).scalar_one()
+        )
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float, every: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(every)
+    return False
+
+
+def _outcome_counts(engine: sa.Engine) -> tuple[dict[str, int], int, int, dict[int, int]]:
+    """(rows by status, attempts counted (every provider here only throttles,
+    so each would be counted for throttling), deferrals, delivered rows by
+    their attempt count)."""
+    with engine.connect() as conn:
+        counts = {
+            str(r[0]): int(r[1])
+            for r in conn.execute(
+                sa.text("SELECT status, count(*) FROM outbox_message GROUP BY status")
+            )
+        }
+        outcomes = {
+            str(r[0]): int(r[1])
+            for r in conn.execute(
+                sa.text("SELECT outcome, count(*) FROM outbox_attempt GROUP BY outcome")
+            )
+        }
+        counted_errors = {
+            str(r[0]): int(r[1])
+            for r in conn.execute(
+                sa.text(
+                    "SELECT outcome || ': ' || COALESCE(error, ''), count(*) FROM outbox_attempt"
+                    " WHERE outcome IN ('retry', 'failed', 'dead') GROUP BY 1"
+                )
+            )
+        }
+        if counted_errors:
+            print("attempts counted:", counted_errors, file=sys.stderr)
+        attempts = {
+            int(r[0]): int(r[1])
+            for r in conn.execute(
+                sa.text(
+                    "SELECT attempts, count(*) FROM outbox_message"
+                    " WHERE status = 'delivered' GROUP BY attempts"
+                )
+            )
+        }
+    counted = sum(outcomes.get(o, 0) for o in ("retry", "failed", "dead"))
+    return counts, counted, outcomes.get("deferred", 0), attempts
+
+
+def _trace(engine: sa.Engine) -> dict[str, Any] | None:
+    """The limited destination's learned rate now, and whether it is paused."""
+    from outbox.store.rates import RATE_NOW_SQL
+
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text(
+                f"SELECT {RATE_NOW_SQL} AS rate, d.paused_until > now() AS paused,"
+                " d.throttled_total FROM outbox_destination AS d"
+                " WHERE d.destination LIKE 'limited%' OR d.channel = 'email'"
+            )
+        ).first()
+    if row is None:
+        return None
+    return {
+        "rate": None if row.rate is None else round(float(row.rate), 2),
+        "paused": bool(row.paused),
+        "throttled": int(row.throttled_total),
+    }
+
+
+def run(
+    url: str,
+    rows: int,
+    rate: float,
+    *,
+    provider: str = "webhook",
+    path: str = "worker",
+    limit: float | None = None,
+    workers: int = 1,
+    concurrency: int = 10,
+    other_rows: int = 0,
+    other_latency: float = 0.02,
+    ses_latency: float = 0.02,
+    trace: bool = False,
+    timeout: float | None = None,
+) -> dict[str, Any]:
+    """``rows`` to a ``provider`` admitting ``rate`` a second, sent along
+    ``path`` (``workers`` command loops, or the Lambda path at reserved
+    ``concurrency``); with ``limit``, a configured limit (rate, burst one
+    second's worth) for that destination, else the relay learns it; with
+    ``other_rows`` (webhook only), as many to a second receiver that admits
+    everything, each answer after ``other_latency`` seconds, in the same run."""
+    from outbox import store
+
+    engine = common.engine_for(url, pool_size=4 * workers + concurrency + 4)
+    started = 0.0
+    samples: list[dict[str, Any]] = []
+    try:
+        with ExitStack() as stack:
+            if provider == "webhook":
+                _register_webhook()
+                channel = "webhook"
+                rx, port = stack.enter_context(receiver(rate))
+                other, other_port = stack.enter_context(receiver(None, other_latency))
+                _insert_hooks(engine, port, "limited.bench", rows)
+                destination = f"limited.bench:{port}"
+                if other_rows:
+                    _insert_hooks(engine, other_port, "other.bench", other_rows)
+            else:
+                channel, destination = "email", ""
+                rx, other = Admitting(rate, ses_latency), None
+                _register_ses(rx)
+                _insert_emails(engine, rows)
+            if limit is not None:
+                with engine.begin() as conn:
+                    store.set_limit(conn, channel, destination, limit, limit)
+            started = time.monotonic()
+            rx.at, rx.tokens = started, rate  # the provider's bucket starts full, now
+            settings = stack.enter_context(_senders(path, engine, channel, workers, concurrency))
+            deadline = started + (timeout or max(120.0, 3 * rows / rate))
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+                if trace:
+                    samples.append(
+                        {"t": round(time.monotonic() - started, 2), **(_trace(engine) or {})}
+                    )
+                if _left(engine) == 0:
+                    break
+            elapsed = max(rx.admitted) - started if rx.admitted else 0.0
+        counts, counted, deferrals, by_attempts = _outcome_counts(engine)
+        with engine.connect() as conn:
             learned = conn.execute(
-                sa.text("SELECT rate FROM outbox_destination WHERE destination LIKE 'limited%'")
+                sa.text(
+                    "SELECT rate FROM outbox_destination WHERE channel = :c AND destination = :d"
+                ),
+                {"c": channel, "d": destination},
             ).scalar_one_or_none()
     finally:
-        stop.set()
         engine.dispose()
     delivered = len(rx.admitted)
-    # The receiver's bucket starts full: one second's worth comes at once.
+    # The provider's bucket starts full: one second's worth comes at once.
     ideal = max(rows - rate, 0) / rate
     cell: dict[str, Any] = {
+        "path": path,
+        "provider": provider,
         "rows": rows,
         "receiver_admits_per_s": rate,
         "limit_per_s": limit,
-        "workers": workers,
+        "workers": workers if path == "worker" else None,
+        "reserved_concurrency": concurrency if path == "lambda" else None,
         "wall_s": round(elapsed, 1),
         "ideal_s": round(ideal, 1),
         "of_bound": round(ideal / elapsed, 3) if elapsed else None,
         "refused_calls": rx.refused,
         "refused_per_delivered": round(rx.refused / max(delivered, 1), 4),
         "busiest_second": rx.busiest_second(),
-        "attempts_counted_for_throttling": int(counted),
-        "delivered": int(counts.get("delivered", 0)),
-        "dead": int(counts.get("dead", 0)),
+        "attempts_counted_for_throttling": counted,
+        "deferrals": deferrals,
+        "delivered_by_attempts": by_attempts,
+        "delivered": counts.get("delivered", 0),
+        "dead": counts.get("dead", 0),
+        "left": counts.get("pending", 0) + counts.get("claimed", 0),
         "learned_rate_per_s": None if learned is None else round(float(learned), 2),
         "batch_size": settings.batch_size,
         "send_concurrency": settings.send_concurrency,
     }
-    if other_rows:
+    if path == "lambda":
+        cell["chunk_size"] = settings.handoff_chunk_size
+    if provider == "ses":
+        cell["ses_latency_ms"] = round(ses_latency * 1000)
+    if other_rows and other is not None:
         span = max(other.admitted) - started
-        bound = workers * settings.send_concurrency / other_latency
+        senders = workers if path == "worker" else concurrency
+        bound = senders * settings.send_concurrency / other_latency
         cell.update(
             other_rows=other_rows,
             other_latency_ms=round(other_latency * 1000),
@@ -235,38 +487,150 @@ def run(
             other_bound_rows_per_s=round(bound, 1),
             other_of_bound=round(other_rows / span / bound, 3),
         )
+    if trace:
+        cell["trace"] = samples
+        per_second = Counter(int(at - started) for at in rx.admitted)
+        cell["admitted_per_second"] = [per_second[i] for i in range(int(elapsed) + 1)]
     return cell
 
 
-def main() -> None:
+def run_quota(
+    url: str,
+    rows: int,
+    quota: int,
+    *,
+    path: str = "lambda",
+    workers: int = 1,
+    concurrency: int = 10,
+    ses_latency: float = 0.02,
+    settle_seconds: float = 3.0,
+) -> dict[str, Any]:
+    """A daily quota spent mid-backlog: the SES stub admits ``quota`` calls,
+    then answers "Daily message quota exceeded." to every call. The channel
+    must pause within one batch (every sender instance makes at most one
+    refused call after the first, bar calls already under way); after an
+    operator's resume (the quota raised) every row is delivered with one
+    attempt (none was counted while paused)."""
+    from outbox import store
+
+    engine = common.engine_for(url, pool_size=4 * workers + concurrency + 4)
+    try:
+        bucket = Admitting(None, ses_latency, quota=quota)
+        _register_ses(bucket)
+        _insert_emails(engine, rows)
+
+        def paused() -> bool:
+            with engine.connect() as conn:
+                return any(p.channel == "email" for p in store.paused_channels(conn))
+
+        started = time.monotonic()
+        with _senders(path, engine, "email", workers, concurrency) as settings:
+            paused_in_time = _wait_until(paused, timeout=120)
+            paused_after = time.monotonic() - started
+            time.sleep(settle_seconds)  # every sender instance has heard it and settled
+            with bucket.lock:
+                refused_while_paused = dict(bucket.over_quota)
+                bucket.quota = None  # the quota is raised
+            with engine.begin() as conn:
+                store.resume_channel(conn, "email")
+            drained = _wait_until(lambda: _left(engine) == 0, timeout=max(120.0, rows / 20))
+        counts, counted, deferrals, attempts = _outcome_counts(engine)
+    finally:
+        engine.dispose()
+    instances = len(refused_while_paused)
+    refused = sum(refused_while_paused.values())
+    return {
+        "path": path,
+        "provider": "ses",
+        "rows": rows,
+        "quota": quota,
+        "workers": workers if path == "worker" else None,
+        "reserved_concurrency": concurrency if path == "lambda" else None,
+        "batch_size": settings.batch_size,
+        "send_concurrency": settings.send_concurrency,
+        "ses_latency_ms": round(ses_latency * 1000),
+        "paused": paused_in_time,
+        "paused_after_s": round(paused_after, 2),
+        "refused_for_quota": refused,
+        "sender_instances_refused": instances,
+        "most_refused_by_one_instance": max(refused_while_paused.values(), default=0),
+        "refused_by_instance": sorted(refused_while_paused.values(), reverse=True),
+        "drained_after_resume": drained,
+        "delivered": counts.get("delivered", 0),
+        "dead": counts.get("dead", 0),
+        "attempts_counted_for_throttling": counted,
+        "deferrals": deferrals,
+        "delivered_by_attempts": attempts,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=600)
-    parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument("--rate", type=float, default=20.0, help="the provider admits, a second")
+    parser.add_argument("--provider", choices=PROVIDERS, default="webhook")
+    parser.add_argument("--path", choices=PATHS, default="worker")
     parser.add_argument("--limit", type=float, default=None, help="a configured limit")
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1, help="worker loops (path worker)")
+    parser.add_argument(
+        "--concurrency", type=int, default=10, help="reserved concurrency (path lambda)"
+    )
     parser.add_argument("--other-rows", type=int, default=0, help="to an unlimited receiver")
-    args = parser.parse_args()
+    parser.add_argument("--ses-latency-ms", type=float, default=20.0)
+    parser.add_argument(
+        "--quota", type=int, default=None, help="the quota cell: SES admits this many"
+    )
+    parser.add_argument("--trace", action="store_true", help="sample the learned rate")
+    parser.add_argument("--output", type=Path, default=None, help="append the cell (JSON lines)")
+    args = parser.parse_args(argv)
     undo = common.quiet_process()
     dbs = common.Databases(common.server_url())
     try:
         dbs.prepare_template()
         with dbs.fresh("ratelimit") as url:
-            cell = {
-                "name": "ratelimit",
-                **run(
-                    url,
-                    args.rows,
-                    args.rate,
-                    limit=args.limit,
-                    workers=args.workers,
-                    other_rows=args.other_rows,
-                ),
-            }
+            if args.quota is not None:
+                cell = {
+                    "name": "ratelimit_quota",
+                    **run_quota(
+                        url,
+                        args.rows,
+                        args.quota,
+                        path=args.path,
+                        workers=args.workers,
+                        concurrency=args.concurrency,
+                        ses_latency=args.ses_latency_ms / 1000,
+                    ),
+                }
+            else:
+                cell = {
+                    "name": "ratelimit",
+                    **run(
+                        url,
+                        args.rows,
+                        args.rate,
+                        provider=args.provider,
+                        path=args.path,
+                        limit=args.limit,
+                        workers=args.workers,
+                        concurrency=args.concurrency,
+                        other_rows=args.other_rows,
+                        ses_latency=args.ses_latency_ms / 1000,
+                        trace=args.trace,
+                    ),
+                }
     finally:
         dbs.close()
         undo()
+    cell["command"] = "python -m bench.ratelimit " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    cell["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if args.output is not None:
+        with args.output.open("a") as out:
+            out.write(json.dumps({k: v for k, v in cell.items() if k != "trace"}) + "\n")
     print(json.dumps(cell, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

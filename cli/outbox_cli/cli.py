@@ -510,6 +510,20 @@ def _read_payload(text: str) -> Any:
     show_default=True,
     help="When an earlier message of the ordering key fails: wait for an operator, or cancel.",
 )
+@click.option(
+    "--cooldown",
+    type=Duration(),
+    default=None,
+    help="At most one message of --cooldown-key delivered within this window (1h).",
+)
+@click.option("--cooldown-key", default=None, help="The key the cooldown is counted per.")
+@click.option(
+    "--on-cooldown",
+    type=click.Choice(["wait", "suppress"]),
+    default="wait",
+    show_default=True,
+    help="Inside another message's window: wait for its end, or end suppressed.",
+)
 @json_option
 def enqueue(
     channel: str,
@@ -521,6 +535,9 @@ def enqueue(
     max_attempts: int | None,
     ttl: float | None,
     on_predecessor_failure: str,
+    cooldown: float | None,
+    cooldown_key: str | None,
+    on_cooldown: str,
     as_json: bool,
 ) -> None:
     """Enqueue one message (validated like outbox.enqueue); prints its id."""
@@ -539,6 +556,9 @@ def enqueue(
                     max_attempts=max_attempts,
                     ttl=ttl,
                     on_predecessor_failure=on_predecessor_failure,
+                    cooldown=cooldown,
+                    cooldown_key=cooldown_key,
+                    on_cooldown=on_cooldown,
                     return_created=True,
                 )
         except ValidationError as exc:  # DedupeConflict too: nothing was written
@@ -921,7 +941,8 @@ def _pausable_channel(conn: sa.Connection, channel: str) -> str:
 def pause(channel: str, reason: str | None, as_json: bool) -> None:
     """Stop claiming CHANNEL's messages: they stay pending, no attempt counted.
 
-    Claims taken before the pause finish normally. Undo with `outbox resume`."""
+    Batches a sender is already sending finish; claims handed off but not yet
+    taken by a sender go back pending, not started. Undo with `outbox resume`."""
     from outbox import store
 
     with database() as engine, engine.begin() as conn:

@@ -146,9 +146,49 @@ def test_enqueue_with_a_ttl_and_a_failure_policy(run: Any, engine: sa.Engine) ->
     assert 4190 < float(expires_in) <= 4200  # the hour counts from when it is due
 
 
+def test_enqueue_with_a_cooldown(run: Any, engine: sa.Engine) -> None:
+    result = run(
+        "enqueue",
+        "--channel",
+        "email",
+        "--payload",
+        json.dumps(EMAIL),
+        "--cooldown",
+        "1h",
+        "--cooldown-key",
+        "user-7:digest",
+        "--on-cooldown",
+        "suppress",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    message_id = json.loads(result.stdout)["id"]
+    with engine.connect() as conn:
+        cooldown = conn.execute(
+            sa.text(
+                "SELECT cooldown_key, EXTRACT(EPOCH FROM cooldown), on_cooldown "
+                "FROM outbox_message WHERE id = :id"
+            ),
+            {"id": message_id},
+        ).one()
+    assert (cooldown[0], float(cooldown[1]), cooldown[2]) == ("user-7:digest", 3600.0, "suppress")
+    shown = run("show", str(message_id), "--json")
+    assert shown.exit_code == 0, shown.output
+    message = json.loads(shown.stdout)["message"]
+    assert (message["cooldown_key"], message["cooldown_seconds"], message["on_cooldown"]) == (
+        "user-7:digest",
+        3600.0,
+        "suppress",
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
+        (
+            ["--channel", "email", "--payload", json.dumps(EMAIL), "--cooldown", "1h"],
+            "cooldown_key",
+        ),
         (["--channel", "email", "--payload", "{not json"], "not valid JSON"),
         (["--channel", "email", "--payload", "{}"], "payload"),
         (["--channel", "carrier-pigeon", "--payload", "{}"], "unknown channel"),

@@ -15,6 +15,7 @@ from support import DOCS, doc_blocks
 
 RUN_BY = {
     "producer": "tests/docs/test_examples.py",
+    "producer-cooldown": "tests/integration/test_cooldown.py",
     "custom-channel": "tests/docs/test_examples.py",
     "custom-channel-stack": "tests/template/test_generated.py",
     "psql-enqueue": "tests/integration/test_sql_enqueue.py",

@@ -539,6 +539,38 @@ def run(
     return check(engine, sim, ids, started)
 
 
+@contextmanager
+def serving(
+    engine: sa.Engine, settings: RelaySettings, concurrency: dict[str, int], seed: int = 0
+) -> Iterator[LambdaSim]:
+    """The simulated service with no faults, for channels registered by the
+    caller (``settings.channel_functions`` must route them): the dispatcher,
+    the reaper and ``concurrency`` execution environments per channel run
+    until the block ends. For benchmarks of real channels (bench/ratelimit.py)."""
+    faults = Faults()
+    sim = LambdaSim(
+        engine, settings, SimProvider(faults, seed), faults, concurrency=concurrency, seed=seed
+    )
+    sendpool.pools = sim.pools
+    threads = [
+        threading.Thread(target=_dispatch_loop, args=(sim,), name="sim-dispatcher", daemon=True),
+        threading.Thread(target=_reap_loop, args=(sim,), name="sim-reaper", daemon=True),
+    ]
+    try:
+        for function in sim.functions.values():
+            function.start()
+        for thread in threads:
+            thread.start()
+        yield sim
+    finally:
+        sim.stopping.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        for function in sim.functions.values():
+            function.join()
+        sendpool.pools = sim.pools.original
+
+
 def _dispatch_loop(sim: LambdaSim) -> None:
     while not sim.stopping.is_set():
         dispatcher.run(

@@ -31,6 +31,7 @@ RELAY_TABLES = frozenset(
         "outbox_channel_pause",
         "outbox_channel",
         "outbox_destination",
+        "outbox_cooldown",
         VERSION_TABLE,
     }
 )

@@ -26,12 +26,13 @@ if TYPE_CHECKING:
 from . import channels, payloads, store, wake
 from .errors import DedupeConflict, SchemaMissing, ValidationError
 from .payloads import MAX_PAYLOAD_BYTES
-from .states import PredecessorFailure
+from .states import CooldownAction, PredecessorFailure
 from .store import Enqueued
 
 MAX_KEY_LENGTH = 255
 MAX_DELAY_SECONDS = 365 * 24 * 3600
 MAX_TTL_SECONDS = 366 * 24 * 3600
+MAX_COOLDOWN_SECONDS = 366 * 24 * 3600  # = the door's bound (migration 0013)
 _PRIORITY_RANGE = (-32768, 32767)  # smallint
 _MAX_ATTEMPTS_RANGE = (1, 1000)
 # A JSON escape of NUL: "\u0000" after an even number of backslashes (an odd
@@ -48,6 +49,9 @@ _FIELDS = {
     "expires_at",
     "ttl",
     "on_predecessor_failure",
+    "cooldown",
+    "cooldown_key",
+    "on_cooldown",
 }
 
 
@@ -123,6 +127,35 @@ def _on_predecessor_failure(value: Any) -> PredecessorFailure:
     return PredecessorFailure(value)
 
 
+def _cooldown(
+    cooldown: Any, cooldown_key: Any, on_cooldown: Any
+) -> tuple[float | None, str | None, CooldownAction]:
+    """(window in seconds, key, action): a window and a key together, or neither."""
+    choices = tuple(CooldownAction)
+    if on_cooldown not in choices:
+        raise ValidationError(
+            "on_cooldown",
+            f"must be one of {', '.join(repr(str(c)) for c in choices)}, got {on_cooldown!r}",
+        )
+    action = CooldownAction(on_cooldown)
+    if cooldown is None and cooldown_key is None:
+        if action is not CooldownAction.WAIT:
+            raise ValidationError("on_cooldown", "only with cooldown and cooldown_key")
+        return None, None, action
+    if cooldown is None:
+        raise ValidationError("cooldown", "is required with cooldown_key")
+    if cooldown_key is None:
+        raise ValidationError("cooldown_key", "is required with cooldown")
+    seconds = _seconds("cooldown", cooldown, 0.0, MAX_COOLDOWN_SECONDS)
+    if seconds <= 0:
+        raise ValidationError("cooldown", "must be more than 0 seconds")
+    key = _key("cooldown_key", cooldown_key)
+    # what the door refuses too: C0 and C1 control characters, DEL
+    if key is not None and any(c < " " or "\x7f" <= c <= "\x9f" for c in key):
+        raise ValidationError("cooldown_key", "must not contain control characters")
+    return seconds, key, action
+
+
 def _payload_json(channel: channels.Channel, payload: Any) -> str:
     # The shape first: a schema validator and the JSON encoder both recurse.
     payloads.check_shape(payload)
@@ -155,12 +188,16 @@ def prepare(
     expires_at: Any = None,
     ttl: Any = None,
     on_predecessor_failure: Any = "hold",
+    cooldown: Any = None,
+    cooldown_key: Any = None,
+    on_cooldown: Any = "wait",
 ) -> store.NewMessage:
     """Validate one message; raises ValidationError naming the field."""
     if not isinstance(channel, str):
         raise ValidationError("channel", f"must be a string, got {type(channel).__name__}")
     impl = channels.get(channel)
     deadline, ttl_seconds = _deliver_by(expires_at, ttl)
+    cooldown_seconds, key, action = _cooldown(cooldown, cooldown_key, on_cooldown)
     return store.NewMessage(
         channel=channel,
         payload_json=_payload_json(impl, payload),
@@ -174,6 +211,9 @@ def prepare(
         expires_at=deadline,
         ttl_seconds=ttl_seconds,
         on_predecessor_failure=_on_predecessor_failure(on_predecessor_failure),
+        cooldown_seconds=cooldown_seconds,
+        cooldown_key=key,
+        on_cooldown=action,
     )
 
 
@@ -228,6 +268,9 @@ def enqueue(
     expires_at: datetime | None = ...,
     ttl: timedelta | float | None = ...,
     on_predecessor_failure: str = ...,
+    cooldown: timedelta | float | None = ...,
+    cooldown_key: str | None = ...,
+    on_cooldown: str = ...,
     return_created: Literal[False] = ...,
 ) -> int: ...
 @overload
@@ -244,6 +287,9 @@ def enqueue(
     expires_at: datetime | None = ...,
     ttl: timedelta | float | None = ...,
     on_predecessor_failure: str = ...,
+    cooldown: timedelta | float | None = ...,
+    cooldown_key: str | None = ...,
+    on_cooldown: str = ...,
     return_created: Literal[True],
 ) -> Enqueued: ...
 def enqueue(
@@ -259,6 +305,9 @@ def enqueue(
     expires_at: datetime | None = None,
     ttl: timedelta | float | None = None,
     on_predecessor_failure: str = "hold",
+    cooldown: timedelta | float | None = None,
+    cooldown_key: str | None = None,
+    on_cooldown: str = "wait",
     return_created: bool = False,
 ) -> int | Enqueued:
     """Write one message in the caller's transaction; returns its id.
@@ -276,6 +325,10 @@ def enqueue(
     ``expires_at`` (an aware datetime) or ``ttl`` (from when the message is
     due): not delivered by then, it ends ``expired``; without either, the
     relay's DEFAULT_TTL_SECONDS applies.
+    ``cooldown`` (a timedelta or seconds) with ``cooldown_key``: at most one
+    message of the channel and key is delivered within the window; a later
+    one inside it waits for the window's end (``on_cooldown="wait"``) or ends
+    ``suppressed`` (``"suppress"``), decided in the database.
     """
     message = prepare(
         channel,
@@ -288,6 +341,9 @@ def enqueue(
         expires_at=expires_at,
         ttl=ttl,
         on_predecessor_failure=on_predecessor_failure,
+        cooldown=cooldown,
+        cooldown_key=cooldown_key,
+        on_cooldown=on_cooldown,
     )
     with _redacted_errors():
         connection = _check_connection(conn)

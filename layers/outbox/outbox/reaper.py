@@ -48,6 +48,7 @@ class ReapReport:
     pruned: int = 0
     pruned_attempts: int = 0
     released_dedupe_keys: int = 0
+    released_cooldowns: int = 0
     events_published: int = 0
     events_refused: int = 0
     events_dropped: int = 0
@@ -128,6 +129,11 @@ def run(
         engine, store.prune_dedupe_keys, settings.dedupe_window_days, time_left
     )
     count("ReleasedDedupeKeys", report.released_dedupe_keys)
+    # Cooldown rows that hold nothing any more (a window ended, a holder that
+    # ended undelivered): kept exactly as long as they hold something.
+    report.released_cooldowns = _prune(
+        engine, lambda conn, _seconds, batch: store.prune_cooldowns(conn, batch), 0, time_left
+    )
     if not outcome_events.bus:
         # Publishing is off: nothing else removes the events the trigger writes.
         with engine.begin() as conn:

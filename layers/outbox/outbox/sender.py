@@ -55,8 +55,10 @@ _NOT_STARTED = Outcome(AttemptOutcome.NOT_STARTED, error=NOT_STARTED)
 _STOPPED = Outcome(AttemptOutcome.NOT_STARTED, error=STOPPING)
 DESTINATION_THROTTLED = "destination throttled: not started"
 CHANNEL_QUOTA = "channel quota spent: not started"
+CHANNEL_PAUSED = "channel paused: not started"
 _DESTINATION_THROTTLED = Outcome(AttemptOutcome.NOT_STARTED, error=DESTINATION_THROTTLED)
 _CHANNEL_QUOTA = Outcome(AttemptOutcome.NOT_STARTED, error=CHANNEL_QUOTA)
+_CHANNEL_PAUSED = Outcome(AttemptOutcome.NOT_STARTED, error=CHANNEL_PAUSED)
 # The minimum call time: a call starts only if its deadline leaves at least
 # this long for the answer. A call started with less time would probably be
 # given up after the receiver got the request, and then be sent again. Once a
@@ -241,6 +243,10 @@ def run(
             handoff.claims,
             settings.max_attempts,
         )
+        # A channel paused since the claim (a quota another sender heard, an
+        # operator's pause) sends nothing: its rows go back as not started.
+        # Read after the receipt, so an event that owns nothing pays nothing.
+        paused = bool(rows) and store.channel_paused(conn, handoff.channel)
     report.owned = len(rows)
     owned = {r.id for r in rows}
     not_owned = [c for c in handoff.claims if c.id not in owned]
@@ -280,7 +286,14 @@ def run(
     if not rows:
         return report
     return send_then_settle(
-        engine, handoff.channel, rows, settings, remaining_seconds, channel=channel, report=report
+        engine,
+        handoff.channel,
+        rows,
+        settings,
+        remaining_seconds,
+        channel=channel,
+        report=report,
+        channel_paused=paused,
     )()
 
 
@@ -295,6 +308,7 @@ def send_then_settle(
     report: SendReport | None = None,
     stop: threading.Event | None = None,
     stop_grace: float | None = None,
+    channel_paused: bool = False,
 ) -> Callable[[], SendReport]:
     """Send now the rows whose receipt this process holds, and return their
     settle (one fenced statement, the log line and the metrics) for the caller
@@ -306,7 +320,14 @@ def send_then_settle(
     ``stop_grace``, calls still running that long after the stop are given up
     as retries, because their outcome is unknown. The process can then settle
     and exit within a container's stop grace instead of waiting for the
-    calls' deadlines."""
+    calls' deadlines.
+
+    ``channel_paused``: the channel was paused after these rows were claimed,
+    so none is sent; each goes back to pending with no attempt counted.
+
+    A batch that heard a throttling or quota answer is settled before this
+    returns, so that its pauses are written before the caller claims again
+    (``outbox worker`` claims its next batch while the last one settles)."""
     if report is None:
         report = SendReport(received=len(rows), owned=len(rows))
     if channel is None:
@@ -317,12 +338,14 @@ def send_then_settle(
     owned = {r.id for r in rows}
     throttled: dict[str, store.Throttled] = {}
     quota: tuple[str, float | None] | None = None
-    if missing is not None or channel is None:
+    if channel_paused:
+        results: dict[int, _Result] = {r.id: (_CHANNEL_PAUSED, None) for r in rows}
+    elif missing is not None or channel is None:
         # Nothing here can send this channel. Fail the rows at once with the
         # reason, rather than let them come back again and again until dead.
         reason = missing or f"channel {channel_name!r} is unavailable"
         log.error("channel cannot send; rows failed", extra={"channel": channel_name})
-        results: dict[int, _Result] = {r.id: (Outcome.failed(reason), None) for r in rows}
+        results = {r.id: (Outcome.failed(reason), None) for r in rows}
     else:
         margin = settings.settle_margin_seconds
         lambda_left = remaining_seconds()
@@ -381,6 +404,11 @@ def send_then_settle(
         for row in rows
         for outcome, duration_ms in [results[row.id]]
     ]
+    if throttled or quota:
+        settled = _settle(
+            engine, channel_name, settlements, backoff, owned, report, throttled, quota
+        )
+        return lambda: settled
     return functools.partial(
         _settle, engine, channel_name, settlements, backoff, owned, report, throttled, quota
     )

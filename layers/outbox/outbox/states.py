@@ -106,3 +106,11 @@ class PredecessorFailure(StrEnum):
 
     HOLD = "hold"
     CANCEL = "cancel"
+
+
+class CooldownAction(StrEnum):
+    """``outbox_message.on_cooldown``: what a row does when another message of
+    its (channel, cooldown_key) was delivered within that one's window."""
+
+    WAIT = "wait"
+    SUPPRESS = "suppress"

@@ -41,6 +41,7 @@ Rules every statement here keeps (docs/design.md, invariants 1-7):
 
 from ..limits import check_destination, check_limit
 from ._sql import array_literal
+from .cooldown import prune_cooldowns
 from .delivery import (
     ChannelLoad,
     Claim,
@@ -108,6 +109,7 @@ from .rates import (
     DestinationFigures,
     Throttled,
     apply_configured_limits,
+    channel_paused,
     clear_limit,
     destination_figures,
     next_resume,
@@ -166,6 +168,7 @@ __all__ = [
     "channel_backlog",
     "channel_has_rows",
     "channel_load",
+    "channel_paused",
     "channel_status_counts",
     "channels_with_rows",
     "check_destination",
@@ -191,6 +194,7 @@ __all__ = [
     "payload_json",
     "prune",
     "prune_attempts",
+    "prune_cooldowns",
     "prune_cutoff",
     "prune_dedupe_keys",
     "prune_settled_before",

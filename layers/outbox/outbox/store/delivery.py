@@ -18,6 +18,9 @@ from ..limits import CHANNEL_WIDE
 from ..payloads import MAX_STORED_BYTES
 from ..states import SETTLE_OUTCOMES
 from ._sql import array_literal, json_document, statement
+from .cooldown import CLAIM_GATE as COOLDOWN_GATE
+from .cooldown import CLAIM_PASSES as COOLDOWN_PASSES
+from .cooldown import SETTLE_WINDOW as COOLDOWN_WINDOW
 from .policy import BACKOFF_SQL, DEADLINE_SQL, EXHAUSTED_SQL, EXPIRED_PREFIX, Backoff, bounded_delay
 from .rates import BUCKETED_SQL, TOKENS_NOW_SQL
 
@@ -159,7 +162,7 @@ _CLAIM = f"""
         -- A paused or bucketed destination is skipped in the scan (one hashed
         -- subplan), so the rows of the others fill the batch.
         SELECT m.id, m.priority, m.available_at, m.channel,
-               COALESCE(m.destination, '') AS destination
+               COALESCE(m.destination, '') AS destination, m.cooldown_key
         FROM outbox_message AS m
         WHERE {{claimable}}
           AND (m.channel, COALESCE(m.destination, '')) NOT IN (
@@ -178,7 +181,7 @@ _CLAIM = f"""
         -- (the per-destination due index: a probe each).
         SELECT r.* FROM bucket AS b
         CROSS JOIN LATERAL (
-            SELECT m.id, m.priority, m.available_at, m.channel, b.destination
+            SELECT m.id, m.priority, m.available_at, m.channel, b.destination, m.cooldown_key
             FROM outbox_message AS m
             WHERE m.channel = b.channel AND m.destination = b.destination AND {{claimable}}
             ORDER BY m.priority DESC, m.available_at, m.id
@@ -197,7 +200,7 @@ _CLAIM = f"""
         SELECT r.* FROM channel_bucket AS cb
         CROSS JOIN LATERAL (
             SELECT m.id, m.priority, m.available_at, m.channel,
-                   COALESCE(m.destination, '') AS destination
+                   COALESCE(m.destination, '') AS destination, m.cooldown_key
             FROM outbox_message AS m
             WHERE m.channel = cb.channel AND {{claimable}}
               AND (m.channel, COALESCE(m.destination, '')) NOT IN (
@@ -236,13 +239,13 @@ _CLAIM = f"""
         -- A channel limited as a whole takes at most the tokens its own bucket
         -- holds, whichever of its destinations the rows go to: its first rows in
         -- the batch's order, so the batch's LIMIT can only take fewer.
-        SELECT a.id FROM allowed AS a
+        SELECT a.id, a.channel, a.cooldown_key, a.priority, a.available_at FROM allowed AS a
         LEFT JOIN channel_bucket AS cb ON cb.channel = a.channel
         WHERE cb.tokens IS NULL OR a.in_channel <= floor(cb.tokens)
         ORDER BY a.priority DESC, a.turn, a.available_at, a.id
         LIMIT :batch_size
     ),
-    claimed AS (
+{COOLDOWN_GATE}    claimed AS (
     UPDATE outbox_message AS m
     SET status = 'claimed', claim_token = gen_random_uuid(), claimed_at = now(),
         lease_expires_at = now() + make_interval(secs => :lease_seconds),
@@ -254,6 +257,7 @@ _CLAIM = f"""
     -- index against the batch instead of looking each id up (150 ms a claim
     -- after a burst of 10,000 rows on an idle table).
     WHERE m.id = due.id AND (m.status = 'pending') IS TRUE
+      AND {COOLDOWN_PASSES}
     RETURNING {{returning}}
     ),
     spent AS (
@@ -661,8 +665,8 @@ _SETTLE = statement(
         WHERE m.id = d.id AND m.claim_token = d.token AND m.status = 'claimed'
         RETURNING m.id, m.status, m.claimed_at, m.last_error, m.channel,
                   m.recipient_fingerprints, d.outcome, d.attempts_after, d.error,
-                  d.provider_id, d.duration_ms
-    ),
+                  d.provider_id, d.duration_ms, m.cooldown_key, m.cooldown
+    ),{COOLDOWN_WINDOW}
     logged AS (
         INSERT INTO outbox_attempt
             (message_id, attempt, outcome, error, provider_message_id, claimed_at, duration_ms,

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from ..errors import DedupeConflict, OutboxError, ValidationError
 from ..settings import OUTBOX_SCHEMA
-from ..states import PredecessorFailure
+from ..states import CooldownAction, PredecessorFailure
 from ._sql import array_literal, statement
 
 
@@ -32,6 +32,11 @@ class NewMessage:
     expires_at: str | None = None
     ttl_seconds: float | None = None
     on_predecessor_failure: str = PredecessorFailure.HOLD
+    # At most one message per (channel, cooldown_key) delivered within a window
+    # (docs/design.md, invariant 11): the window in seconds, or None for none.
+    cooldown_seconds: float | None = None
+    cooldown_key: str | None = None
+    on_cooldown: str = CooldownAction.WAIT
 
 
 def payload_json(payload: Any) -> str:
@@ -54,13 +59,22 @@ _ENQUEUE_MANY = """
         CAST(:channels AS text[]), CAST(:payloads AS jsonb), CAST(:dedupe_keys AS text[]),
         CAST(:ordering_keys AS text[]), CAST(:priorities AS int[]), CAST(:delays AS float8[]),
         CAST(:max_attempts AS int[]), CAST(:expires_at AS timestamptz[]),
-        CAST(:ttls AS float8[]), CAST(:on_predecessor_failure AS text[]))
+        CAST(:ttls AS float8[]), CAST(:on_predecessor_failure AS text[]){cooldown})
 """
+# The cooldown options go by name, and only when a message has one: a batch
+# without them is the call every release since 0009 understands, so a producer
+# upgraded before `outbox migrate` ran keeps working for it.
+_COOLDOWN_ARGUMENTS = """,
+        p_cooldowns => CAST(:cooldowns AS float8[]),
+        p_cooldown_keys => CAST(:cooldown_keys AS text[]),
+        p_on_cooldown => CAST(:on_cooldown AS text[])"""
 
 
 @functools.lru_cache(maxsize=8)
-def _enqueue_many(schema: str) -> sa.TextClause:
-    return statement(_ENQUEUE_MANY.format(schema=schema))
+def _enqueue_many(schema: str, cooldown: bool) -> sa.TextClause:
+    return statement(
+        _ENQUEUE_MANY.format(schema=schema, cooldown=_COOLDOWN_ARGUMENTS if cooldown else "")
+    )
 
 
 def outbox_schema() -> str:
@@ -100,7 +114,14 @@ def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list
         "ttls": array_literal(m.ttl_seconds for m in messages),
         "on_predecessor_failure": array_literal([m.on_predecessor_failure for m in messages]),
     }
-    rows = conn.execute(_enqueue_many(outbox_schema()), params).all()
+    cooldown = any(m.cooldown_key is not None for m in messages)
+    if cooldown:
+        params["cooldowns"] = array_literal(m.cooldown_seconds for m in messages)
+        params["cooldown_keys"] = array_literal([m.cooldown_key for m in messages])
+        params["on_cooldown"] = array_literal(
+            [None if m.cooldown_key is None else m.on_cooldown for m in messages]
+        )
+    rows = conn.execute(_enqueue_many(outbox_schema(), cooldown), params).all()
     first = rows[0]
     if first.refused_field is not None:
         refused = ValidationError(first.refused_field, first.refused_problem)

@@ -134,7 +134,8 @@ def channel_status_counts(conn: sa.Connection) -> list[ChannelStatusCount]:
 _MESSAGE_COLUMNS = """
     id, channel, status, priority, attempts, max_attempts, deferrals, dedupe_key, ordering_key,
     on_predecessor_failure, provider_message_id, last_error, claim_token, created_at,
-    available_at, claimed_at, received_at, lease_expires_at, expires_at, settled_at
+    available_at, claimed_at, received_at, lease_expires_at, expires_at, settled_at,
+    cooldown_key, CAST(EXTRACT(EPOCH FROM cooldown) AS float8) AS cooldown_seconds, on_cooldown
 """
 
 _LIST_MESSAGES = statement(

@@ -4,12 +4,25 @@ and the SQL the claim reads them with (docs/design.md, invariant 10).
 A destination (``outbox_message.destination``, set on insert from the
 channel and payload) that answers "slow down" gets a row in
 ``outbox_destination``: paused until the time it asked for (or the relay's
-own short pause), and a learned rate, cut by ``RATE_DECREASE`` on each fresh
-throttling answer and grown again by ``RATE_INCREASE_PER_SECOND`` of itself
-for every second since (additive increase, multiplicative decrease, as TCP
-does). The claim draws each such destination's rows from a token bucket
-refilled at that rate, so a steady backlog settles just under what the
-receiver admits and each refused call costs one call, not one per message.
+own short pause), and a learned rate. The claim draws each such
+destination's rows from a token bucket refilled at that rate, so a steady
+backlog settles at what the receiver admits and each refused call costs one
+call, not one per message.
+
+The learned rate follows TCP CUBIC's shape (RFC 8312), in messages a second
+instead of a window. Each fresh throttling answer marks a *plateau*: the rate
+then (no higher than the operator's limit). The rate is cut to
+``RATE_DECREASE`` of the plateau, grows back quickly while far below it,
+flattens as it nears it (reached ``PLATEAU_SECONDS`` after the cut), stays
+close to it for a while, then probes above it ever faster. A receiver's
+admitted rate sits just under the plateau, so the relay asks at about that
+rate for a long time and is refused rarely; a rate that is too high (the
+first guess, or a receiver that slowed down) is refused again within
+``RESUMED_SECONDS`` of the pause's end and is halved at once.
+
+Only ``rate`` (the rate just after the cut: the plateau is ``rate /
+RATE_DECREASE``) and ``rate_at`` (when) are stored; the claim computes the
+rate now from them.
 
 A quota answer pauses the whole channel (``outbox_channel_pause``) until the
 provider's reset or ``QUOTA_PAUSE_SECONDS``; the claim skips it till then.
@@ -30,19 +43,37 @@ from ._sql import array_literal, check_channels, json_document, statement
 THROTTLE_PAUSE_SECONDS = 1.0
 # How long a channel waits after a quota answer that named no reset time.
 QUOTA_PAUSE_SECONDS = 3600.0
-# The learned rate after a throttling answer, as a share of the rate then.
-RATE_DECREASE = 0.8
-# How fast the learned rate grows back: this share of itself, each second.
-RATE_INCREASE_PER_SECOND = 0.05
+# The learned rate after a throttling answer, as a share of the plateau (the
+# rate then). A gentle cut: the pause the provider asked for has already
+# slowed the destination down, and every second spent well under what the
+# receiver admits is lost (bench/README.md, "Rate limits").
+RATE_DECREASE = 0.9
+# Seconds from a cut until the rate is back at the plateau. Long, so that the
+# relay stays near the plateau and is refused seldom; it grows fast while far
+# below it (the curve is a cube), so little is lost on the way up.
+PLATEAU_SECONDS = 15.0
+# How fast the curve bends: the cube through (0, RATE_DECREASE) and
+# (PLATEAU_SECONDS, 1), as shares of the plateau.
+_CUBE = (1 - RATE_DECREASE) / PLATEAU_SECONDS**3
+# A throttling answer within this many seconds of the last pause's end means
+# the rate was far too high (the receiver's burst, which refilled during the
+# pause, was spent at once: the first guess, which a batch measures over its
+# own short burst, or a receiver that slowed down): the plateau is then half
+# the rate. Near the plateau the receiver's burst lasts many seconds.
+RESUMED_SECONDS = 2.0
+FAST_DECREASE = 0.5
 # The learned rate never falls below this (messages a second).
 MIN_RATE = 0.1
 # No pause is longer than a day, whatever a provider answers.
 MAX_PAUSE_SECONDS = 86400.0
 
-# The learned rate of destination row ``d`` now: as learned, grown since.
+# The learned rate of destination row ``d`` now: the plateau (``d.rate /
+# RATE_DECREASE``) times the cube of the seconds since the cut (``d.rate_at``):
+# ``d.rate`` at the cut, the plateau after PLATEAU_SECONDS, above it after.
+_FROM_PLATEAU_SQL = f"(GREATEST(0, EXTRACT(EPOCH FROM now() - d.rate_at)) - {PLATEAU_SECONDS!r})"
 RATE_NOW_SQL = (
-    f"(d.rate * (1 + {RATE_INCREASE_PER_SECOND} "
-    "* GREATEST(0, EXTRACT(EPOCH FROM now() - d.rate_at))))"
+    f"(d.rate / {RATE_DECREASE!r} * (1 + {_CUBE!r} * {_FROM_PLATEAU_SQL} "
+    f"* {_FROM_PLATEAU_SQL} * {_FROM_PLATEAU_SQL}))"
 )
 # The rate its bucket refills at: the operator's limit, or the learned rate,
 # whichever is lower (NULL: neither, no bucket).
@@ -81,10 +112,26 @@ class Throttled:
     asked_rate: float
 
 
+# Whether destination row ``d`` is in the pause of its first throttling
+# answers: its rate was cut once, in the minute it counts throttles from
+# (``rate_at`` is then ``minute_start``, and every answer it counted is of
+# that minute).
+FIRST_PAUSE_SQL = "(d.rate_at = d.minute_start AND d.throttled_total = d.throttled_minute)"
+
 # One statement for every throttled destination of a batch. A destination
 # already paused when the answer came (an answer to a call that was already
 # under way) lengthens the pause but does not cut the rate again: one cut
-# per signal, however many senders heard it.
+# per signal, however many senders heard it. Except in its first pause: the
+# first estimate is what each sender saw delivered, and several senders at
+# once (a function's execution environments, several workers) each saw their
+# own share, so their estimates add up (the sum is too high rather than too
+# low: a rate far too high is halved within seconds, while one far too low
+# takes a minute or more to climb back). The plateau of a fresh answer is
+# the rate now, held to the operator's limit; on a destination's first answer
+# (nothing learned yet) the rate the sender had asked at. After a long quiet
+# spell the curve has grown far past anything the receiver ever admitted, so
+# the plateau is also held to the higher of the sender's estimate and the
+# last plateau.
 _THROTTLED = statement(
     f"""
     INSERT INTO outbox_destination AS d
@@ -97,12 +144,20 @@ _THROTTLED = statement(
         AS t(destination text, pause_s float8, answers int, asked_rate float8)
     ON CONFLICT (channel, destination) DO UPDATE SET
         paused_until = GREATEST(d.paused_until, EXCLUDED.paused_until),
-        rate = CASE WHEN d.paused_until > now() AND d.rate IS NOT NULL THEN d.rate
-                    -- (LEAST ignores a NULL: no limit, or nothing learned yet)
+        rate = CASE WHEN d.paused_until > now() AND d.rate IS NOT NULL
+                    THEN CASE WHEN {FIRST_PAUSE_SQL}
+                              THEN LEAST(d.rate + EXCLUDED.rate, {RATE_DECREASE} * d.limit_rate)
+                              ELSE d.rate END
+                    -- (LEAST and GREATEST ignore a NULL: no limit, or nothing learned yet)
                     ELSE GREATEST({MIN_RATE}, {RATE_DECREASE} * CASE
                         WHEN d.rate IS NULL
                         THEN LEAST(EXCLUDED.rate / {RATE_DECREASE}, d.limit_rate)
-                        ELSE LEAST({RATE_NOW_SQL}, d.limit_rate) END) END,
+                        ELSE LEAST({RATE_NOW_SQL}, d.limit_rate,
+                                   GREATEST(EXCLUDED.rate, d.rate) / {RATE_DECREASE})
+                             * CASE WHEN now() < d.paused_until
+                                                 + make_interval(secs => {RESUMED_SECONDS})
+                                    THEN {FAST_DECREASE} ELSE 1 END
+                        END) END,
         rate_at = CASE WHEN d.paused_until > now() AND d.rate IS NOT NULL THEN d.rate_at
                        ELSE now() END,
         tokens = 0,
@@ -115,6 +170,22 @@ _THROTTLED = statement(
                             THEN d.minute_start ELSE now() END
     """
 )
+
+# Whether a channel is paused now: a quota's pause not yet over, or an
+# operator's (no end). A primary-key probe, read by a sender right after its
+# receipt, once per event.
+_CHANNEL_PAUSED = statement(
+    """
+    SELECT EXISTS (SELECT 1 FROM outbox_channel_pause
+                   WHERE channel = :channel AND (paused_until IS NULL OR paused_until > now()))
+    """
+)
+
+
+def channel_paused(conn: sa.Connection, channel: str) -> bool:
+    """Whether ``channel`` is paused now (by a quota or an operator)."""
+    return bool(conn.execute(_CHANNEL_PAUSED, {"channel": channel}).scalar_one())
+
 
 # A quota pause ends by itself; an operator's pause (no end) is never
 # shortened by one, and keeps its reason.

@@ -32,6 +32,36 @@ CREATE FUNCTION public.outbox_addresses(channel text, payload jsonb) RETURNS SET
         WHERE a IS NOT NULL
     $$;
 
+-- Name: outbox_cooldown_problem(interval, text, text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_cooldown_problem(cooldown interval, cooldown_key text, on_cooldown text) RETURNS TABLE(field text, problem text)
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT v.field, v.problem FROM (VALUES
+        (1, 'cooldown', CASE WHEN cooldown IS NULL AND cooldown_key IS NOT NULL
+            THEN 'is required with cooldown_key'
+            WHEN cooldown <= interval '0' OR cooldown > interval '366 days'
+                 OR NOT isfinite(cooldown)
+            THEN 'must be more than 0 seconds and at most 366 days' END),
+        (2, 'cooldown_key', CASE WHEN cooldown_key IS NULL AND cooldown IS NOT NULL
+            THEN 'is required with cooldown'
+            WHEN NOT char_length(cooldown_key) BETWEEN 1 AND 255
+            THEN 'must be 1 to 255 characters'
+            WHEN cooldown_key ~ '[\x01-\x1f\x7f-\x9f]'
+            THEN 'must not contain control characters' END),
+        (3, 'on_cooldown', CASE
+            WHEN COALESCE(on_cooldown, 'wait') NOT IN ('wait', 'suppress')
+            THEN format('must be one of ''wait'', ''suppress'', got %s',
+                        public.outbox_quote_text(on_cooldown))
+            WHEN on_cooldown = 'suppress' AND cooldown IS NULL
+            THEN 'only with cooldown and cooldown_key' END)
+    ) AS v(n, field, problem)
+    WHERE v.problem IS NOT NULL
+    ORDER BY v.n
+    LIMIT 1
+$$;
+
 -- Name: outbox_dedupe_identity(text, jsonb, text[]); Type: FUNCTION
 
 CREATE FUNCTION public.outbox_dedupe_identity(channel text, payload jsonb, addresses text[]) RETURNS text
@@ -56,24 +86,100 @@ CREATE FUNCTION public.outbox_destination_of(channel text, payload jsonb) RETURN
                 END, '')
         $$;
 
--- Name: outbox_enqueue(text, jsonb, text, text, integer, interval, integer, timestamp with time zone, interval, text); Type: FUNCTION
+-- Name: outbox_enqueue(text, jsonb, text, text, integer, interval, integer, timestamp with time zone, interval, text, interval, text, text); Type: FUNCTION
 
-CREATE FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text DEFAULT NULL::text, ordering_key text DEFAULT NULL::text, priority integer DEFAULT 0, delay interval DEFAULT NULL::interval, max_attempts integer DEFAULT NULL::integer, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, ttl interval DEFAULT NULL::interval, on_predecessor_failure text DEFAULT 'hold'::text) RETURNS bigint
+CREATE FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text DEFAULT NULL::text, ordering_key text DEFAULT NULL::text, priority integer DEFAULT 0, delay interval DEFAULT NULL::interval, max_attempts integer DEFAULT NULL::integer, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, ttl interval DEFAULT NULL::interval, on_predecessor_failure text DEFAULT 'hold'::text, cooldown interval DEFAULT NULL::interval, cooldown_key text DEFAULT NULL::text, on_cooldown text DEFAULT 'wait'::text) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
-    p_channel text := outbox_enqueue.channel;
-    p_payload jsonb := outbox_enqueue.payload;
-    p_dedupe text := outbox_enqueue.dedupe_key;
-    p_ordering text := outbox_enqueue.ordering_key;
-    p_priority integer := COALESCE(outbox_enqueue.priority, 0);
-    p_delay interval := COALESCE(outbox_enqueue.delay, interval '0');
-    p_max integer := outbox_enqueue.max_attempts;
-    p_expires timestamptz := outbox_enqueue.expires_at;
-    p_ttl interval := outbox_enqueue.ttl;
-    p_on_failure text := COALESCE(outbox_enqueue.on_predecessor_failure, 'hold');
+    p_cooldown interval := outbox_enqueue.cooldown;
+    p_key text := outbox_enqueue.cooldown_key;
+    p_action text := COALESCE(outbox_enqueue.on_cooldown, 'wait');
+    f record;
+    new_id bigint;
+BEGIN
+    SELECT * INTO f FROM outbox_cooldown_problem(p_cooldown, p_key, p_action);
+    IF FOUND THEN
+        PERFORM outbox_enqueue_refuse(f.field, f.problem);
+    END IF;
+    new_id := outbox_enqueue_core(outbox_enqueue.channel, outbox_enqueue.payload,
+        outbox_enqueue.dedupe_key, outbox_enqueue.ordering_key, outbox_enqueue.priority,
+        outbox_enqueue.delay, outbox_enqueue.max_attempts, outbox_enqueue.expires_at,
+        outbox_enqueue.ttl, outbox_enqueue.on_predecessor_failure);
+    -- The core draws a fresh id for every message it checked: the id it
+    -- returns is that one when it wrote the message, an older one for a replay
+    -- (which is left as it was).
+    IF p_cooldown IS NOT NULL AND new_id = currval('outbox_message_id_seq') THEN
+        UPDATE outbox_message AS m
+        SET cooldown_key = p_key, cooldown = make_interval(secs => EXTRACT(EPOCH FROM p_cooldown)),
+            on_cooldown = p_action
+        WHERE m.id = new_id;
+    END IF;
+    RETURN new_id;
+END
+$$;
+
+-- Name: outbox_enqueue_builtin_fields(text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_enqueue_builtin_fields(channel text) RETURNS TABLE(field text, kind text, required boolean)
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT f.field, f.kind, f.required
+    FROM (VALUES
+                ('email', 'from', 'string', true),
+                ('email', 'to', 'array', true),
+                ('email', 'cc', 'array', false),
+                ('email', 'bcc', 'array', false),
+                ('email', 'reply_to', 'array', false),
+                ('email', 'subject', 'string', true),
+                ('email', 'text', 'string', false),
+                ('email', 'html', 'string', false),
+                ('sms', 'to', 'string', true),
+                ('sms', 'message', 'string', true),
+                ('sms', 'sender_id', 'string', false),
+                ('sms', 'sms_type', NULL, false),
+                ('push', 'endpoint_arn', 'string', true),
+                ('push', 'title', 'string', false),
+                ('push', 'body', 'string', true),
+                ('push', 'data', 'object', false),
+                ('webhook', 'url', 'string', true),
+                ('webhook', 'event_type', 'string', true),
+                ('webhook', 'body', 'object', true),
+                ('webhook', 'secret_id', 'string', false),
+                ('eventbridge', 'source', 'string', true),
+                ('eventbridge', 'detail_type', 'string', true),
+                ('eventbridge', 'detail', 'object', true),
+                ('eventbridge', 'event_bus', 'string', false),
+                ('eventbridge', 'resources', 'array', false),
+                ('sqs', 'queue_url', 'string', true),
+                ('sqs', 'body', 'string', true),
+                ('sqs', 'delay_seconds', 'integer', false),
+                ('sqs', 'attributes', 'object', false)
+         ) AS f(channel, field, kind, required)
+    WHERE f.channel = outbox_enqueue_builtin_fields.channel
+$$;
+
+-- Name: outbox_enqueue_core(text, jsonb, text, text, integer, interval, integer, timestamp with time zone, interval, text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_enqueue_core(channel text, payload jsonb, dedupe_key text DEFAULT NULL::text, ordering_key text DEFAULT NULL::text, priority integer DEFAULT 0, delay interval DEFAULT NULL::interval, max_attempts integer DEFAULT NULL::integer, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, ttl interval DEFAULT NULL::interval, on_predecessor_failure text DEFAULT 'hold'::text) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    p_channel text := outbox_enqueue_core.channel;
+    p_payload jsonb := outbox_enqueue_core.payload;
+    p_dedupe text := outbox_enqueue_core.dedupe_key;
+    p_ordering text := outbox_enqueue_core.ordering_key;
+    p_priority integer := COALESCE(outbox_enqueue_core.priority, 0);
+    p_delay interval := COALESCE(outbox_enqueue_core.delay, interval '0');
+    p_max integer := outbox_enqueue_core.max_attempts;
+    p_expires timestamptz := outbox_enqueue_core.expires_at;
+    p_ttl interval := outbox_enqueue_core.ttl;
+    p_on_failure text := COALESCE(outbox_enqueue_core.on_predecessor_failure, 'hold');
     f record;
     builtin boolean := false;
     new_id bigint;
@@ -143,50 +249,61 @@ BEGIN
 END
 $$;
 
--- Name: outbox_enqueue_builtin_fields(text); Type: FUNCTION
+-- Name: outbox_enqueue_many(text[], jsonb, text[], text[], integer[], double precision[], integer[], timestamp with time zone[], double precision[], text[], double precision[], text[], text[]); Type: FUNCTION
 
-CREATE FUNCTION public.outbox_enqueue_builtin_fields(channel text) RETURNS TABLE(field text, kind text, required boolean)
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+CREATE FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[], p_cooldowns double precision[] DEFAULT NULL::double precision[], p_cooldown_keys text[] DEFAULT NULL::text[], p_on_cooldown text[] DEFAULT NULL::text[]) RETURNS TABLE(ord bigint, conflict boolean, id bigint, created boolean, first_ord bigint, held_id bigint, refused_field text, refused_problem text)
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
-    SELECT f.field, f.kind, f.required
-    FROM (VALUES
-                ('email', 'from', 'string', true),
-                ('email', 'to', 'array', true),
-                ('email', 'cc', 'array', false),
-                ('email', 'bcc', 'array', false),
-                ('email', 'reply_to', 'array', false),
-                ('email', 'subject', 'string', true),
-                ('email', 'text', 'string', false),
-                ('email', 'html', 'string', false),
-                ('sms', 'to', 'string', true),
-                ('sms', 'message', 'string', true),
-                ('sms', 'sender_id', 'string', false),
-                ('sms', 'sms_type', NULL, false),
-                ('push', 'endpoint_arn', 'string', true),
-                ('push', 'title', 'string', false),
-                ('push', 'body', 'string', true),
-                ('push', 'data', 'object', false),
-                ('webhook', 'url', 'string', true),
-                ('webhook', 'event_type', 'string', true),
-                ('webhook', 'body', 'object', true),
-                ('webhook', 'secret_id', 'string', false),
-                ('eventbridge', 'source', 'string', true),
-                ('eventbridge', 'detail_type', 'string', true),
-                ('eventbridge', 'detail', 'object', true),
-                ('eventbridge', 'event_bus', 'string', false),
-                ('eventbridge', 'resources', 'array', false),
-                ('sqs', 'queue_url', 'string', true),
-                ('sqs', 'body', 'string', true),
-                ('sqs', 'delay_seconds', 'integer', false),
-                ('sqs', 'attributes', 'object', false)
-         ) AS f(channel, field, kind, required)
-    WHERE f.channel = outbox_enqueue_builtin_fields.channel
+#variable_conflict use_column
+DECLARE
+    bad record;
+    result jsonb;
+BEGIN
+    IF p_cooldowns IS NULL AND p_cooldown_keys IS NULL AND p_on_cooldown IS NULL THEN
+        RETURN QUERY SELECT * FROM outbox_enqueue_many_core(p_channels, p_payloads,
+            p_dedupe_keys, p_ordering_keys, p_priorities, p_delays, p_max_attempts,
+            p_expires_at, p_ttls, p_on_predecessor_failure);
+        RETURN;
+    END IF;
+    IF cardinality(p_cooldowns) IS DISTINCT FROM cardinality(p_channels)
+       OR cardinality(p_cooldown_keys) IS DISTINCT FROM cardinality(p_channels)
+       OR cardinality(p_on_cooldown) IS DISTINCT FROM cardinality(p_channels) THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = 'cooldowns: give p_cooldowns, p_cooldown_keys and p_on_cooldown, '
+                      'one per channel';
+    END IF;
+    SELECT c.ord, p.field, p.problem INTO bad
+    FROM ROWS FROM (unnest(p_cooldowns), unnest(p_cooldown_keys), unnest(p_on_cooldown))
+        WITH ORDINALITY AS c(cooldown_s, cooldown_key, on_cooldown, ord)
+    CROSS JOIN LATERAL outbox_cooldown_problem(CASE WHEN c.cooldown_s BETWEEN -1e9 AND 1e9 THEN make_interval(secs => c.cooldown_s) WHEN c.cooldown_s IS NOT NULL THEN interval '367 days' END, c.cooldown_key, c.on_cooldown) AS p
+    ORDER BY c.ord LIMIT 1;
+    IF FOUND THEN
+        RETURN QUERY SELECT bad.ord, false, NULL::bigint, false, NULL::bigint, NULL::bigint,
+                            bad.field, bad.problem;
+        RETURN;
+    END IF;
+    SELECT jsonb_agg(to_jsonb(r) ORDER BY r.ord) INTO result
+    FROM outbox_enqueue_many_core(p_channels, p_payloads, p_dedupe_keys, p_ordering_keys,
+        p_priorities, p_delays, p_max_attempts, p_expires_at, p_ttls,
+        p_on_predecessor_failure) AS r;
+    -- A new statement, so it sees the rows the core wrote; a replay is left as it was.
+    UPDATE outbox_message AS m
+    SET cooldown_key = c.cooldown_key, cooldown = make_interval(secs => c.cooldown_s),
+        on_cooldown = COALESCE(c.on_cooldown, 'wait')
+    FROM jsonb_to_recordset(result) AS r(ord bigint, conflict boolean, id bigint, created boolean, first_ord bigint,
+             held_id bigint, refused_field text, refused_problem text)
+    JOIN ROWS FROM (unnest(p_cooldowns), unnest(p_cooldown_keys), unnest(p_on_cooldown))
+        WITH ORDINALITY AS c(cooldown_s, cooldown_key, on_cooldown, ord) ON c.ord = r.ord
+    WHERE r.created AND m.id = r.id AND c.cooldown_key IS NOT NULL;
+    RETURN QUERY SELECT r.* FROM jsonb_to_recordset(result) AS r(ord bigint, conflict boolean, id bigint, created boolean, first_ord bigint,
+             held_id bigint, refused_field text, refused_problem text) ORDER BY r.ord;
+END
 $$;
 
--- Name: outbox_enqueue_many(text[], jsonb, text[], text[], integer[], double precision[], integer[], timestamp with time zone[], double precision[], text[]); Type: FUNCTION
+-- Name: outbox_enqueue_many_core(text[], jsonb, text[], text[], integer[], double precision[], integer[], timestamp with time zone[], double precision[], text[]); Type: FUNCTION
 
-CREATE FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]) RETURNS TABLE(ord bigint, conflict boolean, id bigint, created boolean, first_ord bigint, held_id bigint, refused_field text, refused_problem text)
+CREATE FUNCTION public.outbox_enqueue_many_core(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]) RETURNS TABLE(ord bigint, conflict boolean, id bigint, created boolean, first_ord bigint, held_id bigint, refused_field text, refused_problem text)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $_$
@@ -657,6 +774,17 @@ CREATE TABLE public.outbox_channel_pause (
     CONSTRAINT outbox_channel_pause_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text))
 );
 
+-- Name: outbox_cooldown; Type: TABLE
+
+CREATE TABLE public.outbox_cooldown (
+    channel text NOT NULL,
+    cooldown_key text NOT NULL,
+    message_id bigint NOT NULL,
+    until timestamp with time zone,
+    taken_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT outbox_cooldown_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text))
+);
+
 -- Name: outbox_dedupe; Type: TABLE
 
 CREATE TABLE public.outbox_dedupe (
@@ -730,10 +858,14 @@ CREATE TABLE public.outbox_message (
     recipient_fingerprints bytea[] DEFAULT '{}'::bytea[] NOT NULL,
     attempts_at_redrive integer DEFAULT 0 NOT NULL,
     destination text,
+    cooldown_key text,
+    cooldown interval,
+    on_cooldown text,
     CONSTRAINT outbox_message_attempts_at_redrive_check CHECK ((attempts_at_redrive >= 0)),
     CONSTRAINT outbox_message_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT outbox_message_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text)),
     CONSTRAINT outbox_message_claim_consistent CHECK (((status = 'claimed'::text) = ((claim_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT outbox_message_cooldown_check CHECK ((((cooldown_key IS NULL) = (cooldown IS NULL)) AND ((cooldown_key IS NULL) = (on_cooldown IS NULL)) AND ((on_cooldown IS NULL) OR (on_cooldown = ANY (ARRAY['wait'::text, 'suppress'::text]))) AND ((cooldown IS NULL) OR (cooldown > '00:00:00'::interval)))),
     CONSTRAINT outbox_message_deferrals_check CHECK ((deferrals >= 0)),
     CONSTRAINT outbox_message_max_attempts_check CHECK ((max_attempts > 0)),
     CONSTRAINT outbox_message_on_predecessor_failure_check CHECK ((on_predecessor_failure = ANY (ARRAY['hold'::text, 'cancel'::text]))),
@@ -797,6 +929,11 @@ ALTER TABLE ONLY public.outbox_channel_pause
 ALTER TABLE ONLY public.outbox_channel
     ADD CONSTRAINT outbox_channel_pkey PRIMARY KEY (name);
 
+-- Name: outbox_cooldown outbox_cooldown_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_cooldown
+    ADD CONSTRAINT outbox_cooldown_pkey PRIMARY KEY (channel, cooldown_key);
+
 -- Name: outbox_dedupe outbox_dedupe_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.outbox_dedupe
@@ -837,6 +974,10 @@ CREATE INDEX outbox_attempt_message ON public.outbox_attempt USING btree (messag
 -- Name: outbox_attempt_recipient; Type: INDEX
 
 CREATE INDEX outbox_attempt_recipient ON public.outbox_attempt USING gin (recipient_fingerprints);
+
+-- Name: outbox_cooldown_until; Type: INDEX
+
+CREATE INDEX outbox_cooldown_until ON public.outbox_cooldown USING btree (until);
 
 -- Name: outbox_dedupe_created; Type: INDEX
 
@@ -892,15 +1033,27 @@ CREATE TRIGGER outbox_message_destination BEFORE INSERT ON public.outbox_message
 
 CREATE TRIGGER outbox_message_outcome_event AFTER UPDATE OF status ON public.outbox_message FOR EACH ROW WHEN (((new.status IS DISTINCT FROM old.status) AND (new.status = ANY (ARRAY['failed'::text, 'dead'::text, 'expired'::text, 'bounced'::text, 'complained'::text])))) EXECUTE FUNCTION public.outbox_record_outcome_event();
 
--- Name: FUNCTION outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text); Type: ACL
+-- Name: FUNCTION outbox_cooldown_problem(cooldown interval, cooldown_key text, on_cooldown text); Type: ACL
 
-REVOKE ALL ON FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text) FROM PUBLIC;
-GRANT ALL ON FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text) TO outbox_producer;
+REVOKE ALL ON FUNCTION public.outbox_cooldown_problem(cooldown interval, cooldown_key text, on_cooldown text) FROM PUBLIC;
 
--- Name: FUNCTION outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]); Type: ACL
+-- Name: FUNCTION outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text, cooldown interval, cooldown_key text, on_cooldown text); Type: ACL
 
-REVOKE ALL ON FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]) FROM PUBLIC;
-GRANT ALL ON FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]) TO outbox_producer;
+REVOKE ALL ON FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text, cooldown interval, cooldown_key text, on_cooldown text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text, cooldown interval, cooldown_key text, on_cooldown text) TO outbox_producer;
+
+-- Name: FUNCTION outbox_enqueue_core(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_enqueue_core(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text) FROM PUBLIC;
+
+-- Name: FUNCTION outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[], p_cooldowns double precision[], p_cooldown_keys text[], p_on_cooldown text[]); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[], p_cooldowns double precision[], p_cooldown_keys text[], p_on_cooldown text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[], p_cooldowns double precision[], p_cooldown_keys text[], p_on_cooldown text[]) TO outbox_producer;
+
+-- Name: FUNCTION outbox_enqueue_many_core(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_enqueue_many_core(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]) FROM PUBLIC;
 
 -- Name: FUNCTION outbox_fingerprint(message text); Type: ACL
 
@@ -934,6 +1087,10 @@ GRANT SELECT ON TABLE public.outbox_channel TO outbox_relay;
 -- Name: TABLE outbox_channel_pause; Type: ACL
 
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_channel_pause TO outbox_relay;
+
+-- Name: TABLE outbox_cooldown; Type: ACL
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_cooldown TO outbox_relay;
 
 -- Name: TABLE outbox_dedupe; Type: ACL
 
