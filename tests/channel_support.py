@@ -201,13 +201,14 @@ def receiver(tls: LocalCA | None = None, hang_seconds: float = 5.0) -> Iterator[
 
 
 @contextmanager
-def silent_server() -> Iterator[int]:
+def silent_server(accepted: list[socket.socket] | None = None) -> Iterator[int]:
     """A TCP server on 127.0.0.1 that accepts connections and never answers:
-    a provider that hangs. Yields its port."""
+    a provider that hangs. Yields its port; ``accepted`` (when given) fills
+    with the connections it took, so a test can wait for calls to be hanging."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
-    accepted: list[socket.socket] = []
+    accepted = [] if accepted is None else accepted
     stop = threading.Event()
 
     def accept() -> None:

@@ -119,6 +119,24 @@ def migrated_engine(database_url: str) -> Iterator[sa.Engine]:
 
 
 @pytest.fixture
+def empty_database(server_url: str) -> Iterator[tuple[str, sa.Engine]]:
+    """A database of its own with nothing of the relay's in it (to migrate
+    from nothing): its URL and an engine, dropped after the test."""
+    from outbox.db import create_engine
+    from outbox.relay_settings import DatabaseSettings
+    from outbox_cli import devdb
+
+    name = f"outbox_empty_{uuid.uuid4().hex[:8]}"
+    url = devdb.recreate_database(server_url, name)
+    engine = create_engine(DatabaseSettings(url=url, sslmode="disable"))
+    try:
+        yield url, engine
+    finally:
+        engine.dispose()
+        devdb.drop_database(server_url, name)
+
+
+@pytest.fixture
 def engine(migrated_engine: sa.Engine) -> sa.Engine:
     """The migrated engine over empty tables."""
     with migrated_engine.begin() as conn:

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import ssl
+import subprocess
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from outbox import channels
+import outbox
+from outbox import channels, sender, store
 from outbox.channels import Deadline, Message, Outcome, SchemaChannel
+from outbox.handoff import HandOff
 from outbox.relay_settings import RelaySettings
 
 EMAIL = {
@@ -85,6 +91,160 @@ def install_channel(channel: Any) -> Any:
     return channel
 
 
+def enqueue(
+    db: sa.Engine | sa.Connection,
+    n: int = 1,
+    channel: str = "email",
+    payload: Any = None,
+    **fields: Any,
+) -> list[int]:
+    """``n`` messages for ``channel`` in one statement, each with ``fields``
+    (ordering_key, max_attempts, delay, ...): in the caller's transaction when
+    ``db`` is a connection, else in one of its own. The payload is ``payload``,
+    else ScriptedChannel's ``{"n": i}`` for the scripted channel and EMAIL for
+    any other."""
+
+    def example(i: int) -> Any:
+        if payload is not None:
+            return payload
+        return {"n": i} if channel == "scripted" else EMAIL
+
+    messages = [{"channel": channel, "payload": example(i), **fields} for i in range(n)]
+    if isinstance(db, sa.Connection):
+        return outbox.enqueue_many(db, messages)
+    with db.begin() as conn:
+        return outbox.enqueue_many(conn, messages)
+
+
+def claim(
+    engine: sa.Engine, batch: int = 100, lease: float = 120, **options: Any
+) -> list[store.Claim]:
+    """What a dispatcher pass claims (``options``: store.claim's channels,
+    default_ttl_seconds), in a transaction of its own."""
+    with engine.begin() as conn:
+        return store.claim(conn, batch, lease, **options)
+
+
+def claim_ids(engine: sa.Engine, batch: int = 100) -> list[int]:
+    """The ids ``claim`` claims, in its order."""
+    return [c.id for c in claim(engine, batch)]
+
+
+def send(
+    engine: sa.Engine, claims: list[store.Claim], remaining: float = 30, **overrides: Any
+) -> sender.SendReport:
+    """The sender function's run over these claims, handed off as one event of
+    their channel (the scripted one when there are none), with ``remaining``
+    seconds of Lambda time running out and ``settings(**overrides)``."""
+    channel = claims[0].channel if claims else "scripted"
+    ctx = LambdaContext(remaining)
+    return sender.run(
+        engine,
+        HandOff(channel, tuple(claims)).to_event(),
+        settings(**overrides),
+        lambda: ctx.get_remaining_time_in_millis() / 1000,
+    )
+
+
+def settle_all(engine: sa.Engine, outcome: str, error: str = "boom") -> list[int]:
+    """Claim every due row and settle it with ``outcome``; returns their ids."""
+    with engine.begin() as conn:
+        claims = store.claim(conn, 1000, 60)
+        store.settle(
+            conn,
+            [store.Settlement(c.id, c.claim_token, outcome, error=error) for c in claims],
+            settings().backoff(),
+        )
+    return [c.id for c in claims]
+
+
+def db_now(engine: sa.Engine) -> dt.datetime:
+    """The database clock. Read before and after a call, it bounds the now()
+    of every transaction the call ran: what the call wrote can be checked
+    against those bounds instead of against a later transaction's clock."""
+    with engine.connect() as conn:
+        return conn.execute(sa.text("SELECT now()")).scalar_one()
+
+
+def wait_after_settle(conn: sa.Connection, message_id: int) -> float:
+    """Seconds from the settle that last wrote the message (its last attempt's
+    finish time, that transaction's now()) to its available_at: the wait the
+    settle chose, whenever it is read. Read against a later transaction's now(),
+    a busy machine would shorten it."""
+    return float(
+        conn.execute(
+            sa.text(
+                "SELECT EXTRACT(EPOCH FROM m.available_at - a.finished_at)"
+                " FROM outbox_message m JOIN outbox_attempt a ON a.message_id = m.id"
+                " WHERE m.id = :id ORDER BY a.id DESC LIMIT 1"
+            ),
+            {"id": message_id},
+        ).scalar_one()
+    )
+
+
+def insert_raw(db: sa.Engine | sa.Connection, channel: str, payload_json: str) -> int:
+    """A row written past the producer's checks (raw SQL), as a bug or a hand
+    in the database could leave it: in the caller's transaction when ``db``
+    is a connection, else in one of its own."""
+    if not isinstance(db, sa.Connection):
+        with db.begin() as conn:
+            return insert_raw(conn, channel, payload_json)
+    return int(
+        db.execute(
+            sa.text(
+                "INSERT INTO outbox_message (channel, payload) "
+                "VALUES (:c, CAST(:p AS jsonb)) RETURNING id"
+            ),
+            {"c": channel, "p": payload_json},
+        ).scalar_one()
+    )
+
+
+def wait_until(
+    condition: Callable[[], bool],
+    seconds: float = 120,
+    process: subprocess.Popen[str] | None = None,
+) -> bool:
+    """Poll ``condition`` until it holds (True) or ``seconds`` pass (False);
+    ``process``, when given, must keep running meanwhile (its output is the
+    failure). A generous bound on the test, never a verdict on its speed: a
+    busy machine takes long to start a process and reach a receiver."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if process is not None:
+            assert process.poll() is None, process.communicate()
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def waits_on_a_lock(
+    engine: sa.Engine, thread: threading.Thread, kind: str | None = None, seconds: float = 30
+) -> bool:
+    """Whether ``thread`` comes to wait on a lock in the test database (a
+    session of it shows wait_event_type 'Lock', and wait_event ``kind`` when
+    given: 'advisory', 'transactionid', ...), polled until it does, the thread
+    ends, or ``seconds`` pass: the server's word that it waited, where a fixed
+    pause would only guess how long a busy machine takes to get there."""
+    deadline = time.monotonic() + seconds
+    while thread.is_alive() and time.monotonic() < deadline:
+        with engine.connect() as probe:
+            waiting = probe.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                    " AND (CAST(:kind AS text) IS NULL OR wait_event = :kind)"
+                ),
+                {"kind": kind},
+            ).scalar_one()
+        if waiting:
+            return True
+        thread.join(0.02)
+    return False
+
+
 def row(conn: sa.Connection, message_id: int) -> sa.Row[Any]:
     return conn.execute(
         sa.text("SELECT * FROM outbox_message WHERE id = :id"), {"id": message_id}
@@ -123,8 +283,6 @@ def expire_leases(engine: sa.Engine, ids: list[int] | None = None) -> None:
 def receive(engine: sa.Engine, claims: Any, channel: str | None = None) -> list[Any]:
     """Take the sender's receipt of these claims (a sender started them): a
     lease that then runs out counts an attempt."""
-    from outbox import store
-
     claims = list(claims)
     if not claims:
         return []

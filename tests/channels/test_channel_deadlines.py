@@ -59,14 +59,16 @@ def test_a_hanging_provider_is_given_up_at_the_deadline(
             service,
             region_name="us-east-1",
             endpoint_url=f"http://127.0.0.1:{port}",
-            config=Config(connect_timeout=1, read_timeout=4, retries={"total_max_attempts": 1}),
+            config=Config(connect_timeout=1, read_timeout=60, retries={"total_max_attempts": 1}),
         )
         (message_id, report), seconds = elapsed(
             lambda: deliver(engine, name, payload, channel=factory(client), remaining=1.5)
         )
     row, attempts = settled(engine, message_id)
-    # 1.5 s of Lambda time less the 0.5 s settle margin: given up after ~1 s.
-    assert 0.9 <= seconds < 2.5
+    # 1.5 s of Lambda time less the 0.5 s settle margin: given up after ~1 s,
+    # long before the client's own 60 s read timeout (the bound leaves a busy
+    # machine room).
+    assert 0.9 <= seconds < 15
     assert report.statuses == {"pending": 1}
     assert (row.status, row.attempts, row.last_error) == ("pending", 1, DEADLINE_EXCEEDED)
     assert [a.outcome for a in attempts] == ["retry"]

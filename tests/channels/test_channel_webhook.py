@@ -46,7 +46,9 @@ def payload(url: str, **extra: Any) -> dict[str, Any]:
     return {"url": url, "event_type": "order.shipped", "body": {"order": 42, "note": "é"}, **extra}
 
 
-def send(channel: WebhookChannel, url: str, deadline: float = 5.0, message_id: int = 7) -> Any:
+def send(channel: WebhookChannel, url: str, deadline: float = 30.0, message_id: int = 7) -> Any:
+    """One send; the default deadline is one a loopback answer meets however
+    busy the machine (the deadline tests give their own)."""
     p = payload(url)
     channel.validate(p)
     return channel.send(Message(message_id, "webhook", p, 1), Deadline(deadline))
@@ -162,11 +164,13 @@ def test_a_receiver_that_hangs_is_given_up_by_the_deadline(
 ) -> None:
     arn, _ = signing_secret
     channel = channel_for(local_ca, arn)
-    with receiver(local_ca, hang_seconds=10) as rx:
+    with receiver(local_ca, hang_seconds=60) as rx:
         outcome, seconds = elapsed(lambda: send(channel, rx.url("/hang", "webhook.test"), 0.7))
     assert outcome.kind == "retry"
     assert outcome.error == "timeout: no answer before the deadline"
-    assert 0.6 <= seconds < 1.6
+    # Not before the 0.7 s deadline; and ending well before the receiver's
+    # 60 s answer proves the cut-off (the bound leaves a busy machine room).
+    assert 0.6 <= seconds < 15
 
 
 def test_a_hanging_receiver_through_the_sender_runtime_leaves_the_row_pending(
@@ -174,14 +178,14 @@ def test_a_hanging_receiver_through_the_sender_runtime_leaves_the_row_pending(
 ) -> None:
     arn, _ = signing_secret
     channel = channel_for(None, arn)
-    with receiver(None, hang_seconds=10) as rx:
+    with receiver(None, hang_seconds=60) as rx:
         (message_id, _), seconds = elapsed(
             lambda: deliver(
                 engine, "webhook", payload(rx.url("/hang")), channel=channel, remaining=1.5
             )
         )
     row, attempts = settled(engine, message_id)
-    assert seconds < 2.5
+    assert seconds < 15  # cut at the 1.5 s of Lambda time, long before the 60 s answer
     assert row.status == "pending" and row.attempts == 1
     assert row.last_error in {
         "timeout: no answer before the deadline",
@@ -198,7 +202,7 @@ def test_a_huge_response_body_is_read_only_up_to_the_cap(
     with receiver(local_ca) as rx:
         outcome, seconds = elapsed(lambda: send(channel, rx.url("/huge", "webhook.test")))
     assert outcome.kind == "delivered"
-    assert seconds < 3
+    assert seconds < 15  # the cap, not the 100 MB (a busy machine is slow, never this slow)
     # The receiver offered 100 MB; the client stopped after the cap (what the
     # receiver managed to write is the cap plus what socket buffers absorbed).
     assert rx.huge_bytes_written < 16 * 1024 * 1024

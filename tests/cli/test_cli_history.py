@@ -8,24 +8,13 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 import outbox
 from outbox import store
-from outbox_cli.cli import cli
 from support import EMAIL, settings
 
 BACKOFF = settings().backoff()
-
-
-@pytest.fixture
-def run(engine: sa.Engine, database_url: str) -> Any:
-    runner = CliRunner()
-
-    def invoke(*args: str) -> Result:
-        return runner.invoke(cli, list(args), env={"DATABASE_URL": database_url})
-
-    return invoke
 
 
 def error_line(result: Result) -> str:

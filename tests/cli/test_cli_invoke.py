@@ -97,7 +97,9 @@ def test_probe_gets_handler_env_context_and_its_folder_first(project: Path) -> N
         "AWS_LAMBDA_FUNCTION_TIMEOUT": "7",
     }
     assert out["function_name"] == "ProbeFunction" and out["memory"] == 512
-    assert 6000 < out["remaining_ms"] <= 7000  # the template's Timeout is the deadline
+    # The template's Timeout (7 s) is the deadline; read a moment after the call
+    # began (a busy machine's moment can be long: the bound allows two seconds).
+    assert 5000 < out["remaining_ms"] <= 7000
     assert len(out["request_id"]) == 36 and out["arn"].endswith(":function:ProbeFunction")
 
 

@@ -9,21 +9,11 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
 from outbox import store
 from outbox.limits import RateLimit
 from outbox_cli.cli import cli
-
-
-@pytest.fixture
-def run(engine: sa.Engine, database_url: str) -> Any:
-    runner = CliRunner()
-
-    def invoke(*args: str) -> Result:
-        return runner.invoke(cli, list(args), env={"DATABASE_URL": database_url})
-
-    return invoke
 
 
 def limits(engine: sa.Engine) -> list[tuple[str, str, float | None, float | None]]:

@@ -5,33 +5,14 @@ check's exit status follows the database's revision."""
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 
-import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
 from outbox import migrate
-from outbox.db import create_engine
-from outbox.relay_settings import DatabaseSettings
 from outbox_cli.cli import cli
 
 HEAD = migrate.head()
-
-
-@pytest.fixture
-def empty_database(server_url: str) -> Iterator[tuple[str, sa.Engine]]:
-    from outbox_cli import devdb
-
-    name = f"outbox_cli_migrate_{uuid.uuid4().hex[:8]}"
-    url = devdb.recreate_database(server_url, name)
-    engine = create_engine(DatabaseSettings(url=url, sslmode="disable"))
-    try:
-        yield url, engine
-    finally:
-        engine.dispose()
-        devdb.drop_database(server_url, name)
 
 
 def outbox_cmd(url: str, *args: str) -> Result:

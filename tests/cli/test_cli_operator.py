@@ -18,25 +18,17 @@ from support import (
     EMAIL,
     ScriptedChannel,
     attempts,
+    enqueue,
     expire_leases,
     install_channel,
     make_due,
     row,
     settings,
+    settle_all,
     statuses,
 )
 
 BACKOFF = settings().backoff()
-
-
-@pytest.fixture
-def run(engine: sa.Engine, database_url: str) -> Any:
-    runner = CliRunner()
-
-    def invoke(*args: str, input: str | None = None) -> Result:
-        return runner.invoke(cli, list(args), env={"DATABASE_URL": database_url}, input=input)
-
-    return invoke
 
 
 def snapshot(engine: sa.Engine) -> list[tuple[Any, ...]]:
@@ -49,25 +41,6 @@ def snapshot(engine: sa.Engine) -> list[tuple[Any, ...]]:
         ).all()
         history = conn.execute(sa.text("SELECT * FROM outbox_attempt ORDER BY id")).all()
     return [tuple(r) for r in messages] + [tuple(r) for r in history]
-
-
-def seed(engine: sa.Engine, n: int, channel: str = "email", **options: Any) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(
-            conn, [{"channel": channel, "payload": EMAIL, **options} for _ in range(n)]
-        )
-
-
-def settle_all(engine: sa.Engine, outcome: str, error: str = "boom") -> list[int]:
-    """Claim every due row and settle it with ``outcome``."""
-    with engine.begin() as conn:
-        claims = store.claim(conn, 1000, 60)
-        store.settle(
-            conn,
-            [store.Settlement(c.id, c.claim_token, outcome, error=error) for c in claims],
-            BACKOFF,
-        )
-    return [c.id for c in claims]
 
 
 def one_error_line(result: Result, *fragments: str) -> None:
@@ -235,9 +208,9 @@ def test_enqueue_rejects_bad_input_and_writes_nothing(
 
 
 def test_status_counts_per_channel_and_status(run: Any, engine: sa.Engine) -> None:
-    seed(engine, 3)
+    enqueue(engine, 3)
     settle_all(engine, "failed")
-    seed(engine, 2)
+    enqueue(engine, 2)
     with engine.begin() as conn:
         claims = store.claim(conn, 1, 60)
     expire_leases(engine, [claims[0].id])
@@ -271,9 +244,9 @@ def test_status_shows_messages_held_behind_a_failed_one(run: Any, engine: sa.Eng
 
 
 def test_list_filters_and_limits(run: Any, engine: sa.Engine) -> None:
-    seed(engine, 2)
+    enqueue(engine, 2)
     failed = settle_all(engine, "failed")
-    pending = seed(engine, 3)
+    pending = enqueue(engine, 3)
     every = json.loads(run("list", "--json").stdout)
     assert [m["id"] for m in every["messages"]] == sorted(failed + pending, reverse=True)
     assert every["next_after"] is None
@@ -291,7 +264,7 @@ def test_list_filters_and_limits(run: Any, engine: sa.Engine) -> None:
 
 
 def test_show_gives_the_row_and_its_attempt_history(run: Any, engine: sa.Engine) -> None:
-    (message_id,) = seed(engine, 1, max_attempts=5)
+    (message_id,) = enqueue(engine, 1, max_attempts=5)
     settle_all(engine, "retry", error="SES: Throttling")
     make_due(engine)
     settle_all(engine, "failed", error="MessageRejected")
@@ -312,9 +285,9 @@ def test_show_gives_the_row_and_its_attempt_history(run: Any, engine: sa.Engine)
 def test_redrive_by_id_keeps_history_and_unknown_ids_change_nothing(
     run: Any, engine: sa.Engine
 ) -> None:
-    dead = seed(engine, 2, max_attempts=1)
+    dead = enqueue(engine, 2, max_attempts=1)
     settle_all(engine, "retry")
-    (pending,) = seed(engine, 1)
+    (pending,) = enqueue(engine, 1)
     before = snapshot(engine)
     one_error_line(run("redrive", str(dead[0]), "4242"), "unknown message id(s): 4242")
     one_error_line(run("redrive", str(dead[0]), str(pending)), f"{pending} is pending")
@@ -338,7 +311,7 @@ def test_redrive_by_id_keeps_history_and_unknown_ids_change_nothing(
 
 
 def test_redrive_by_status_channel_and_since(run: Any, engine: sa.Engine) -> None:
-    old = seed(engine, 2, max_attempts=1)
+    old = enqueue(engine, 2, max_attempts=1)
     settle_all(engine, "retry")
     with engine.begin() as conn:
         conn.execute(
@@ -348,9 +321,9 @@ def test_redrive_by_status_channel_and_since(run: Any, engine: sa.Engine) -> Non
             ),
             {"ids": old},
         )
-    recent = seed(engine, 3, max_attempts=1)
+    recent = enqueue(engine, 3, max_attempts=1)
     settle_all(engine, "retry")
-    failed = seed(engine, 1)
+    failed = enqueue(engine, 1)
     settle_all(engine, "failed")
 
     install_channel(ScriptedChannel())
@@ -370,8 +343,8 @@ def test_redrive_by_status_channel_and_since(run: Any, engine: sa.Engine) -> Non
 
 
 def test_cancel_only_pending_rows_all_or_nothing(run: Any, engine: sa.Engine) -> None:
-    pending = seed(engine, 3)
-    (done,) = seed(engine, 1, dedupe_key="x")
+    pending = enqueue(engine, 3)
+    (done,) = enqueue(engine, 1, dedupe_key="x")
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE outbox_message SET priority = 9 WHERE id = :id"), {"id": done})
     with engine.begin() as conn:
@@ -401,13 +374,13 @@ def test_cancel_only_pending_rows_all_or_nothing(run: Any, engine: sa.Engine) ->
 def test_prune_deletes_only_terminal_rows_older_than_the_window(
     run: Any, engine: sa.Engine
 ) -> None:
-    old = seed(engine, 2)
+    old = enqueue(engine, 2)
     settle_all(engine, "failed")
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE outbox_message SET settled_at = now() - interval '8 days'"))
-    recent = seed(engine, 1)
+    recent = enqueue(engine, 1)
     settle_all(engine, "failed")
-    (pending,) = seed(engine, 1)
+    (pending,) = enqueue(engine, 1)
     before = snapshot(engine)
     one_error_line(run("prune", "--older-than", "a while"), "duration")
     one_error_line(run("prune", "--older-than", "7d", "--status", "pending"), "cannot prune")
@@ -433,7 +406,7 @@ def test_prune_deletes_only_terminal_rows_older_than_the_window(
 def test_prune_defaults_to_the_configured_retention(database_url: str, engine: sa.Engine) -> None:
     """Without --older-than, prune uses RETENTION_DAYS (7 by default), the
     window the reaper's routine retention uses."""
-    seed(engine, 3)
+    enqueue(engine, 3)
     settle_all(engine, "delivered")
     with engine.begin() as conn:
         conn.execute(
@@ -462,7 +435,7 @@ def test_prune_defaults_to_the_configured_retention(database_url: str, engine: s
 def test_uncancel_brings_cancelled_messages_back_all_or_nothing(
     run: Any, engine: sa.Engine
 ) -> None:
-    first, second, pending = seed(engine, 3)
+    first, second, pending = enqueue(engine, 3)
     run("cancel", str(first), str(second), "--reason", "oops")
     with engine.begin() as conn:
         conn.execute(
@@ -502,8 +475,8 @@ def test_uncancel_refuses_a_message_whose_ordering_key_went_ahead(
 ) -> None:
     """Cancelling the head of a key lets the next one go; once it has gone
     (here: delivered), bringing the head back would send it out of order."""
-    head, later = seed(engine, 2, ordering_key="order-7")
-    one_more = seed(engine, 1, ordering_key="order-8")
+    head, later = enqueue(engine, 2, ordering_key="order-7")
+    one_more = enqueue(engine, 1, ordering_key="order-8")
     run("cancel", str(head), *map(str, one_more))
     settle_all(engine, "delivered")  # the key's next message, and nothing of order-8
     before = snapshot(engine)

@@ -20,43 +20,15 @@ import outbox
 from outbox import states, store
 from outbox_cli import cli as cli_module
 from outbox_cli.cli import cli
-from support import EMAIL, attempts, make_due, row, settings, statuses
+from support import EMAIL, attempts, enqueue, make_due, row, settings, settle_all, statuses
 
 BACKOFF = settings().backoff()
-
-
-@pytest.fixture
-def run(engine: sa.Engine, database_url: str) -> Any:
-    runner = CliRunner()
-
-    def invoke(*args: str, input: str | None = None) -> Result:
-        return runner.invoke(cli, list(args), env={"DATABASE_URL": database_url}, input=input)
-
-    return invoke
 
 
 @pytest.fixture
 def terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     """As if an operator sat at a terminal (the prompt reads the runner's input)."""
     monkeypatch.setattr(cli_module, "_stdin_is_a_terminal", lambda: True)
-
-
-def seed(engine: sa.Engine, n: int, **options: Any) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(
-            conn, [{"channel": "email", "payload": EMAIL, **options} for _ in range(n)]
-        )
-
-
-def settle_all(engine: sa.Engine, outcome: str, error: str = "boom") -> list[int]:
-    with engine.begin() as conn:
-        claims = store.claim(conn, 1000, 60)
-        store.settle(
-            conn,
-            [store.Settlement(c.id, c.claim_token, outcome, error=error) for c in claims],
-            BACKOFF,
-        )
-    return [c.id for c in claims]
 
 
 def snapshot(engine: sa.Engine) -> list[tuple[Any, ...]]:
@@ -84,7 +56,7 @@ def test_version_option_matches_the_package() -> None:
 def test_database_url_option_wins_over_the_environment(
     engine: sa.Engine, database_url: str
 ) -> None:
-    seed(engine, 1)
+    enqueue(engine, 1)
     runner = CliRunner()
     result = runner.invoke(
         cli,
@@ -100,7 +72,7 @@ def test_database_url_option_wins_over_the_environment(
 def test_prune_counts_asks_and_refuses_without_a_terminal(
     run: Any, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seed(engine, 3)
+    enqueue(engine, 3)
     settle_all(engine, "delivered")
     before = snapshot(engine)
 
@@ -130,11 +102,11 @@ def test_prune_never_deletes_more_than_it_counted(
 ) -> None:
     """A row that settles while the operator reads the question is not deleted:
     the count and the delete share one cutoff from the database clock."""
-    seed(engine, 2)
+    enqueue(engine, 2)
     settle_all(engine, "delivered")
 
     def settle_one_more_then_agree(*args: Any, **kwargs: Any) -> bool:
-        seed(engine, 1)
+        enqueue(engine, 1)
         settle_all(engine, "failed")
         return True
 
@@ -153,7 +125,7 @@ def test_prune_never_deletes_more_than_it_counted(
 def test_bulk_redrive_shows_asks_and_refuses_without_a_terminal(
     run: Any, engine: sa.Engine, terminal: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dead = seed(engine, 2, max_attempts=1)
+    dead = enqueue(engine, 2, max_attempts=1)
     settle_all(engine, "retry")
     before = snapshot(engine)
     dry = json.loads(run("redrive", "--status", "dead", "--dry-run", "--json").stdout)
@@ -173,7 +145,7 @@ def test_bulk_redrive_shows_asks_and_refuses_without_a_terminal(
 def test_redrive_by_id_dry_run_checks_the_ids_and_changes_nothing(
     run: Any, engine: sa.Engine
 ) -> None:
-    (dead,) = seed(engine, 1, max_attempts=1)
+    (dead,) = enqueue(engine, 1, max_attempts=1)
     settle_all(engine, "retry")
     before = snapshot(engine)
     dry = json.loads(run("redrive", str(dead), "--dry-run", "--json").stdout)
@@ -185,8 +157,8 @@ def test_redrive_by_id_dry_run_checks_the_ids_and_changes_nothing(
 def test_bulk_cancel_by_channel_or_ordering_key(
     run: Any, engine: sa.Engine, terminal: None
 ) -> None:
-    keyed = seed(engine, 2, ordering_key="customer-7")
-    other = seed(engine, 1, ordering_key="customer-8")
+    keyed = enqueue(engine, 2, ordering_key="customer-7")
+    other = enqueue(engine, 1, ordering_key="customer-8")
     before = snapshot(engine)
     dry = json.loads(run("cancel", "--ordering-key", "customer-7", "--dry-run", "--json").stdout)
     assert dry == {"action": "cancel", "dry_run": True, "count": 2, "ids": keyed}
@@ -215,13 +187,13 @@ def test_errors_under_json_are_one_object_on_stdout(run: Any, engine: sa.Engine)
     assert missing.exit_code == 1 and json_error(missing)["kind"] == "not_found"
     bad_option = run("list", "--colour", "--json")
     assert bad_option.exit_code == 2 and json_error(bad_option)["kind"] == "bad_argument"
-    (pending,) = seed(engine, 1)
+    (pending,) = enqueue(engine, 1)
     wrong_state = run("redrive", str(pending), "--json")
     assert json_error(wrong_state)["kind"] == "conflict"
 
 
 def test_list_pages_with_limit_and_after(run: Any, engine: sa.Engine) -> None:
-    ids = seed(engine, 5)
+    ids = enqueue(engine, 5)
     seen: list[int] = []
     after: list[str] = []
     while True:
@@ -272,11 +244,11 @@ def test_list_rows_stay_on_one_line_without_a_terminal(
     """Piped or redirected, a table is as wide as its widest row: each row is
     one line that grep finds whole, however long its free text."""
     monkeypatch.delenv("COLUMNS", raising=False)
-    failed = seed(engine, 3)
+    failed = enqueue(engine, 3)
     error = "MessageRejected: " + "a very long provider error " * 8
     settle_all(engine, "failed", error=error)
     key = "customer-" + "7" * 120
-    held = seed(engine, 2, ordering_key=key, delay=60)
+    held = enqueue(engine, 2, ordering_key=key, delay=60)
     result = run("list")
     assert result.exit_code == 0, result.output
     rows = list_rows(result.stdout, [str(i) for i in failed + held])
@@ -294,9 +266,9 @@ def test_list_tables_fold_free_text_to_columns_but_never_a_timestamp(
     """A width asked for with COLUMNS holds: long free text folds in its own
     column; every time stays whole on one line."""
     monkeypatch.setenv("COLUMNS", "120")
-    seed(engine, 3)
+    enqueue(engine, 3)
     settle_all(engine, "failed", error="MessageRejected: " + "a very long provider error " * 8)
-    seed(engine, 2, ordering_key="customer-" + "7" * 120, delay=60)
+    enqueue(engine, 2, ordering_key="customer-" + "7" * 120, delay=60)
     text = run("list").stdout
     stamps = re.findall(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", text)
     assert len(stamps) == 3 + 2 * 2, text  # created for all, due for the pending ones
@@ -328,7 +300,7 @@ def test_redrive_numbers_attempts_on_and_gives_a_fresh_budget(run: Any, engine: 
     """A redriven message's next attempt is 3, not a second 1; it has its two
     attempts again (and the backoff starts over); the claim fields and the
     last error of its dead end are gone, the history stays."""
-    (message_id,) = seed(engine, 1, max_attempts=2)
+    (message_id,) = enqueue(engine, 1, max_attempts=2)
     for _ in range(2):
         settle_all(engine, "retry", error="Throttling")
         make_due(engine)

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -22,11 +21,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-import outbox
 from outbox import sender
 from outbox.channels import Deadline, Message, Outcome
 from outbox.worker import Worker
-from support import ScriptedChannel, install_channel, settings, statuses
+from support import ScriptedChannel, enqueue, install_channel, settings, statuses, wait_until
 
 
 @pytest.fixture
@@ -35,11 +33,6 @@ def moto_endpoint() -> Iterator[str]:
 
     with moto_server() as url:
         yield url
-
-
-def seed(engine: sa.Engine, n: int, channel: str, payload: Any) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(conn, [{"channel": channel, "payload": payload}] * n)
 
 
 def cut_rows(engine: sa.Engine) -> list[tuple[Any, ...]]:
@@ -69,7 +62,7 @@ def test_sigterm_cuts_dripping_calls_at_the_stop_grace_and_settles_them_as_retri
         Name=f"webhooks/{uuid.uuid4().hex}", SecretString=new_secret()
     )["ARN"]
     with drip_receiver("headers", interval=0.2, lasts=120) as rx:
-        seed(engine, 4, "webhook", {"url": rx.url(), "event_type": "t", "body": {}})
+        enqueue(engine, 4, "webhook", {"url": rx.url(), "event_type": "t", "body": {}})
         worker = subprocess.Popen(
             [sys.executable, "-m", "outbox_cli", "worker", "--channels", "webhook", "--json"],
             env={
@@ -89,11 +82,8 @@ def test_sigterm_cuts_dripping_calls_at_the_stop_grace_and_settles_them_as_retri
             text=True,
         )
         try:
-            waited = time.monotonic() + 30
-            while rx.requests < 4 and time.monotonic() < waited:
-                assert worker.poll() is None, worker.communicate()
-                time.sleep(0.05)
-            assert rx.requests == 4, "the receivers were never reached"
+            reached = wait_until(lambda: rx.requests >= 4, process=worker)
+            assert reached, "the receivers were never reached"
             worker.send_signal(signal.SIGTERM)
             out, err = worker.communicate(timeout=90)  # a bound on the test, not a verdict
         finally:
@@ -123,7 +113,7 @@ class Hangs(ScriptedChannel):
 def test_a_stopped_worker_cuts_its_running_call_and_releases_the_rest(engine: sa.Engine) -> None:
     stop = threading.Event()
     channel = install_channel(Hangs(stop))
-    ids = seed(engine, 3, "hangs", {"n": 1})
+    ids = enqueue(engine, 3, "hangs", {"n": 1})
     worker = Worker(
         engine,
         settings(send_concurrency=1, sender_timeout_seconds=30),

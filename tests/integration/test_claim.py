@@ -12,18 +12,11 @@ import sqlalchemy as sa
 
 import outbox
 from outbox import store
-from support import EMAIL
-
-
-def seed(engine: sa.Engine, n: int, **fields: object) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(
-            conn, [{"channel": "email", "payload": EMAIL, **fields} for _ in range(n)]
-        )
+from support import EMAIL, enqueue
 
 
 def test_eight_concurrent_claimers_claim_every_row_exactly_once(engine: sa.Engine) -> None:
-    ids = seed(engine, 10_000)
+    ids = enqueue(engine, 10_000)
     claimed: list[list[int]] = [[] for _ in range(8)]
     start = threading.Barrier(8)
 
@@ -72,7 +65,7 @@ def test_claim_is_bounded_ordered_and_skips_rows_not_due(engine: sa.Engine) -> N
 
 
 def test_claim_sets_the_lease_from_the_database_clock(engine: sa.Engine) -> None:
-    seed(engine, 1)
+    enqueue(engine, 1)
     with engine.begin() as conn:
         store.claim(conn, 10, 90)
         lease, claimed_gap = conn.execute(
@@ -85,9 +78,9 @@ def test_claim_sets_the_lease_from_the_database_clock(engine: sa.Engine) -> None
 
 
 def test_only_the_head_of_an_ordering_key_is_claimed(engine: sa.Engine) -> None:
-    a1, a2, a3 = seed(engine, 3, ordering_key="customer-a")
-    (b1,) = seed(engine, 1, ordering_key="customer-b")
-    (free,) = seed(engine, 1)
+    a1, a2, a3 = enqueue(engine, 3, ordering_key="customer-a")
+    (b1,) = enqueue(engine, 1, ordering_key="customer-b")
+    (free,) = enqueue(engine, 1)
     with engine.begin() as conn:
         first = {c.id for c in store.claim(conn, 100, 30)}
     assert first == {a1, b1, free}
@@ -105,7 +98,7 @@ def test_only_the_head_of_an_ordering_key_is_claimed(engine: sa.Engine) -> None:
 
 
 def test_channel_filter(engine: sa.Engine) -> None:
-    seed(engine, 3)
+    enqueue(engine, 3)
     with engine.begin() as conn:
         assert store.claim(conn, 10, 30, channels=["sms"]) == []
         assert len(store.claim(conn, 10, 30, channels=["email"])) == 3

@@ -13,22 +13,10 @@ import sqlalchemy as sa
 
 import outbox
 from outbox import ValidationError, store
-from support import DOCS, EMAIL, doc_blocks, expire_leases, make_due, row
+from support import DOCS, EMAIL, claim, doc_blocks, enqueue, expire_leases, make_due, row
 
 BACKOFF = store.Backoff(1, 60, 5)
 HOUR = timedelta(hours=1)
-
-
-def enqueue(engine: sa.Engine, n: int = 1, **fields: Any) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(
-            conn, [{"channel": "email", "payload": EMAIL, **fields} for _ in range(n)]
-        )
-
-
-def claim(engine: sa.Engine, batch: int = 100) -> list[store.Claim]:
-    with engine.begin() as conn:
-        return store.claim(conn, batch, 120)
 
 
 def settle(engine: sa.Engine, claims: list[store.Claim], outcome: str = "delivered") -> None:

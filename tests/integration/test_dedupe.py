@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 import outbox
 from outbox import DedupeConflict, Enqueued, store
-from support import EMAIL
+from support import EMAIL, waits_on_a_lock
 
 
 def email_to(*addresses: str, **extra: Any) -> dict[str, Any]:
@@ -162,18 +162,9 @@ def _race(
     thread = threading.Thread(target=other)
     thread.start()
     # the other transaction is now blocked on our uncommitted key
-    for _ in range(200):
-        with engine.connect() as probe:
-            waiting = probe.execute(
-                sa.text(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                )
-            ).scalar_one()
-        if waiting:
-            break
-        thread.join(0.02)
-    assert waiting, "the second enqueue should wait for the first transaction's key"
+    assert waits_on_a_lock(engine, thread), (
+        "the second enqueue should wait for the first transaction's key"
+    )
     (tx.commit if commit else tx.rollback)()
     conn.close()
     thread.join(10)

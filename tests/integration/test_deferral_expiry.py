@@ -17,47 +17,17 @@ from outbox.channels import Outcome
 from outbox.errors import ValidationError
 from outbox.handoff import HandOff
 from support import (
-    LambdaContext,
     ScriptedChannel,
     attempts,
+    claim,
+    enqueue,
     install_channel,
     make_due,
     row,
+    send,
     settings,
+    wait_after_settle,
 )
-
-
-def enqueue(engine: sa.Engine, n: int = 1, **options: object) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(
-            conn, [{"channel": "scripted", "payload": {"n": i}, **options} for i in range(n)]
-        )
-
-
-def claim(engine: sa.Engine, **options: Any) -> list[store.Claim]:
-    with engine.begin() as conn:
-        return store.claim(conn, 100, 120, **options)
-
-
-def send(engine: sa.Engine, claims: list[store.Claim], **overrides: Any) -> sender.SendReport:
-    ctx = LambdaContext(30)
-    return sender.run(
-        engine,
-        HandOff("scripted", tuple(claims)).to_event(),
-        settings(**overrides),
-        lambda: ctx.get_remaining_time_in_millis() / 1000,
-    )
-
-
-def wait_seconds(conn: sa.Connection, message_id: int) -> float:
-    return float(
-        conn.execute(
-            sa.text(
-                "SELECT EXTRACT(EPOCH FROM available_at - now()) FROM outbox_message WHERE id = :i"
-            ),
-            {"i": message_id},
-        ).scalar_one()
-    )
 
 
 def test_a_bad_delay_from_a_channel_touches_its_own_row_only(engine: sa.Engine) -> None:
@@ -73,13 +43,13 @@ def test_a_bad_delay_from_a_channel_touches_its_own_row_only(engine: sa.Engine) 
         Outcome("retry", error="busy", delay_seconds=10**400),  # type: ignore[arg-type]
     ]
     channel = install_channel(ScriptedChannel(answers=[Outcome.delivered(), *bad]))
-    ids = enqueue(engine, 1 + len(bad))
+    ids = enqueue(engine, 1 + len(bad), "scripted")
     report = send(engine, claim(engine), backoff_cap_seconds=60)
     assert report.statuses == {"delivered": 1, "deferred": 4, "pending": 3}
     assert channel.sent == [ids[0]]
     with engine.connect() as conn:
         assert row(conn, ids[0]).status == "delivered"
-        waits = [wait_seconds(conn, i) for i in ids[1:]]
+        waits = [wait_after_settle(conn, i) for i in ids[1:]]
         assert {row(conn, i).status for i in ids[1:]} == {"pending"}
     day = store.policy.MAX_DEFERRAL_SECONDS
     assert day - 5 <= waits[0] <= day  # inf: the longest deferral
@@ -95,16 +65,16 @@ def test_a_deferral_of_zero_waits_at_least_the_floor(engine: sa.Engine) -> None:
     """A receiver answering 503 with Retry-After: 0 cannot turn the relay into
     a hot loop of claims and hand-offs."""
     install_channel(ScriptedChannel(answers=[Outcome.deferred("503 Retry-After: 0", 0)]))
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     send(engine, claim(engine))
     with engine.connect() as conn:
-        assert 2 <= wait_seconds(conn, mid) <= 5
+        assert 2 <= wait_after_settle(conn, mid) <= 5
     assert claim(engine) == []
 
 
 def test_deferrals_are_counted_and_capped_then_count_attempts(engine: sa.Engine) -> None:
     install_channel(ScriptedChannel(answers=[Outcome.deferred("throttled", 1)] * 20))
-    (mid,) = enqueue(engine, max_attempts=2)
+    (mid,) = enqueue(engine, channel="scripted", max_attempts=2)
     policy = {"max_deferrals": 3, "backoff_base_seconds": 100, "backoff_cap_seconds": 100}
     for _ in range(5):
         send(engine, claim(engine), **policy)
@@ -124,19 +94,22 @@ def test_deferrals_are_counted_and_capped_then_count_attempts(engine: sa.Engine)
 
 def test_a_counted_deferral_waits_at_least_the_backoff(engine: sa.Engine) -> None:
     install_channel(ScriptedChannel(answers=[Outcome.deferred("throttled", 1)] * 2))
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     policy = {"max_deferrals": 1, "backoff_base_seconds": 100, "backoff_cap_seconds": 100}
     send(engine, claim(engine), **policy)
     make_due(engine)
     send(engine, claim(engine), **policy)
     with engine.connect() as conn:
         assert row(conn, mid).attempts == 1
-        assert 50 <= wait_seconds(conn, mid) <= 100
+        assert 50 <= wait_after_settle(conn, mid) <= 100
 
 
 def test_the_claim_never_hands_out_a_row_past_its_deliver_by_time(engine: sa.Engine) -> None:
     past = datetime.now(UTC) - timedelta(hours=1)
-    late, fresh = enqueue(engine, 1, expires_at=past)[0], enqueue(engine, 1, ttl=3600)[0]
+    late, fresh = (
+        enqueue(engine, 1, "scripted", expires_at=past)[0],
+        enqueue(engine, 1, "scripted", ttl=3600)[0],
+    )
     assert [c.id for c in claim(engine)] == [fresh]
     report = reaper.run(engine, settings(), lambda: 30.0)
     assert report.expired == 1
@@ -148,7 +121,10 @@ def test_the_claim_never_hands_out_a_row_past_its_deliver_by_time(engine: sa.Eng
 
 
 def test_the_relay_default_ttl_counts_from_when_the_row_is_first_due(engine: sa.Engine) -> None:
-    delayed, ready = enqueue(engine, 1, delay=7200)[0], enqueue(engine, 1)[0]
+    delayed, ready = (
+        enqueue(engine, 1, "scripted", delay=7200)[0],
+        enqueue(engine, 1, "scripted")[0],
+    )
     with engine.begin() as conn:  # the ready row has waited 2 hours: past a 1 h default
         conn.execute(
             sa.text(
@@ -182,7 +158,7 @@ def test_a_retry_whose_next_try_falls_after_the_deliver_by_time_expires_at_once(
             answers=[Outcome.retry("busy", delay_seconds=600), Outcome.deferred("slow", 600)]
         )
     )
-    ids = enqueue(engine, 2, ttl=60)
+    ids = enqueue(engine, 2, "scripted", ttl=60)
     report = send(engine, claim(engine), backoff_cap_seconds=900)
     assert report.statuses == {"expired": 2}
     with engine.connect() as conn:
@@ -194,7 +170,9 @@ def test_a_retry_whose_next_try_falls_after_the_deliver_by_time_expires_at_once(
 
 
 def test_expired_rows_are_terminal_and_an_operator_can_redrive_them(engine: sa.Engine) -> None:
-    (mid,) = enqueue(engine, expires_at=datetime.now(UTC) - timedelta(seconds=1))
+    (mid,) = enqueue(
+        engine, channel="scripted", expires_at=datetime.now(UTC) - timedelta(seconds=1)
+    )
     reaper.run(engine, settings(), lambda: 30.0)
     with engine.begin() as conn:
         assert row(conn, mid).status == "expired"
@@ -241,7 +219,7 @@ def test_the_default_retry_window_outlives_a_half_hour_outage(engine: sa.Engine)
 
     defaults = RelaySettings()
     install_channel(ScriptedChannel(answers=[Outcome.retry("provider down")] * 20))
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     waits = []
     for _ in range(defaults.max_attempts):
         (c,) = claim(engine)
@@ -252,7 +230,7 @@ def test_the_default_retry_window_outlives_a_half_hour_outage(engine: sa.Engine)
                 defaults.backoff(),
             )
             if row(conn, mid).status == "pending":
-                waits.append(wait_seconds(conn, mid))
+                waits.append(wait_after_settle(conn, mid))
         make_due(engine)
     with engine.connect() as conn:
         assert (row(conn, mid).status, row(conn, mid).attempts) == ("dead", 8)
@@ -269,7 +247,7 @@ def test_a_row_no_call_was_started_for_never_spends_deferrals_or_attempts(
     due at once with no attempt and no deferral counted, however often it
     happens, and only their deliver-by time bounds it."""
     install_channel(ScriptedChannel())
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     rounds = settings().max_deferrals + 5
     due_in = []
     for _ in range(rounds):
@@ -277,7 +255,7 @@ def test_a_row_no_call_was_started_for_never_spends_deferrals_or_attempts(
         event = HandOff("scripted", tuple(claim(engine))).to_event()
         sender.run(engine, event, settings(settle_margin_seconds=0.5), lambda: 0.4)
         with engine.connect() as conn:
-            due_in.append(wait_seconds(conn, mid))
+            due_in.append(wait_after_settle(conn, mid))
         make_due(engine)
     with engine.connect() as conn:
         r, history = row(conn, mid), attempts(conn, mid)
@@ -291,7 +269,7 @@ def test_a_row_no_call_was_started_for_never_spends_deferrals_or_attempts(
 def test_a_deferral_counted_as_an_attempt_is_reported_as_a_retry(engine: sa.Engine) -> None:
     """The sender's report, log line and metrics say what the attempt row says."""
     install_channel(ScriptedChannel(answers=[Outcome.deferred("throttled", 1)] * 3))
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     policy = {"max_deferrals": 1, "backoff_base_seconds": 100, "backoff_cap_seconds": 100}
     reports = []
     for _ in range(2):

@@ -8,6 +8,7 @@ import threading
 import zipfile
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import boto3
@@ -17,12 +18,7 @@ import sqlalchemy as sa
 import outbox
 from outbox import dispatcher
 from outbox.handoff import CallableInvoker, HandOff, LambdaInvoker
-from support import EMAIL, row, settings
-
-
-def enqueue(engine: sa.Engine, n: int, channel: str = "email") -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(conn, [{"channel": channel, "payload": EMAIL} for _ in range(n)])
+from support import db_now, enqueue, row, settings
 
 
 @pytest.fixture
@@ -91,16 +87,18 @@ def test_failed_hand_off_releases_the_claims_without_an_attempt(engine: sa.Engin
         config=Config(retries={"total_max_attempts": 1}, connect_timeout=1),
     )
     invoker = LambdaInvoker({"email": "outbox-email"}, client=unreachable)
+    before = db_now(engine)
     report = dispatcher.dispatch_once(engine, invoker, settings())
+    after = db_now(engine)
     assert (report.claimed, report.handed_off, report.released) == (3, 0, 3)
     with engine.connect() as conn:
         rows = [row(conn, i) for i in ids]
-        wait = conn.execute(
-            sa.text("SELECT min(EXTRACT(EPOCH FROM available_at - now())) FROM outbox_message")
-        ).scalar_one()
         history = conn.execute(sa.text("SELECT count(*) FROM outbox_attempt")).scalar_one()
     assert {(r.status, r.attempts, r.claim_token) for r in rows} == {("pending", 0, None)}
-    assert float(wait) > 4  # not hot-looped back at once
+    # Not hot-looped back at once: due the retry delay after the release,
+    # whose clock lies between the two readings (however slow the machine).
+    delay = timedelta(seconds=dispatcher.HANDOFF_RETRY_DELAY_SECONDS)
+    assert all(before + delay <= r.available_at <= after + delay for r in rows)
     assert history == 0
 
 
@@ -135,30 +133,31 @@ def test_run_keeps_claiming_until_the_backlog_is_empty(engine: sa.Engine) -> Non
 
 
 def test_a_message_enqueued_while_the_loop_runs_goes_out_within_a_poll(engine: sa.Engine) -> None:
-    import time
-
-    handed: dict[int, float] = {}
+    """Counted in the loop's pauses, not timed: the message committed during
+    one pause goes out in the pass right after it."""
+    handed: dict[int, int] = {}  # message id -> pauses the loop had taken
+    pauses = 0
+    arrived: list[int] = []
 
     def target(event: dict[str, Any]) -> None:
         for m in event["messages"]:
-            handed[m["id"]] = time.monotonic()
+            handed[m["id"]] = pauses
 
-    stop_at = time.monotonic() + 2.0
-    loop = threading.Thread(
-        target=dispatcher.run,
-        args=(
-            engine,
-            CallableInvoker({"email": target}),
-            settings(poll_interval_seconds=0.05),
-            lambda: stop_at - time.monotonic(),
-        ),
+    def pause(seconds: float) -> None:  # the loop's poll interval, run by the test
+        nonlocal pauses
+        pauses += 1
+        if pauses == 1:
+            arrived.extend(enqueue(engine, 1))
+
+    report = dispatcher.run(
+        engine,
+        CallableInvoker({"email": target}),
+        settings(poll_interval_seconds=0.05),
+        lambda: 0.0 if handed or pauses >= 5 else 60.0,
+        sleep=pause,
     )
-    loop.start()
-    time.sleep(0.5)
-    enqueued_at = time.monotonic()
-    (mid,) = enqueue(engine, 1)
-    loop.join()
-    assert mid in handed and handed[mid] - enqueued_at < 0.5
+    assert arrived, "the loop never paused to poll"
+    assert handed == {arrived[0]: 1} and report.claimed == 1
 
 
 def test_several_dispatchers_at_once_hand_off_each_row_once(engine: sa.Engine) -> None:

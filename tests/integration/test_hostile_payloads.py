@@ -16,7 +16,7 @@ from outbox.db import create_engine
 from outbox.errors import ValidationError
 from outbox.handoff import CallableInvoker, HandOff
 from outbox.relay_settings import DatabaseSettings
-from support import ScriptedChannel, install_channel, settings
+from support import ScriptedChannel, insert_raw, install_channel, settings
 
 
 def nested(depth: int, leaf: Any = 1) -> Any:
@@ -88,19 +88,6 @@ def test_a_cyclic_payload_is_a_field_error_not_a_crash(engine: sa.Engine) -> Non
     with engine.begin() as conn, pytest.raises(ValidationError) as caught:
         outbox.enqueue(conn, "scripted", cyclic)
     assert caught.value.field.startswith("payload.self.self")
-
-
-def insert_raw(engine: sa.Engine, channel: str, payload_json: str) -> int:
-    with engine.begin() as conn:
-        return int(
-            conn.execute(
-                sa.text(
-                    "INSERT INTO outbox_message (channel, payload) "
-                    "VALUES (:c, CAST(:p AS jsonb)) RETURNING id"
-                ),
-                {"c": channel, "p": payload_json},
-            ).scalar_one()
-        )
 
 
 def test_a_payload_too_deep_to_decode_fails_alone_and_the_batch_is_delivered(

@@ -26,23 +26,9 @@ SQS_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/orders"
 
 
 @pytest.fixture
-def fresh_database(server_url: str) -> Iterator[sa.Engine]:
+def fresh_database(empty_database: tuple[str, sa.Engine]) -> sa.Engine:
     """An empty database of its own, to migrate from nothing."""
-    import uuid
-
-    from sqlalchemy.engine import make_url
-
-    name = f"outbox_migrate_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    engine = create_engine(DatabaseSettings(url=url, sslmode="disable"))
-    yield engine
-    engine.dispose()
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
+    return empty_database[1]
 
 
 def tables(engine: sa.Engine) -> set[str]:

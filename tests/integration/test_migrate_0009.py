@@ -6,35 +6,20 @@ and functions back."""
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 
 import outbox
 from outbox import migrate
-from outbox.db import create_engine
-from outbox.relay_settings import DatabaseSettings
 from support import EMAIL
 
 BEFORE = "0005"  # the head before 0009
 
 
 @pytest.fixture
-def database(server_url: str) -> Iterator[sa.Engine]:
-    name = f"outbox_migrate_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    engine = create_engine(DatabaseSettings(url=url, sslmode="disable"))
-    yield engine
-    engine.dispose()
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
+def database(empty_database: tuple[str, sa.Engine]) -> sa.Engine:
+    return empty_database[1]
 
 
 def snapshot(conn: sa.Connection) -> list[tuple[object, ...]]:

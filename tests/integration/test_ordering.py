@@ -12,24 +12,21 @@ import sqlalchemy as sa
 import outbox
 from outbox import reaper, store
 from outbox.errors import ValidationError
-from support import ScriptedChannel, attempts, install_channel, row, settings
+from support import (
+    ScriptedChannel,
+    attempts,
+    claim_ids,
+    enqueue,
+    install_channel,
+    row,
+    settings,
+    waits_on_a_lock,
+)
 
 
 @pytest.fixture(autouse=True)
 def _scripted_channel() -> None:
     install_channel(ScriptedChannel())
-
-
-def enqueue(engine: sa.Engine, n: int = 1, **options: object) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(
-            conn, [{"channel": "scripted", "payload": {"n": i}, **options} for i in range(n)]
-        )
-
-
-def claim(engine: sa.Engine, batch: int = 100) -> list[int]:
-    with engine.begin() as conn:
-        return [c.id for c in store.claim(conn, batch, 120)]
 
 
 def settle(engine: sa.Engine, message_id: int, outcome: str) -> None:
@@ -52,6 +49,10 @@ def test_ids_of_one_key_follow_commit_order_under_concurrent_producers(
     higher id and is sent; 1 then commits and is sent while 2 is in flight.
     With it, 2 waits for 1's commit, so its row is the later one."""
     second_id: list[int] = []
+    with engine.begin() as conn:  # a first enqueue of the channel would be a wait of its own
+        conn.execute(
+            sa.text("INSERT INTO outbox_channel (name) VALUES ('scripted') ON CONFLICT DO NOTHING")
+        )
     with engine.connect() as first:
         first.begin()
         first_id = outbox.enqueue(first, "scripted", {"n": 1}, ordering_key="K")
@@ -62,14 +63,14 @@ def test_ids_of_one_key_follow_commit_order_under_concurrent_producers(
 
         two = threading.Thread(target=producer_two)
         two.start()
-        two.join(0.5)
-        assert two.is_alive(), "the second producer of the key did not wait"
-        assert claim(engine) == []  # nothing of K is committed yet
+        # (on the key's lock, not on a first insert of the channel's name)
+        assert waits_on_a_lock(engine, two, "advisory"), "the second producer did not wait"
+        assert claim_ids(engine) == []  # nothing of K is committed yet
         first.commit()
     two.join(5)
     assert second_id and second_id[0] > first_id
-    assert claim(engine) == [first_id]  # the first committed goes first
-    assert claim(engine) == []  # and alone
+    assert claim_ids(engine) == [first_id]  # the first committed goes first
+    assert claim_ids(engine) == []  # and alone
 
 
 def test_producers_of_different_keys_do_not_wait_for_each_other(engine: sa.Engine) -> None:
@@ -104,21 +105,21 @@ def test_a_row_is_never_claimed_while_another_row_of_its_key_is_claimed(
         early_id = early.execute(insert).scalar_one()
         with engine.begin() as conn:
             late_id = conn.execute(insert).scalar_one()
-        assert claim(engine) == [late_id]
+        assert claim_ids(engine) == [late_id]
         early.commit()
     assert early_id < late_id
-    assert claim(engine) == []  # the key's other row is in flight
+    assert claim_ids(engine) == []  # the key's other row is in flight
     settle(engine, late_id, "delivered")
-    assert claim(engine) == [early_id]
+    assert claim_ids(engine) == [early_id]
 
 
 def test_a_failed_row_holds_its_successors_until_an_operator_acts(engine: sa.Engine) -> None:
-    head, second, third = enqueue(engine, 3, ordering_key="calendar-7")
-    (other,) = enqueue(engine, 1, ordering_key="calendar-8")
-    assert sorted(claim(engine)) == [head, other]
+    head, second, third = enqueue(engine, 3, "scripted", ordering_key="calendar-7")
+    (other,) = enqueue(engine, 1, "scripted", ordering_key="calendar-8")
+    assert sorted(claim_ids(engine)) == [head, other]
     settle(engine, head, "failed")  # e.g. the "create" answered 412
     settle(engine, other, "delivered")
-    assert claim(engine) == []  # the "delete" after it does not run
+    assert claim_ids(engine) == []  # the "delete" after it does not run
     with engine.begin() as conn:
         assert store.held_count(conn) == 2
         assert store.backlog(conn).held == 2
@@ -129,24 +130,26 @@ def test_a_failed_row_holds_its_successors_until_an_operator_acts(engine: sa.Eng
     # The operator redrives the head: it goes first, the rest after it.
     with engine.begin() as conn:
         assert store.redrive(conn, [head]) == {head}
-    assert claim(engine) == [head]
+    assert claim_ids(engine) == [head]
     settle(engine, head, "delivered")
-    assert claim(engine) == [second]
+    assert claim_ids(engine) == [second]
     settle(engine, second, "retry")  # out of attempts (max 1): dead, holds third
-    assert claim(engine) == []
+    assert claim_ids(engine) == []
     with engine.begin() as conn:  # cancelling the dead row releases the key
         assert row(conn, second).status == "dead"
         assert store.cancel(conn, [second], "operator gave up") == {second}
-    assert claim(engine) == [third]
+    assert claim_ids(engine) == [third]
 
 
 def test_successors_that_asked_for_it_are_cancelled_naming_the_failed_row(
     engine: sa.Engine,
 ) -> None:
-    head, second, third = enqueue(engine, 3, ordering_key="K", on_predecessor_failure="cancel")
-    assert claim(engine) == [head]
+    head, second, third = enqueue(
+        engine, 3, "scripted", ordering_key="K", on_predecessor_failure="cancel"
+    )
+    assert claim_ids(engine) == [head]
     settle(engine, head, "failed")
-    assert claim(engine) == []
+    assert claim_ids(engine) == []
     report = reaper.run(engine, settings(), lambda: 30.0)
     assert report.cancelled == 2
     with engine.connect() as conn:

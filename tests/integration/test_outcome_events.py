@@ -19,7 +19,7 @@ from outcome_support import BACKOFF, BUS, Bus, lease_ends, settle_all
 import outbox
 from outbox import feedback, reaper, store
 from outbox.relay_settings import OutcomeEventSettings
-from support import EMAIL, expire_leases, receive, settings
+from support import EMAIL, enqueue, expire_leases, receive, settings
 
 
 @pytest.fixture
@@ -33,14 +33,6 @@ ON = OutcomeEventSettings(bus=BUS)
 def reap(engine: sa.Engine, client: Any = None, events: OutcomeEventSettings = ON) -> Any:
     client = client or boto3.client("events")
     return reaper.run(engine, settings(), lambda: 30.0, events, lambda: client)
-
-
-def enqueue(engine: sa.Engine, n: int, **options: Any) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(
-            conn,
-            [{"channel": "email", "payload": EMAIL, **options} for _ in range(n)],
-        )
 
 
 def waiting(engine: sa.Engine) -> list[sa.Row[Any]]:

@@ -15,18 +15,13 @@ import boto3
 import pytest
 import sqlalchemy as sa
 
-import outbox
 from outbox import pacing, store
 from outbox.handoff import Invoker
 from outbox.runtime import Runtime, wake_source
-from support import EMAIL, LambdaContext
+from support import LambdaContext, enqueue
 
 WAKE = "outbox-relay-dispatcher-wake"
 FAR = "at(2099-12-31T23:59:59)"
-
-
-def enqueue(conn: sa.Connection, **fields: Any) -> int:
-    return outbox.enqueue(conn, "email", EMAIL, **fields)
 
 
 def set_row(conn: sa.Connection, message_id: int, assignments: str) -> None:
@@ -47,11 +42,11 @@ def test_an_empty_outbox_has_nothing_to_wake_for(engine: sa.Engine) -> None:
 
 def test_the_next_wake_is_the_earliest_future_event_of_any_priority(engine: sa.Engine) -> None:
     with engine.begin() as conn:
-        due_now = enqueue(conn)  # due already: the run claims it, no wake-up needed
-        later_low = enqueue(conn, delay=600, priority=-5)
-        soon_high = enqueue(conn, delay=300, priority=9)
-        soonest_mid = enqueue(conn, delay=120, priority=0)
-        deadline = enqueue(conn, delay=900)
+        (due_now,) = enqueue(conn)  # due already: the run claims it, no wake-up needed
+        (later_low,) = enqueue(conn, delay=600, priority=-5)
+        (soon_high,) = enqueue(conn, delay=300, priority=9)
+        (soonest_mid,) = enqueue(conn, delay=120, priority=0)
+        (deadline,) = enqueue(conn, delay=900)
         set_row(conn, deadline, "expires_at = now() + interval '200 seconds'")
         times = dict(
             conn.execute(
@@ -73,7 +68,7 @@ def test_a_lease_expiry_and_waiting_outcome_events_wake_too(engine: sa.Engine) -
         enqueue(conn, delay=3600)
         enqueue(conn)
         claims = store.claim(conn, 10, 60)
-        dead = enqueue(conn)
+        (dead,) = enqueue(conn)
         set_row(conn, dead, "status = 'dead', settled_at = now()")  # the trigger writes an event
         wake = store.next_wake(conn)
     assert len(claims) == 1
@@ -89,7 +84,7 @@ def test_rows_due_but_not_claimable_do_not_wake_the_dispatcher_in_a_loop(
     """A paused channel's due rows and a held ordering key's rows are due and
     unclaimable: only future times count, so they cause no wake-up at all."""
     with engine.begin() as conn:
-        first = enqueue(conn, ordering_key="k")
+        (first,) = enqueue(conn, ordering_key="k")
         enqueue(conn, ordering_key="k")
         set_row(conn, first, "status = 'failed', settled_at = now()")
         store.pause_channel(conn, "email", "test")
@@ -308,7 +303,7 @@ def test_a_sleep_run_ends_after_its_linger_and_holds_no_connection(
     with engine.begin() as conn:
         for _ in range(3):
             enqueue(conn)
-        delayed = enqueue(conn, delay=3600)
+        (delayed,) = enqueue(conn, delay=3600)
         delayed_at = conn.execute(
             sa.text("SELECT available_at FROM outbox_message WHERE id = :id"), {"id": delayed}
         ).scalar_one()
@@ -392,7 +387,7 @@ def test_waiting_outcome_events_wake_the_reaper(
         relay_env, OUTCOME_EVENT_BUS="default", REAPER_FUNCTION="outbox-reaper"
     )
     with engine.begin() as conn:
-        dead = enqueue(conn, delay=60)
+        (dead,) = enqueue(conn, delay=60)
         set_row(conn, dead, "status = 'dead', settled_at = now()")
     result = runtime.dispatch({}, LambdaContext(60))
     assert result["reaper_woken"]
@@ -419,7 +414,7 @@ def test_a_sleep_run_woken_at_a_deliver_by_time_expires_the_row(
 ) -> None:
     runtime, handed = sleep_runtime(relay_env)
     with engine.begin() as conn:
-        late = enqueue(conn)
+        (late,) = enqueue(conn)
         store.pause_channel(conn, "email", "test")  # so it waits past its deadline
         set_row(conn, late, "expires_at = now() - interval '1 second'")
     result = runtime.dispatch({"version": 1, "source": "outbox.wake"}, LambdaContext(60))
@@ -441,12 +436,7 @@ def test_poll_mode_keeps_claiming_for_its_budget_and_keeps_its_connection(
     )
     handed = Handed()
     runtime._invoker = handed
-    polls: list[float] = []
-    import time
-
-    started = time.monotonic()
     result = runtime.dispatch({}, LambdaContext(60))
-    polls.append(time.monotonic() - started)
     # The whole budget, polled (the pass count is not timed: at least two).
     assert result["ended"] == "budget" and result["batches"] >= 2
     assert "successor" not in result and handed.client.invokes == []

@@ -8,17 +8,11 @@ import threading
 
 import sqlalchemy as sa
 
-import outbox
 from outbox import store
 from outbox.dispatcher import dispatch_once
 from outbox.handoff import CallableInvoker
 from outbox.worker import Worker
-from support import EMAIL, ScriptedChannel, expire_leases, install_channel, settings
-
-
-def seed(engine: sa.Engine, channel: str, n: int, payload: object = EMAIL) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(conn, [{"channel": channel, "payload": payload}] * n)
+from support import ScriptedChannel, enqueue, expire_leases, install_channel, settings
 
 
 def rows(engine: sa.Engine) -> dict[int, tuple[str, int]]:
@@ -33,8 +27,8 @@ def attempt_count(engine: sa.Engine) -> int:
 
 
 def test_a_paused_channel_is_not_claimed_and_resume_releases_it(engine: sa.Engine) -> None:
-    emails = seed(engine, "email", 3)
-    sms = seed(engine, "sms", 2, {"to": "+15555550100", "message": "hi"})
+    emails = enqueue(engine, 3, "email")
+    sms = enqueue(engine, 2, "sms", {"to": "+15555550100", "message": "hi"})
     with engine.begin() as conn:
         assert store.pause_channel(conn, "email", "provider incident") is True
     with engine.begin() as conn:
@@ -79,7 +73,7 @@ def test_bad_channel_names_are_refused_and_change_nothing(engine: sa.Engine) -> 
 
 
 def test_the_dispatcher_leaves_paused_rows_pending_without_an_attempt(engine: sa.Engine) -> None:
-    ids = seed(engine, "email", 4)
+    ids = enqueue(engine, 4, "email")
     handed: list[dict[str, object]] = []
     invoker = CallableInvoker({"email": handed.append})
     with engine.begin() as conn:
@@ -96,7 +90,7 @@ def test_the_dispatcher_leaves_paused_rows_pending_without_an_attempt(engine: sa
 
 def test_a_claim_taken_before_the_pause_is_still_reaped_as_usual(engine: sa.Engine) -> None:
     """A pause does not touch claims in flight: their lease rules are unchanged."""
-    [message_id] = seed(engine, "email", 1)
+    [message_id] = enqueue(engine, 1, "email")
     with engine.begin() as conn:
         store.claim(conn, 10, 60)
         store.pause_channel(conn, "email")
@@ -111,7 +105,7 @@ def test_a_claim_taken_before_the_pause_is_still_reaped_as_usual(engine: sa.Engi
 
 def test_the_worker_honours_a_pause(engine: sa.Engine) -> None:
     channel = install_channel(ScriptedChannel())
-    held = seed(engine, "scripted", 3, {"n": 1})
+    held = enqueue(engine, 3, "scripted", {"n": 1})
     with engine.begin() as conn:
         store.pause_channel(conn, "scripted", "review")
     worker = Worker(engine, settings(), stop=threading.Event(), reap_interval_seconds=3600)
@@ -127,8 +121,8 @@ def test_the_worker_honours_a_pause(engine: sa.Engine) -> None:
 
 
 def test_channel_backlog_groups_every_channel_and_lists_paused_ones(engine: sa.Engine) -> None:
-    seed(engine, "email", 3)
-    seed(engine, "sms", 1, {"to": "+15555550100", "message": "hi"})
+    enqueue(engine, 3, "email")
+    enqueue(engine, 1, "sms", {"to": "+15555550100", "message": "hi"})
     with engine.begin() as conn:
         [first, *_] = store.claim(conn, 1, 60, ["email"])
         store.pause_channel(conn, "email")

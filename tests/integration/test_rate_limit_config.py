@@ -28,7 +28,7 @@ from outbox.limits import RateLimit
 from outbox.relay_settings import RelaySettings
 from outbox.runtime import Runtime
 from outbox.worker import Worker
-from support import LambdaContext, install_channel, settings
+from support import LambdaContext, claim, install_channel, settings
 
 EMAIL = {"from": "a@example.com", "to": ["b@example.com"], "subject": "s", "text": "t"}
 
@@ -423,7 +423,7 @@ def test_a_channel_limit_and_a_destination_limit_both_hold(engine: sa.Engine) ->
     b = hooks(engine, "b.example", 20)
     apply(engine, "webhook=0.001/6,webhook:a.example=0.001/2")
     assert limits(engine)[("webhook", "*")] == (0.001, 6, "config")
-    store_claims = [c.id for c in _claim(engine, 100)] + [c.id for c in _claim(engine, 100)]
+    store_claims = [c.id for c in claim(engine, 100)] + [c.id for c in claim(engine, 100)]
     claimed = claimed_ids(engine)
     assert claimed == set(store_claims)
     assert len(claimed & set(a)) == 2 and len(claimed & set(b)) == 4
@@ -435,8 +435,8 @@ def test_an_empty_channel_bucket_never_holds_up_other_channels(engine: sa.Engine
         mail = outbox.enqueue_many(conn, [{"channel": "email", "payload": EMAIL}] * 5)
         # No destination: the whole channel (as `outbox limit set webhook` says it).
         store.set_limit(conn, "webhook", store.check_destination("webhook", ""), 0.001, 1)
-    assert len(_claim(engine, 10)) == 6  # the webhook's one token, and every email
-    assert {c.id for c in _claim(engine, 10)} == set()
+    assert len(claim(engine, 10)) == 6  # the webhook's one token, and every email
+    assert {c.id for c in claim(engine, 10)} == set()
     assert set(mail) <= claimed_ids(engine)
     with engine.connect() as conn:  # a sleeping relay wakes for the next token
         assert store.next_resume(conn) is not None
@@ -453,7 +453,7 @@ def test_many_claimers_never_exceed_a_channel_limit(engine: sa.Engine) -> None:
     def claimer() -> None:
         start.wait()
         for _ in range(5):
-            _claim(engine, 50)
+            claim(engine, 50)
 
     threads = [threading.Thread(target=claimer) for _ in range(6)]
     for t in threads:
@@ -467,8 +467,3 @@ def test_many_claimers_never_exceed_a_channel_limit(engine: sa.Engine) -> None:
     # The burst, plus the refill over the claims' span by the database's clock.
     span = (last - since).total_seconds()
     assert 5 <= taken <= 5 + 5 * span + 1e-9
-
-
-def _claim(engine: sa.Engine, batch: int) -> list[store.Claim]:
-    with engine.begin() as conn:
-        return store.claim(conn, batch, 120)

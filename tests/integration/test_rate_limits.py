@@ -17,7 +17,7 @@ from outbox import sender, store
 from outbox.channels import Outcome
 from outbox.handoff import HandOff
 from outbox.worker import Worker
-from support import ScriptedChannel, attempts, install_channel, settings
+from support import ScriptedChannel, attempts, claim, enqueue, install_channel, settings
 
 
 def hook(host: str, n: int = 0) -> dict[str, Any]:
@@ -29,18 +29,6 @@ def enqueue_hooks(engine: sa.Engine, host: str, n: int) -> list[int]:
         return outbox.enqueue_many(
             conn, [{"channel": "webhook", "payload": hook(host, i)} for i in range(n)]
         )
-
-
-def enqueue_scripted(engine: sa.Engine, n: int) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(
-            conn, [{"channel": "scripted", "payload": {"n": i}} for i in range(n)]
-        )
-
-
-def claim(engine: sa.Engine, batch: int = 100) -> list[store.Claim]:
-    with engine.begin() as conn:
-        return store.claim(conn, batch, 120)
 
 
 def destinations_of(engine: sa.Engine, ids: list[int]) -> set[str]:
@@ -230,7 +218,7 @@ def test_a_throttling_answer_pauses_the_destination_and_counts_nothing(
     channel = install_channel(
         DestinationChannel(answers=[Outcome.delivered(), Outcome.throttled("HTTP 429", 60)])
     )
-    ids = enqueue_scripted(engine, 6)
+    ids = enqueue(engine, 6, "scripted")
     report = run_sender(engine, claim(engine))
     assert channel.calls == 2  # one refused call; the other rows were not started
     assert report.statuses == {"delivered": 1, "not_started": 5}
@@ -404,7 +392,7 @@ def test_a_quota_answer_pauses_the_channel_until_resumed(engine: sa.Engine) -> N
     channel = install_channel(
         DestinationChannel(answers=[Outcome.delivered(), quota, quota, quota, quota])
     )
-    ids = enqueue_scripted(engine, 8)
+    ids = enqueue(engine, 8, "scripted")
     first, second = claim(engine, batch=4), claim(engine, batch=4)  # two events in flight
     run_sender(engine, first)
     assert channel.calls == 2  # the refused call, then nothing more
@@ -436,7 +424,7 @@ def test_the_receipt_of_a_paused_channel_sends_nothing_and_counts_nothing(
     engine: sa.Engine, pause: str
 ) -> None:
     channel = install_channel(DestinationChannel())
-    ids = enqueue_scripted(engine, 3)
+    ids = enqueue(engine, 3, "scripted")
     claims = claim(engine)  # claimed and handed off before the pause
     with engine.begin() as conn:
         if pause == "quota":
@@ -496,7 +484,7 @@ def test_after_a_quota_answer_no_new_call_starts(
     engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     channel = install_channel(QuotaSpentChannel(noting_quota(monkeypatch)))
-    ids = enqueue_scripted(engine, 20)
+    ids = enqueue(engine, 20, "scripted")
     report = run_sender(engine, claim(engine), send_concurrency=4)
     # the first refused call, and at most the other threads' calls under way
     assert 1 <= channel.calls <= 4
@@ -511,7 +499,7 @@ def test_the_worker_starts_no_call_of_its_next_batch_after_a_quota(
     engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     channel = install_channel(QuotaSpentChannel(noting_quota(monkeypatch)))
-    ids = enqueue_scripted(engine, 12)
+    ids = enqueue(engine, 12, "scripted")
     # A settle that runs beside the next claim (the worker's pipeline) waits
     # for that claim, so the next batch would be claimed before the pause.
     claims = threading.Event()
@@ -543,7 +531,7 @@ def test_a_quota_pause_ends_by_itself_and_an_operator_pause_outlasts_it(
     engine: sa.Engine,
 ) -> None:
     install_channel(ScriptedChannel())
-    ids = enqueue_scripted(engine, 2)
+    ids = enqueue(engine, 2, "scripted")
     with engine.begin() as conn:
         store.record_throttling(conn, "scripted", {}, ("quota: daily", 3600))
     assert claim(engine) == []

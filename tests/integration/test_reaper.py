@@ -6,15 +6,15 @@ import threading
 
 import sqlalchemy as sa
 
-import outbox
 from outbox import reaper, sender, store
 from outbox.channels.email import EmailChannel
 from outbox.handoff import HandOff
 from support import (
-    EMAIL,
     LambdaContext,
     ScriptedChannel,
     attempts,
+    claim,
+    enqueue,
     expire_leases,
     install_channel,
     make_due,
@@ -24,21 +24,9 @@ from support import (
 )
 
 
-def enqueue(engine: sa.Engine, n: int = 1, **options: object) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(
-            conn, [{"channel": "email", "payload": EMAIL, **options} for _ in range(n)]
-        )
-
-
-def claim(engine: sa.Engine) -> list[store.Claim]:
-    with engine.begin() as conn:
-        return store.claim(conn, 100, 60)
-
-
 def test_expired_claims_go_back_to_pending_with_the_attempt_counted(engine: sa.Engine) -> None:
     (mid,) = enqueue(engine)
-    receive(engine, claim(engine))  # a sender took it, then died
+    receive(engine, claim(engine, lease=60))  # a sender took it, then died
     report = reaper.run(engine, settings(), lambda: 30.0)
     assert report.reclaimed == 0  # the lease has not run out yet
     expire_leases(engine)
@@ -59,7 +47,7 @@ def test_a_row_that_keeps_crashing_its_sender_ends_dead(engine: sa.Engine) -> No
     (mid,) = enqueue(engine, max_attempts=3)
     for _ in range(3):
         make_due(engine)
-        claims = claim(engine)
+        claims = claim(engine, lease=60)
         assert [c.id for c in claims] == [mid]
         receive(engine, claims)
         expire_leases(engine)  # the sender crashed after taking it: nobody settles
@@ -69,7 +57,7 @@ def test_a_row_that_keeps_crashing_its_sender_ends_dead(engine: sa.Engine) -> No
     assert (r.status, r.attempts) == ("dead", 3) and r.settled_at is not None
     assert [a.outcome for a in history] == ["expired", "expired", "dead"]
     make_due(engine)
-    assert claim(engine) == []  # never loops forever
+    assert claim(engine, lease=60) == []  # never loops forever
 
 
 def test_reaper_racing_a_settle_never_leaves_a_row_both_delivered_and_pending(
@@ -84,7 +72,11 @@ def test_reaper_racing_a_settle_never_leaves_a_row_both_delivered_and_pending(
         schema = EmailChannel.schema
 
     seen: set[str] = set()
-    for _ in range(10):
+    # Ten rounds at least; more (up to 40) while the race has not yet come out
+    # both ways: a busy machine shifts when the calls end against the lease.
+    for round_ in range(40):
+        if round_ >= 10 and {"delivered", "expired"} <= seen:
+            break
         with engine.begin() as conn:
             conn.execute(sa.text("TRUNCATE outbox_attempt, outbox_message, outbox_dedupe"))
         ids = enqueue(engine, 30)
@@ -92,7 +84,7 @@ def test_reaper_racing_a_settle_never_leaves_a_row_both_delivered_and_pending(
         # (a lease long enough that the sender starts every call: MIN_CALL_SECONDS)
         answers = [random.uniform(0.6, 1.0) for _ in ids]
         install_channel(FakeEmail(name="email", answers=answers))
-        claims = claim(engine)
+        claims = claim(engine, lease=60)
         with engine.begin() as conn:
             conn.execute(
                 sa.text(
@@ -160,7 +152,7 @@ def test_the_reaper_keeps_messages_attempts_and_dedupe_keys_each_for_its_own_ret
         schema = EmailChannel.schema
 
     install_channel(FakeEmail(name="email"))
-    claims = claim(engine)
+    claims = claim(engine, lease=60)
     ctx = LambdaContext(30)
     sender.run(
         engine,
@@ -208,7 +200,7 @@ def test_backlog_figures(engine: sa.Engine) -> None:
                 "UPDATE outbox_message SET available_at = now() - interval '90 seconds' WHERE id = 1"
             )
         )
-    claim(engine)  # claims the 3 due rows
+    claim(engine, lease=60)  # claims the 3 due rows
     expire_leases(engine, [2])
     with engine.begin() as conn:
         conn.execute(

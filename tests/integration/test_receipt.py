@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-import outbox
 from outbox import reaper, sender, store
 from outbox.channels import Deadline, Message, Outcome
 from outbox.handoff import HandOff, LambdaInvoker
@@ -25,12 +24,15 @@ from support import (
     LambdaContext,
     ScriptedChannel,
     attempts,
+    claim,
+    enqueue,
     expire_leases,
     install_channel,
     make_due,
     receive,
     row,
     settings,
+    waits_on_a_lock,
 )
 
 
@@ -39,35 +41,28 @@ def _scripted_channel() -> None:
     install_channel(ScriptedChannel())
 
 
-def enqueue(engine: sa.Engine, n: int = 1, **options: object) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(
-            conn, [{"channel": "scripted", "payload": {"n": i}, **options} for i in range(n)]
-        )
-
-
-def claim(engine: sa.Engine) -> list[store.Claim]:
-    with engine.begin() as conn:
-        return store.claim(conn, 100, 120)
-
-
 def run_sender(engine: sa.Engine, event: dict[str, Any]) -> sender.SendReport:
     ctx = LambdaContext(30)
     return sender.run(engine, event, settings(), lambda: ctx.get_remaining_time_in_millis() / 1000)
 
 
 class SlowCountingChannel(ScriptedChannel):
-    """Counts provider calls; each takes a while, so two senders overlap."""
+    """Counts provider calls; each takes a while (until ``go_on`` is set, when
+    there is one), so two senders overlap."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[int] = []
         self._lock = threading.Lock()
+        self.go_on: threading.Event | None = None
 
     def send(self, message: Message, deadline: Deadline) -> Outcome:
         with self._lock:
             self.calls.append(message.id)
-        threading.Event().wait(0.05)
+        if self.go_on is None:
+            threading.Event().wait(0.05)
+        else:
+            self.go_on.wait(30)
         return Outcome.delivered(f"p-{message.id}")
 
 
@@ -77,18 +72,26 @@ def test_two_senders_handed_the_same_event_at_once_call_the_provider_once(
     channel = install_channel(SlowCountingChannel())
     for _ in range(10):  # rounds: the race must come out the same every time
         channel.calls.clear()
-        ids = enqueue(engine, 5)
+        ids = enqueue(engine, 5, "scripted")
         event = HandOff("scripted", tuple(claim(engine))).to_event()
         start = threading.Barrier(2)
         reports: list[sender.SendReport] = []
+        # The provider calls of whichever twin took the receipt last until the
+        # other twin has said why it got none: "at once", however the machine
+        # schedules them (a twin that looks after the settle reads a lost lease).
+        channel.go_on = twin_done = threading.Event()
 
         def handle(
             event: dict[str, Any] = event,
             start: threading.Barrier = start,
             reports: list[sender.SendReport] = reports,
+            twin_done: threading.Event = twin_done,
         ) -> None:
             start.wait()
-            reports.append(run_sender(engine, event))
+            report = run_sender(engine, event)
+            reports.append(report)
+            if report.owned == 0:
+                twin_done.set()
 
         threads = [threading.Thread(target=handle) for _ in range(2)]
         for t in threads:
@@ -111,7 +114,7 @@ def test_a_receipt_taken_by_an_uncommitted_sender_is_not_given_to_a_second(
 ) -> None:
     """The second compare-and-set waits for the first and then matches nothing
     (READ COMMITTED re-checks ``received_at`` on the row the first one wrote)."""
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     (c,) = claim(engine)
     pair = [c]
     second: list[list[store.ClaimedMessage]] = []
@@ -125,8 +128,7 @@ def test_a_receipt_taken_by_an_uncommitted_sender_is_not_given_to_a_second(
 
         waiter = threading.Thread(target=take)
         waiter.start()
-        waiter.join(0.5)
-        assert waiter.is_alive(), "the second receipt did not wait for the first"
+        assert waits_on_a_lock(engine, waiter), "the second receipt did not wait for the first"
         first.commit()
     waiter.join(5)
     assert second == [[]]
@@ -134,7 +136,7 @@ def test_a_receipt_taken_by_an_uncommitted_sender_is_not_given_to_a_second(
 
 def test_an_id_listed_twice_in_one_event_is_sent_once(engine: sa.Engine) -> None:
     channel = install_channel(SlowCountingChannel())
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     (c,) = claim(engine)
     event = HandOff("scripted", (c, c)).to_event()
     assert len(event["messages"]) == 2
@@ -144,7 +146,7 @@ def test_an_id_listed_twice_in_one_event_is_sent_once(engine: sa.Engine) -> None
     with engine.connect() as conn:
         assert [(a.attempt, a.outcome) for a in attempts(conn, mid)] == [(1, "delivered")]
     # and the store drops a repeated pair itself, for any caller
-    (mid2,) = enqueue(engine)
+    (mid2,) = enqueue(engine, channel="scripted")
     (c2,) = claim(engine)
     with engine.begin() as conn:
         taken = store.receive_claimed(conn, "scripted", [c2, c2], 3)
@@ -153,7 +155,7 @@ def test_an_id_listed_twice_in_one_event_is_sent_once(engine: sa.Engine) -> None
 
 def test_a_replayed_event_finds_nothing_to_send(engine: sa.Engine) -> None:
     channel = install_channel(SlowCountingChannel())
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     event = HandOff("scripted", tuple(claim(engine))).to_event()
     assert run_sender(engine, event).owned == 1
     assert run_sender(engine, event).lease_lost == [mid]
@@ -166,7 +168,7 @@ def test_a_replay_while_the_first_sender_is_still_sending_finds_nothing(
     """The claim is still ``claimed`` with a live lease; only the receipt stops
     the replay (the old fenced read would have sent it a second time)."""
     install_channel(ScriptedChannel())
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     claims = claim(engine)
     receive(engine, claims)  # the first sender took it and is calling the provider
     report = run_sender(engine, HandOff("scripted", tuple(claims)).to_event())
@@ -178,7 +180,7 @@ def test_a_replay_while_the_first_sender_is_still_sending_finds_nothing(
 def test_a_lease_that_ends_with_no_receipt_counts_no_attempt(engine: sa.Engine) -> None:
     """The event never reached a sender (dropped for age, throttled, lost):
     back to pending at once, no attempt, an attempt row that says so."""
-    ids = enqueue(engine, 2, max_attempts=1)
+    ids = enqueue(engine, 2, "scripted", max_attempts=1)
     claims = claim(engine)
     receive(engine, claims[:1])  # the first was started, the second never was
     expire_leases(engine)
@@ -208,7 +210,7 @@ def test_a_lease_that_ends_with_no_receipt_counts_no_attempt(engine: sa.Engine) 
 
 
 def test_a_lease_with_no_receipt_is_bounded_by_the_deliver_by_time(engine: sa.Engine) -> None:
-    (mid,) = enqueue(engine, ttl=3600)
+    (mid,) = enqueue(engine, channel="scripted", ttl=3600)
     claim(engine)
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE outbox_message SET expires_at = now() - interval '1 second'"))
@@ -279,10 +281,10 @@ def test_a_duplicated_hand_off_is_counted_as_one_not_as_a_lost_lease(
 
     observability.flush_metrics()
     capsys.readouterr()
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     claims = claim(engine)
     receive(engine, claims)  # the first delivery of the event is sending it
-    (other,) = enqueue(engine)
+    (other,) = enqueue(engine, channel="scripted")
     stale = store.Claim(other, "scripted", str(uuid.uuid4()), 1)  # not its claim
     with caplog.at_level("INFO", logger="outbox"):
         report = run_sender(engine, HandOff("scripted", (*claims, stale)).to_event())
@@ -316,7 +318,7 @@ def test_a_sample_events_claim_is_reported_as_never_live_not_as_a_lost_lease(
 
     observability.flush_metrics()
     capsys.readouterr()
-    sampled, mid = enqueue(engine, 2)
+    sampled, mid = enqueue(engine, 2, "scripted")
     sample = store.Claim(sampled, "scripted", "00000000-0000-0000-0000-000000000001", 1)
     elsewhere = store.Claim(mid + 1000, "scripted", str(uuid.uuid4()), 1)
     stale = store.Claim(mid, "scripted", str(uuid.uuid4()), 1)

@@ -4,8 +4,6 @@ is told to run `outbox migrate`, in one sentence without SQL."""
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -13,25 +11,8 @@ from click.testing import CliRunner
 
 import outbox
 from outbox import migrate
-from outbox.db import create_engine
-from outbox.relay_settings import DatabaseSettings
 from outbox_cli.cli import cli
 from support import EMAIL
-
-
-@pytest.fixture
-def empty_database(server_url: str) -> Iterator[tuple[str, sa.Engine]]:
-    """A database of its own with nothing of the relay's in it."""
-    from outbox_cli import devdb
-
-    name = f"outbox_empty_{uuid.uuid4().hex[:8]}"
-    url = devdb.recreate_database(server_url, name)
-    engine = create_engine(DatabaseSettings(url=url, sslmode="disable"))
-    try:
-        yield url, engine
-    finally:
-        engine.dispose()
-        devdb.drop_database(server_url, name)
 
 
 @pytest.mark.parametrize("api", ["enqueue", "enqueue_many"])

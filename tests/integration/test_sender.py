@@ -10,46 +10,26 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-import outbox
 from outbox import sender, store
 from outbox.channels import Deadline, Message, Outcome
-from outbox.handoff import HandOff
 from support import (
-    LambdaContext,
     ScriptedChannel,
     attempts,
+    claim,
+    enqueue,
+    insert_raw,
     install_channel,
     receive,
     row,
+    send,
     settings,
+    wait_after_settle,
 )
-
-
-def enqueue(engine: sa.Engine, n: int = 1, **options: object) -> list[int]:
-    with engine.begin() as conn:
-        return outbox.enqueue_many(
-            conn, [{"channel": "scripted", "payload": {"n": i}, **options} for i in range(n)]
-        )
-
-
-def claim(engine: sa.Engine, batch: int = 100, lease: float = 120) -> list[store.Claim]:
-    with engine.begin() as conn:
-        return store.claim(conn, batch, lease)
-
-
-def send(
-    engine: sa.Engine, claims: list[store.Claim], remaining: float = 30, **overrides: object
-) -> sender.SendReport:
-    event = HandOff("scripted", tuple(claims)).to_event()
-    ctx = LambdaContext(remaining)
-    return sender.run(
-        engine, event, settings(**overrides), lambda: ctx.get_remaining_time_in_millis() / 1000
-    )
 
 
 def test_delivered_records_provider_id_and_one_attempt(engine: sa.Engine) -> None:
     channel = install_channel(ScriptedChannel())
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     report = send(engine, claim(engine))
     assert report.statuses == {"delivered": 1} and channel.sent == [mid]
     with engine.connect() as conn:
@@ -78,7 +58,7 @@ def test_each_outcome_class_in_one_batch(engine: sa.Engine) -> None:
             ]
         )
     )
-    ids = enqueue(engine, 5)
+    ids = enqueue(engine, 5, "scripted")
     # One at a time through the pool so the scripted answers line up with ids.
     report = send(engine, claim(engine), send_concurrency=1)
     assert report.statuses == {
@@ -90,48 +70,26 @@ def test_each_outcome_class_in_one_batch(engine: sa.Engine) -> None:
     }
     with engine.connect() as conn:
         rows = [row(conn, i) for i in ids]
-        retry_wait = conn.execute(
-            sa.text(
-                "SELECT EXTRACT(EPOCH FROM available_at - now()) FROM outbox_message WHERE id = :id"
-            ),
-            {"id": ids[1]},
-        ).scalar_one()
-        defer_wait = conn.execute(
-            sa.text(
-                "SELECT EXTRACT(EPOCH FROM available_at - now()) FROM outbox_message WHERE id = :id"
-            ),
-            {"id": ids[4]},
-        ).scalar_one()
+        # Against the settle's own clock, not this later transaction's.
+        retry_wait, defer_wait = wait_after_settle(conn, ids[1]), wait_after_settle(conn, ids[4])
         history = {i: [(a.attempt, a.outcome) for a in attempts(conn, i)] for i in ids}
     assert [r.status for r in rows] == ["delivered", "pending", "failed", "suppressed", "pending"]
     assert [r.attempts for r in rows] == [1, 1, 1, 1, 0]  # the deferral counted no attempt
     assert rows[1].last_error == "503 from provider" and rows[4].last_error == "throttled"
-    assert 0.5 <= float(retry_wait) <= 1.0  # base 1s, equal jitter
-    assert 29 <= float(defer_wait) <= 30
+    assert 0.5 <= retry_wait <= 1.0  # base 1s, equal jitter
+    assert defer_wait == pytest.approx(30)  # the deferral asked for
     assert history[ids[1]] == [(1, "retry")] and history[ids[4]] == [(1, "deferred")]
 
 
 def test_backoff_grows_and_is_capped_then_dead_at_max_attempts(engine: sa.Engine) -> None:
     install_channel(ScriptedChannel(answers=[Outcome.retry("boom")] * 10))
-    (mid,) = enqueue(engine, max_attempts=4)
+    (mid,) = enqueue(engine, channel="scripted", max_attempts=4)
     waits = []
     for _ in range(4):
         send(engine, claim(engine), backoff_base_seconds=10, backoff_cap_seconds=25)
         with engine.begin() as conn:
-            waits.append(
-                float(
-                    conn.execute(
-                        # Against the settle's own clock (its attempt row's finish
-                        # time, the same now()), not a later transaction's: a busy
-                        # machine must not shorten the measured wait.
-                        sa.text(
-                            "SELECT EXTRACT(EPOCH FROM m.available_at - a.finished_at)"
-                            " FROM outbox_message m JOIN outbox_attempt a ON a.message_id = m.id"
-                            " ORDER BY a.id DESC LIMIT 1"
-                        )
-                    ).scalar_one()
-                )
-            )
+            # Against the settle's own clock: a busy machine must not shorten it.
+            waits.append(wait_after_settle(conn, mid))
             conn.execute(
                 sa.text("UPDATE outbox_message SET available_at = now() WHERE status = 'pending'")
             )
@@ -144,7 +102,7 @@ def test_backoff_grows_and_is_capped_then_dead_at_max_attempts(engine: sa.Engine
 
 def test_a_sender_whose_lease_was_taken_changes_nothing_and_says_so(engine: sa.Engine) -> None:
     install_channel(ScriptedChannel())
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     stale = claim(engine)
     receive(engine, stale)  # a slow sender took it ...
     with engine.begin() as conn:  # ... the reaper released it and another dispatcher re-claimed it
@@ -161,7 +119,7 @@ def test_a_sender_whose_lease_was_taken_changes_nothing_and_says_so(engine: sa.E
 
 def test_settle_with_a_stale_token_changes_nothing(engine: sa.Engine) -> None:
     install_channel(ScriptedChannel())
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     (c,) = claim(engine)
     with engine.begin() as conn:
         result = store.settle(
@@ -187,7 +145,7 @@ def test_lease_lost_between_send_and_settle_abandons_the_outcome(engine: sa.Engi
             return super().send(message, deadline)
 
     install_channel(Reaped())
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     report = send(engine, claim(engine))
     assert report.lease_lost == [mid] and not report.statuses
     with engine.connect() as conn:
@@ -198,7 +156,7 @@ def test_lease_lost_between_send_and_settle_abandons_the_outcome(engine: sa.Engi
 
 def test_rows_past_the_deadline_are_not_started_not_left_to_expire(engine: sa.Engine) -> None:
     install_channel(ScriptedChannel())
-    enqueue(engine, 3)
+    enqueue(engine, 3, "scripted")
     # The Lambda has less time left than the settle margin: nothing may start.
     report = send(engine, claim(engine), remaining=0.4, settle_margin_seconds=0.5)
     assert report.statuses == {"not_started": 3}
@@ -213,7 +171,7 @@ def test_no_call_starts_with_too_little_time_left_to_be_answered(engine: sa.Engi
     """A call begun a moment before its deadline is given up after the receiver
     got the request, and then sent again: such a row is not started instead."""
     channel = install_channel(ScriptedChannel())
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     left = sender.MIN_CALL_SECONDS * 0.6  # after the settle margin
     report = send(engine, claim(engine), remaining=0.5 + left, settle_margin_seconds=0.5)
     assert channel.sent == [] and report.statuses == {"not_started": 1}
@@ -223,7 +181,7 @@ def test_no_call_starts_with_too_little_time_left_to_be_answered(engine: sa.Engi
 
 def test_a_provider_call_that_hangs_past_its_deadline_is_given_up(engine: sa.Engine) -> None:
     install_channel(ScriptedChannel(answers=[3.0]))
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     report = send(engine, claim(engine), remaining=1.5, settle_margin_seconds=0.5)
     assert report.statuses == {"pending": 1}
     with engine.connect() as conn:
@@ -233,7 +191,7 @@ def test_a_provider_call_that_hangs_past_its_deadline_is_given_up(engine: sa.Eng
 
 def test_bad_payload_fails_that_row_and_the_rest_is_delivered(engine: sa.Engine) -> None:
     install_channel(ScriptedChannel())
-    good, bad = enqueue(engine, 2)
+    good, bad = enqueue(engine, 2, "scripted")
     with engine.begin() as conn:
         conn.execute(
             sa.text('UPDATE outbox_message SET payload = \'{"n": "seven"}\' WHERE id = :id'),
@@ -249,7 +207,7 @@ def test_bad_payload_fails_that_row_and_the_rest_is_delivered(engine: sa.Engine)
 
 def test_an_exception_from_the_channel_is_a_retry(engine: sa.Engine) -> None:
     install_channel(ScriptedChannel(answers=[ConnectionResetError("peer said no")]))
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     send(engine, claim(engine))
     with engine.connect() as conn:
         r = row(conn, mid)
@@ -258,7 +216,7 @@ def test_an_exception_from_the_channel_is_a_retry(engine: sa.Engine) -> None:
 
 def test_replayed_hand_off_after_settle_changes_nothing(engine: sa.Engine) -> None:
     channel = install_channel(ScriptedChannel())
-    (mid,) = enqueue(engine)
+    (mid,) = enqueue(engine, channel="scripted")
     claims = claim(engine)
     send(engine, claims)
     again = send(engine, claims)
@@ -269,7 +227,7 @@ def test_replayed_hand_off_after_settle_changes_nothing(engine: sa.Engine) -> No
 
 def test_settle_is_one_statement_whatever_the_batch_size(engine: sa.Engine) -> None:
     install_channel(ScriptedChannel())
-    enqueue(engine, 200)
+    enqueue(engine, 200, "scripted")
     statements: list[str] = []
 
     def count(conn, cursor, statement, *args):  # type: ignore[no-untyped-def]
@@ -291,20 +249,13 @@ def test_settle_is_one_statement_whatever_the_batch_size(engine: sa.Engine) -> N
 
 def _claim_raw(engine: sa.Engine, channel: str) -> list[store.Claim]:
     with engine.begin() as conn:
-        conn.execute(
-            sa.text("INSERT INTO outbox_message (channel, payload) VALUES (:c, '{\"n\": 1}')"),
-            {"c": channel},
-        )
+        insert_raw(conn, channel, '{"n": 1}')
         return store.claim(conn, 10, 120)
-
-
-def _send_event(engine: sa.Engine, channel: str, claims: list[store.Claim]) -> sender.SendReport:
-    return sender.run(engine, HandOff(channel, tuple(claims)).to_event(), settings(), lambda: 30.0)
 
 
 def test_a_channel_missing_from_the_senders_registry_fails_at_once(engine: sa.Engine) -> None:
     (c,) = _claim_raw(engine, "ghost")
-    report = _send_event(engine, "ghost", [c])
+    report = send(engine, [c])
     assert report.statuses == {"failed": 1}
     with engine.connect() as conn:
         r = row(conn, c.id)
@@ -340,7 +291,7 @@ def test_a_channel_without_a_working_send_fails_at_once(engine: sa.Engine) -> No
     }
     for channel, error in expected.items():
         (c,) = _claim_raw(engine, channel)
-        assert _send_event(engine, channel, [c]).statuses == {"failed": 1}
+        assert send(engine, [c]).statuses == {"failed": 1}
         with engine.connect() as conn:
             r = row(conn, c.id)
         assert (r.status, r.last_error) == ("failed", error)
@@ -386,7 +337,7 @@ def test_a_forked_process_sends_with_threads_of_its_own(engine: sa.Engine) -> No
     import multiprocessing as mp
 
     channel = install_channel(ScriptedChannel())
-    enqueue(engine, 2)
+    enqueue(engine, 2, "scripted")
     # The parent sends first, so it holds send threads of this size.
     assert send(engine, claim(engine, batch=1), send_concurrency=3).statuses == {"delivered": 1}
     with engine.begin() as conn:  # the row the child sends, received here
@@ -440,11 +391,11 @@ def test_a_channel_whose_calls_come_back_at_once_sends_its_next_batch_on_one_thr
     # a threshold no call of a busy test machine reaches (the behaviour, not the figure)
     monkeypatch.setattr(sender, "FAST_CALL_SECONDS", 0.1)
     channel = install_channel(ThreadRecordingChannel())
-    enqueue(engine, 20)
+    enqueue(engine, 20, "scripted")
     send(engine, claim(engine), send_concurrency=8)  # its calls are not known yet
     assert sender._calls_were_fast == {"scripted": True}
     channel.threads.clear()
-    enqueue(engine, 20)
+    enqueue(engine, 20, "scripted")
     report = send(engine, claim(engine), send_concurrency=8)
     assert report.statuses == {"delivered": 20}
     assert len(set(channel.threads)) == 1
@@ -456,7 +407,7 @@ def test_a_fast_channel_that_turns_slow_has_every_send_thread_again(
     monkeypatch.setattr(sender, "_calls_were_fast", {"scripted": True})
     monkeypatch.setattr(sender, "FAST_CALL_SECONDS", 0.01)
     channel = install_channel(ThreadRecordingChannel(seconds_per_call=0.05))
-    enqueue(engine, 8)
+    enqueue(engine, 8, "scripted")
     report = send(engine, claim(engine), send_concurrency=8)
     assert report.statuses == {"delivered": 8}
     # the first slow call brought the other threads in
@@ -464,7 +415,7 @@ def test_a_fast_channel_that_turns_slow_has_every_send_thread_again(
     assert sender._calls_were_fast == {"scripted": False}
     channel.threads.clear()
     channel.most_in_flight = 0
-    enqueue(engine, 8)
+    enqueue(engine, 8, "scripted")
     send(engine, claim(engine), send_concurrency=8)
     assert len(set(channel.threads)) >= 2  # a slow channel starts on all of them
 
@@ -487,7 +438,7 @@ def test_a_call_stuck_past_its_deadline_does_not_hold_the_next_batch(
             return super().send(message, deadline)
 
     channel = install_channel(StuckOnce())
-    stuck, then = enqueue(engine, 2)
+    stuck, then = enqueue(engine, 2, "scripted")
     try:
         first = send(engine, claim(engine, batch=1), 1.5, send_concurrency=1)
         assert first.statuses == {"pending": 1}  # given up at its deadline, 1 s in

@@ -20,7 +20,14 @@ from outbox.channels import SchemaChannel
 from outbox.handoff import CallableInvoker, HandOff
 from outbox.producer import MAX_KEY_LENGTH, MAX_PAYLOAD_BYTES
 from outbox.runtime import Runtime
-from support import EMAIL, LambdaContext, ScriptedChannel, expire_leases, install_channel
+from support import (
+    EMAIL,
+    LambdaContext,
+    ScriptedChannel,
+    expire_leases,
+    insert_raw,
+    install_channel,
+)
 
 
 def snapshot(engine: sa.Engine) -> tuple[list[Any], list[Any]]:
@@ -304,18 +311,6 @@ def test_arbitrary_json_is_refused_as_an_email_payload_naming_it(
 
 
 # --- rows corrupted in the database ------------------------------------------
-
-
-def insert_raw(conn: sa.Connection, channel: str, payload_json: str) -> int:
-    return int(
-        conn.execute(
-            sa.text(
-                "INSERT INTO outbox_message (channel, payload) "
-                "VALUES (:c, CAST(:p AS jsonb)) RETURNING id"
-            ),
-            {"c": channel, "p": payload_json},
-        ).scalar_one()
-    )
 
 
 def test_corrupt_rows_fail_alone_and_the_rest_of_the_batch_is_delivered(

@@ -428,11 +428,11 @@ DEDUPE_WINDOW_DAYS = Int(
     high=3650,
     meaning="how long a dedupe key holds after its first enqueue",
 )
-# A multiple of SEND_CONCURRENCY: an event's provider calls go in waves of that
-# many, and a part-filled last wave leaves threads idle (20 over 8: 0.8 of the
-# rate the threads could reach at 100 ms a call, 0.66 at 20 ms). Four waves
-# spread the event's receipt and settle over enough calls to reach 0.9 of that
-# rate at 20 ms a call (bench/README.md, "provider").
+# A multiple of SEND_CONCURRENCY, because an event's provider calls go out in
+# waves of that many and a part-filled last wave leaves threads idle. Four
+# waves spread the event's receipt and settle over enough calls for a fast
+# provider to keep the threads busy (the measurements are in bench/README.md,
+# "provider").
 HANDOFF_CHUNK_SIZE = Int(
     name="HANDOFF_CHUNK_SIZE",
     default=32,
