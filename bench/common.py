@@ -170,8 +170,8 @@ class Databases:
         """Create and migrate the template once; each cell copies it (CREATE DATABASE ...
         TEMPLATE)."""
         from outbox import migrate
-        from outbox.config import DatabaseSettings
         from outbox.db import create_engine
+        from outbox.relay_settings import DatabaseSettings
 
         self._execute(f'CREATE DATABASE "{self.template}"')
         self._made.append(self.template)
@@ -201,8 +201,8 @@ class Databases:
 
 def engine_for(url: str, pool_size: int = 1) -> sa.Engine:
     """The relay's own engine configuration (outbox.db.create_engine, as Runtime builds it)."""
-    from outbox.config import DatabaseSettings
     from outbox.db import create_engine
+    from outbox.relay_settings import DatabaseSettings
 
     return create_engine(
         DatabaseSettings(url=url, sslmode="disable"), pool_size=pool_size, autocommit=True

@@ -28,7 +28,7 @@ def run(url: str, rows: int, latency_ms: int, concurrency: int = 10) -> dict[str
     from reliability import lambda_sim
     from reliability.lambda_sim import Faults
 
-    from outbox.config import RelaySettings
+    from outbox.relay_settings import RelaySettings
 
     from . import common
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from outbox.config import RelaySettings
+from outbox.relay_settings import RelaySettings
 
 from . import common
 

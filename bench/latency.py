@@ -58,8 +58,8 @@ def run(
     """``linger``: run the dispatcher as sleep mode does (PACING_MODE=sleep:
     it would end after that many seconds with nothing due); None: poll mode."""
     from outbox import dispatcher, sender
-    from outbox.config import RelaySettings
     from outbox.handoff import CallableInvoker
+    from outbox.relay_settings import RelaySettings
 
     ctx = mp.get_context("fork")
     out = ctx.Queue()

@@ -23,8 +23,8 @@ CHANNEL = "slow"
 def run(url: str, rows: int, latency_ms: int) -> dict[str, Any]:
     from outbox import channels, dispatcher, sender
     from outbox.channels import Deadline, Message, Outcome
-    from outbox.config import RelaySettings
     from outbox.handoff import CallableInvoker
+    from outbox.relay_settings import RelaySettings
 
     delay = latency_ms / 1000
 

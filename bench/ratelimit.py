@@ -251,7 +251,7 @@ def _lambda_settings(channel: str, concurrency: int) -> Any:
     scaled-down durations are for its retry windows, which throttling never
     reaches, while its one-second sender timeout would give up calls that a
     busy local receiver answers late."""
-    from outbox.config import RelaySettings
+    from outbox.relay_settings import RelaySettings
 
     if str(_TESTS) not in sys.path:
         sys.path.insert(0, str(_TESTS))
@@ -267,7 +267,7 @@ def _senders(
 ) -> Iterator[Any]:
     """The relay sending ``channel``'s rows until the block ends; yields its settings."""
     if path == "worker":
-        from outbox.config import RelaySettings
+        from outbox.relay_settings import RelaySettings
         from outbox.worker import Worker
 
         settings = RelaySettings()

@@ -186,8 +186,8 @@ def relay_parts(url: str, batch: int) -> tuple[Any, Any, Any, list[int]]:
     import sqlalchemy as sa
 
     from outbox import sender
-    from outbox.config import RelaySettings
     from outbox.handoff import CallableInvoker
+    from outbox.relay_settings import RelaySettings
 
     common.register_channel()
     engine = common.engine_for(url)
@@ -237,7 +237,7 @@ def _worker_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[
     import sqlalchemy as sa
 
     from outbox import observability
-    from outbox.config import RelaySettings
+    from outbox.relay_settings import RelaySettings
     from outbox.worker import Worker
 
     common.register_channel()

@@ -106,11 +106,6 @@ def sources(template: dict[str, Any]) -> dict[str, Source]:
     return found
 
 
-def parameter_feeds(template: dict[str, Any]) -> dict[str, set[str]]:
-    """variable -> the parameters whose value it takes (by !Ref, in any branch)."""
-    return {name: set(s.parameters) for name, s in sources(template).items() if s.parameters}
-
-
 def _code(items: Iterable[str]) -> str:
     return ", ".join(f"`{item}`" for item in items)
 

@@ -109,8 +109,8 @@ def database_url(server_url: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def migrated_engine(database_url: str) -> Iterator[sa.Engine]:
     from outbox import migrate
-    from outbox.config import DatabaseSettings
     from outbox.db import create_engine
+    from outbox.relay_settings import DatabaseSettings
 
     engine = create_engine(DatabaseSettings(url=database_url, sslmode="disable"), pool_size=12)
     migrate.upgrade(engine)
@@ -122,8 +122,8 @@ def migrated_engine(database_url: str) -> Iterator[sa.Engine]:
 def empty_database(server_url: str) -> Iterator[tuple[str, sa.Engine]]:
     """A database of its own with nothing of the relay's in it (to migrate
     from nothing): its URL and an engine, dropped after the test."""
-    from outbox.config import DatabaseSettings
     from outbox.db import create_engine
+    from outbox.relay_settings import DatabaseSettings
     from outbox_cli import devdb
 
     name = f"outbox_empty_{uuid.uuid4().hex[:8]}"

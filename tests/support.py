@@ -19,8 +19,8 @@ import sqlalchemy as sa
 import outbox
 from outbox import channels, sender, store
 from outbox.channels import Deadline, Message, Outcome, SchemaChannel
-from outbox.config import RelaySettings
 from outbox.handoff import HandOff
+from outbox.relay_settings import RelaySettings
 
 EMAIL = {
     "from": "relay@example.com",

@@ -240,8 +240,8 @@ def _environment() -> Mapping[str, str]:
 
 
 def _engine(autocommit: bool = False) -> sa.Engine:
-    from outbox.config import DatabaseSettings
     from outbox.db import create_engine
+    from outbox.relay_settings import DatabaseSettings
 
     try:
         settings = DatabaseSettings.from_env(_environment())
@@ -1087,7 +1087,7 @@ def worker(
     import dataclasses
 
     require_extra("outbox worker", "worker", "aws_lambda_powertools", "boto3")
-    from outbox.config import OutcomeEventSettings, RelaySettings
+    from outbox.relay_settings import OutcomeEventSettings, RelaySettings
     from outbox.worker import Worker
 
     try:

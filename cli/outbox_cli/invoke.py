@@ -112,10 +112,6 @@ class FunctionSpec:
     # Sections of the env vars file that name no function of the template (a typo?).
     ignored_env_sections: list[str] = field(default_factory=list)
 
-    @property
-    def skipped_variables(self) -> list[str]:
-        return sorted(self.unresolved)
-
 
 # --- reading the template -------------------------------------------------------
 
@@ -550,9 +546,9 @@ def claim_event(
 
     def make() -> dict[str, Any]:
         from outbox import store
-        from outbox.config import DatabaseSettings, RelaySettings
         from outbox.db import create_engine
         from outbox.handoff import HandOff
+        from outbox.relay_settings import DatabaseSettings, RelaySettings
 
         settings = RelaySettings.from_env(os.environ)
         engine = create_engine(DatabaseSettings.from_env(os.environ), autocommit=True)

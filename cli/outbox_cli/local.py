@@ -511,8 +511,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.pop("DB_SECRET_ARN", None)
         os.environ.pop("DB_IAM_USER", None)
 
-        from outbox.config import DatabaseSettings
         from outbox.db import create_engine
+        from outbox.relay_settings import DatabaseSettings
 
         engine = create_engine(DatabaseSettings.from_env(os.environ), pool_size=4)
         stack.callback(engine.dispose)

@@ -150,8 +150,8 @@ def migrated_schema(server_url: str) -> str:
     """The normalised schema of a database migrated to the head, with the
     production defaults (no ``delivered`` outcome event)."""
     from outbox import migrate
-    from outbox.config import DatabaseSettings
     from outbox.db import create_engine
+    from outbox.relay_settings import DatabaseSettings
 
     with throwaway_database(server_url, "outbox_schema") as url:
         engine = create_engine(DatabaseSettings(url=url, sslmode="disable"))

@@ -20,9 +20,9 @@ from logscan import Collector, find_leaks, secret_values
 import outbox
 from outbox import reaper, store
 from outbox.channels.webhook import WebhookChannel
-from outbox.config import DatabaseSettings
 from outbox.db import _base_url, _secret_credentials
 from outbox.observability import logger as outbox_logger
+from outbox.relay_settings import DatabaseSettings
 from support import EMAIL, LocalCA, expire_leases, receive, settings
 
 DB_PASSWORD = "db-Password-7f3a91c2e4"

@@ -14,9 +14,9 @@ from click.testing import CliRunner, Result
 from sqlalchemy.engine import make_url
 
 import outbox
-from outbox.config import DatabaseSettings
 from outbox.db import create_engine, parse_database_url
 from outbox.errors import ConfigError
+from outbox.relay_settings import DatabaseSettings
 from outbox_cli.cli import cli
 from support import EMAIL
 

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 from outbox.channels import Outcome
-from outbox.worker import Worker
+from outbox.worker import BatchReport, Worker
 from outbox_cli.cli import cli
 from support import (
     EMAIL,
@@ -73,13 +73,22 @@ def test_worker_once_retries_and_batch_size(engine: sa.Engine) -> None:
     assert statuses(engine) == {"pending": 4, "delivered": 1}
 
 
+def test_a_batch_reports_what_it_claimed_and_what_its_senders_owned(engine: sa.Engine) -> None:
+    install_channel(ScriptedChannel())
+    enqueue(engine, 3, "scripted", {"n": 1})
+    worker = Worker(engine, settings(batch_size=2), channels=["scripted"])
+    assert worker.run_once() == BatchReport(claimed=2, owned=2)
+    worker.stop.set()  # not started: released, so not owned
+    assert worker.run_once() == BatchReport(claimed=1, owned=0)
+
+
 def test_a_stopped_worker_releases_what_it_did_not_start(engine: sa.Engine) -> None:
     install_channel(ScriptedChannel())
     enqueue(engine, 3, "scripted", {"n": 1})
     worker = Worker(engine, settings(), channels=["scripted"])
     worker.stop.set()  # stop arrives between the claim and the hand-off
     result = worker.run_once()
-    assert result.claimed == 3 and worker.report.released == 3
+    assert result == BatchReport(claimed=3, owned=0) and worker.report.released == 3
     assert statuses(engine) == {"pending": 3}
     with engine.connect() as conn:
         attempts = conn.execute(sa.text("SELECT count(*) FROM outbox_attempt")).scalar_one()

@@ -14,9 +14,9 @@ import sqlalchemy as sa
 import outbox
 from outbox import dispatcher, reaper, sender
 from outbox.channels.email import EmailChannel
-from outbox.config import DatabaseSettings
 from outbox.db import create_engine
 from outbox.handoff import CallableInvoker
+from outbox.relay_settings import DatabaseSettings
 from support import EMAIL, LambdaContext, ScriptedChannel, install_channel, settings
 
 PINNING = re.compile(

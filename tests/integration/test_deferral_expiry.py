@@ -215,7 +215,7 @@ def test_the_default_retry_window_outlives_a_half_hour_outage(engine: sa.Engine)
     """With the production defaults, the waits between the
     attempts of a message that keeps failing add up to 30.75-61.5 minutes
     (jitter 50-100 %) before it is dead."""
-    from outbox.config import RelaySettings
+    from outbox.relay_settings import RelaySettings
 
     defaults = RelaySettings()
     install_channel(ScriptedChannel(answers=[Outcome.retry("provider down")] * 20))

@@ -11,8 +11,8 @@ import sqlalchemy as sa
 
 import outbox
 from outbox import store
-from outbox.config import DatabaseSettings
 from outbox.db import create_engine
+from outbox.relay_settings import DatabaseSettings
 from support import ScriptedChannel, install_channel
 
 PHONE = "+15555550142"

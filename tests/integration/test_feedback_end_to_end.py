@@ -19,8 +19,8 @@ from test_email_end_to_end import load_handler
 
 import outbox
 from outbox import reaper
-from outbox.config import OutcomeEventSettings
 from outbox.handoff import CallableInvoker
+from outbox.relay_settings import OutcomeEventSettings
 from support import EMAIL, LambdaContext, attempts, row, settings
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"

@@ -12,10 +12,10 @@ import sqlalchemy as sa
 
 import outbox
 from outbox import dispatcher, payloads, sender, store
-from outbox.config import DatabaseSettings
 from outbox.db import create_engine
 from outbox.errors import ValidationError
 from outbox.handoff import CallableInvoker, HandOff
+from outbox.relay_settings import DatabaseSettings
 from support import ScriptedChannel, insert_raw, install_channel, settings
 
 

@@ -13,9 +13,9 @@ from sqlalchemy.engine import make_url
 
 import outbox
 from outbox import dispatcher, reaper, sender, store
-from outbox.config import DatabaseSettings
 from outbox.db import create_engine
 from outbox.handoff import CallableInvoker
+from outbox.relay_settings import DatabaseSettings
 from support import ScriptedChannel, expire_leases, install_channel, receive, settings
 
 RELAY_ROLE = "outbox_relay"  # the migration's default (OUTBOX_RELAY_ROLE)

@@ -15,11 +15,11 @@ import pytest
 import sqlalchemy as sa
 
 import outbox
-from outbox import migrate, runtime
-from outbox.config import DatabaseSettings
+from outbox import migrate
 from outbox.db import create_engine
-from outbox.runtime import check_response_url
-from outbox.runtime import migrate as migrate_handler
+from outbox.migrate import check_response_url
+from outbox.migrate import handle as migrate_handler
+from outbox.relay_settings import DatabaseSettings
 from support import LambdaContext, make_ca
 
 SQS_URL = "https://sqs.us-east-1.amazonaws.com/123456789012/orders"
@@ -210,7 +210,7 @@ def response_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[li
     (the one substitution: its host, 127.0.0.1, is let through the host check)."""
     ca = make_ca(tmp_path, names=("127.0.0.1",))
     monkeypatch.setenv("SSL_CERT_FILE", str(ca.ca_file))
-    monkeypatch.setattr(runtime, "RESPONSE_URL_HOST", re.compile(r"^127\.0\.0\.1$"))
+    monkeypatch.setattr(migrate, "RESPONSE_URL_HOST", re.compile(r"^127\.0\.0\.1$"))
     received: list[dict[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -290,13 +290,13 @@ def test_a_migration_whose_answer_fails_is_not_logged_as_a_failed_migration(
     without a chain of tracebacks, and the log says the migration succeeded."""
     import socket
 
-    monkeypatch.setattr(runtime, "RESPONSE_URL_HOST", re.compile(r"^127\.0\.0\.1$"))
+    monkeypatch.setattr(migrate, "RESPONSE_URL_HOST", re.compile(r"^127\.0\.0\.1$"))
     with socket.socket() as closed:  # bound, never listening: connections are refused
         closed.bind(("127.0.0.1", 0))
         url = f"https://127.0.0.1:{closed.getsockname()[1]}/stack-response"
         with (
             caplog.at_level("INFO", logger="outbox"),
-            pytest.raises(runtime.CustomResourceAnswerFailed) as raised,
+            pytest.raises(migrate.CustomResourceAnswerFailed) as raised,
         ):
             migrate_handler(
                 custom_resource_event(url, "Create"), LambdaContext(), lambda: fresh_database

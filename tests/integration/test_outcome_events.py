@@ -18,7 +18,7 @@ from outcome_support import BACKOFF, BUS, Bus, lease_ends, settle_all
 
 import outbox
 from outbox import feedback, reaper, store
-from outbox.config import OutcomeEventSettings
+from outbox.relay_settings import OutcomeEventSettings
 from support import EMAIL, enqueue, expire_leases, receive, settings
 
 

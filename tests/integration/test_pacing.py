@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from outbox import pacing, store
+from outbox.handoff import Invoker
 from outbox.runtime import Runtime, wake_source
 from support import LambdaContext, enqueue
 
@@ -241,7 +242,7 @@ class RecordingLambda:
         return {"StatusCode": 202}
 
 
-class Handed:
+class Handed(Invoker):
     """The channel functions: every hand-off accepted."""
 
     def __init__(self) -> None:

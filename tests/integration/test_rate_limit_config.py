@@ -23,9 +23,9 @@ import outbox
 from outbox import coldstart_limits, store
 from outbox.channels import Deadline, Message, Outcome, SchemaChannel, register
 from outbox.channels.email import EmailChannel
-from outbox.config import RelaySettings
 from outbox.errors import ConfigError
 from outbox.limits import RateLimit
+from outbox.relay_settings import RelaySettings
 from outbox.runtime import Runtime
 from outbox.worker import Worker
 from support import LambdaContext, claim, install_channel, settings

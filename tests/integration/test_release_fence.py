@@ -20,7 +20,7 @@ import sqlalchemy as sa
 import outbox
 from outbox import dispatcher, sender, store
 from outbox.channels import Deadline, Message, Outcome
-from outbox.handoff import CallableInvoker, HandOff
+from outbox.handoff import CallableInvoker, HandOff, Invoker
 from support import LambdaContext, ScriptedChannel, attempts, install_channel, row, settings
 
 
@@ -45,7 +45,7 @@ def run_sender(engine: sa.Engine, event: dict[str, Any]) -> sender.SendReport:
     return sender.run(engine, event, settings(), lambda: ctx.get_remaining_time_in_millis() / 1000)
 
 
-class QueuedThenTimedOut:
+class QueuedThenTimedOut(Invoker):
     """An Invoke call that Lambda accepted (the sender runs the event) but
     whose answer never reached the dispatcher: it raises once the sender has
     taken its receipt and is calling the provider."""

@@ -10,8 +10,8 @@ import sqlalchemy as sa
 
 import outbox
 from outbox import reaper, store
-from outbox.config import RelaySettings
 from outbox.errors import ConfigError
+from outbox.relay_settings import RelaySettings
 from support import ScriptedChannel, expire_leases, install_channel, receive, settings
 
 

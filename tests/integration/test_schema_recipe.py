@@ -17,8 +17,8 @@ from sqlalchemy.engine import make_url
 
 import outbox
 from outbox import migrate, store
-from outbox.config import DatabaseSettings
 from outbox.db import create_engine
+from outbox.relay_settings import DatabaseSettings
 from outbox_cli import devdb
 from support import EMAIL, doc_sql, settings
 

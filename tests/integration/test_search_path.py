@@ -20,8 +20,8 @@ from sqlalchemy.engine import make_url
 
 import outbox
 from outbox import store
-from outbox.config import DatabaseSettings
 from outbox.db import create_engine
+from outbox.relay_settings import DatabaseSettings
 from support import EMAIL
 
 # The attacker's stand-ins: each copies its arguments into the loot table.

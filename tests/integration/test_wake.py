@@ -419,7 +419,7 @@ def run_producer(code: str, env: dict[str, str], database_url: str) -> str:
         import sqlalchemy as sa
         import outbox
         from outbox import wake
-        from outbox.config import DatabaseSettings
+        from outbox.relay_settings import DatabaseSettings
         from outbox.db import create_engine
         EMAIL = {"from": "a@example.com", "to": ["b@example.net"], "subject": "s", "text": "t"}
         engine = create_engine(DatabaseSettings(url=os.environ["URL"], sslmode="disable"))

@@ -65,8 +65,8 @@ $$;
 @pytest.fixture(scope="module")
 def wake_db(server_url: str) -> Iterator[sa.Engine]:
     from outbox import migrate
-    from outbox.config import DatabaseSettings
     from outbox.db import create_engine
+    from outbox.relay_settings import DatabaseSettings
     from outbox_cli import devdb
 
     name = f"outbox_wake_{uuid.uuid4().hex[:10]}"

@@ -55,9 +55,9 @@ sys.path.insert(0, str(TESTS_DIR))
 
 import support  # noqa: E402
 from outbox import channels, dispatcher, migrate, reaper, sender, store  # noqa: E402
-from outbox.config import DatabaseSettings  # noqa: E402
 from outbox.db import create_engine  # noqa: E402
 from outbox.handoff import CallableInvoker  # noqa: E402
+from outbox.relay_settings import DatabaseSettings  # noqa: E402
 from reliability import driver, harness  # noqa: E402
 
 STATEMENT_TIMEOUT_MS = 1000

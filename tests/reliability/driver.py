@@ -19,8 +19,8 @@ import sys
 import time
 
 from outbox import channels, dispatcher, reaper, sender
-from outbox.config import DatabaseSettings, RelaySettings
 from outbox.db import create_engine
+from outbox.relay_settings import DatabaseSettings, RelaySettings
 
 from . import harness
 

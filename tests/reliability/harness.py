@@ -35,7 +35,7 @@ import sqlalchemy as sa
 
 from outbox import store
 from outbox.channels import Deadline, Message, Outcome, SchemaChannel
-from outbox.handoff import HandOff
+from outbox.handoff import HandOff, Invoker
 from outbox.sender import DEADLINE_EXCEEDED
 
 CHANNEL = "fake"
@@ -366,7 +366,7 @@ def install_wrappers(
     return undo
 
 
-class QueueInvoker:
+class QueueInvoker(Invoker):
     """Hand-off through ``rel_queue``; fails now and then, like a throttled
     invoke; and (outside calm runs) now and then queues the event and then
     raises, like an Invoke call whose answer timed out after Lambda accepted

@@ -45,8 +45,8 @@ import sqlalchemy as sa
 
 from outbox import channels, dispatcher, reaper, sender, sendpool, store
 from outbox.channels import Deadline, Message, Outcome, SchemaChannel
-from outbox.config import RelaySettings
-from outbox.handoff import HandOff, HandOffThrottled
+from outbox.handoff import HandOff, HandOffThrottled, Invoker
+from outbox.relay_settings import RelaySettings
 
 CHANNEL = "sim"
 
@@ -307,7 +307,7 @@ class SimFunction:
                 record.unsettled.update(r for r in rows if r[0] in lost)
 
 
-class LambdaSim:
+class LambdaSim(Invoker):
     """The Invoker the dispatcher hands off to, and the run around it."""
 
     def __init__(

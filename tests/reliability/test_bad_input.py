@@ -645,10 +645,10 @@ def test_missing_environment_fails_naming_the_database_setting() -> None:
 def test_malformed_migrate_events_are_refused_and_change_nothing(
     engine: sa.Engine, claimed_world: list[store.Claim], event: dict[str, Any]
 ) -> None:
-    from outbox.runtime import migrate
+    from outbox.migrate import handle
 
     before = snapshot(engine)
     with pytest.raises(ValidationError) as info:
-        migrate(event, LambdaContext(), lambda: engine)
+        handle(event, LambdaContext(), lambda: engine)
     assert info.value.field == "ResponseURL"
     assert snapshot(engine) == before

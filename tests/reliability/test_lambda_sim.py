@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from outbox.config import DatabaseSettings, RelaySettings
 from outbox.db import create_engine
+from outbox.relay_settings import DatabaseSettings, RelaySettings
 from reliability import lambda_sim
 from reliability.lambda_sim import Faults, LambdaSim
 

@@ -21,14 +21,14 @@ from outcome_support import BUS, Bus, lease_ends, settle_all
 
 import outbox
 from outbox import reaper
-from outbox.config import OutcomeEventSettings
+from outbox.relay_settings import OutcomeEventSettings
 from support import EMAIL, settings
 
 PUBLISHER = r"""
 import os, signal, sys
 import boto3
 from outbox import outcomes
-from outbox.config import DatabaseSettings, OutcomeEventSettings
+from outbox.relay_settings import DatabaseSettings, OutcomeEventSettings
 from outbox.db import create_engine
 
 engine = create_engine(

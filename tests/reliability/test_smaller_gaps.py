@@ -19,9 +19,9 @@ from click.testing import CliRunner
 
 import outbox
 from outbox import netguard, sender
-from outbox.config import DatabaseSettings
 from outbox.errors import ConfigError, ValidationError
 from outbox.handoff import HandOff
+from outbox.relay_settings import DatabaseSettings
 from outbox_cli.cli import cli
 from support import EMAIL, settings
 

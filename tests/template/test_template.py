@@ -511,7 +511,7 @@ def test_alarms_cover_every_function_and_queue(template: dict[str, Any]) -> None
 
 
 def test_the_lease_rule_holds_for_the_defaults(template: dict[str, Any]) -> None:
-    from outbox.config import RelaySettings
+    from outbox.relay_settings import RelaySettings
 
     env = {
         key: str(default(template, value))
@@ -772,7 +772,7 @@ def capacity_violations(template: dict[str, Any]) -> list[str]:
 def test_the_dispatchers_budgets_follow_each_channels_reserved_concurrency(
     template: dict[str, Any],
 ) -> None:
-    from outbox.config import RelaySettings
+    from outbox.relay_settings import RelaySettings
 
     assert capacity_violations(template) == []
     # The defaults give the budgets the configuration reference states.

@@ -19,14 +19,13 @@ from unittest import mock
 
 import pytest
 
-from outbox import ConfigError, wake
+from outbox import ConfigError, aws, wake
 from outbox import settings as table
-from outbox.channels import aws
 from outbox.channels.email import EmailChannel
 from outbox.channels.eventbridge import EventBridgeChannel
 from outbox.channels.webhook import WebhookChannel
-from outbox.config import DatabaseSettings, OutcomeEventSettings, RelaySettings
 from outbox.migrations import revision_module
+from outbox.relay_settings import DatabaseSettings, OutcomeEventSettings, RelaySettings
 from outbox.runtime import Runtime
 from outbox.settings import SETTINGS, Setting
 from outbox.worker import Worker

@@ -18,8 +18,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from . import channels, store
-from .config import RelaySettings
 from .limits import check_limit
+from .relay_settings import RelaySettings
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
-from .config import DatabaseSettings
+from . import aws
 from .errors import ConfigError
+from .relay_settings import DatabaseSettings
 
 _SECRET_MAX_AGE_SECONDS = 300
 
@@ -428,11 +429,6 @@ def _mint_credentials_per_connection(engine: sa.Engine, settings: DatabaseSettin
         if settings.secret_arn:
             cparams["password"] = _secret_credentials(settings.secret_arn)["password"]
         else:
-            import boto3
-
             # from_env guarantees both with DB_IAM_USER
             assert settings.host is not None and settings.iam_user is not None
-            client = boto3.client("rds")
-            cparams["password"] = client.generate_db_auth_token(
-                DBHostname=settings.host, Port=settings.port, DBUsername=settings.iam_user
-            )
+            cparams["password"] = aws.db_auth_token(settings.host, settings.port, settings.iam_user)

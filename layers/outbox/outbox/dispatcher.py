@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from . import store
-from .config import RelaySettings
 from .handoff import HandOff, HandOffThrottled, Invoker, chunk
 from .observability import count
+from .relay_settings import RelaySettings
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def dispatch_once(
                         c.id,
                         c.claim_token,
                         "failed",
-                        error=unroutable_reason(invoker, c.channel),
+                        error=invoker.missing_route(c.channel),
                     )
                     for c in unroutable
                 ],
@@ -213,14 +213,6 @@ def dispatch_once(
 def count_by_channel(name: str, claims: Iterable[store.Claim]) -> None:
     for channel, n in Counter(c.channel for c in claims).items():
         count(name, n, channel=channel)
-
-
-def unroutable_reason(invoker: Invoker, channel: str) -> str:
-    """What is missing for ``channel``, in the invoker's words when it has them."""
-    explain = getattr(invoker, "missing_route", None)
-    if callable(explain):
-        return str(explain(channel))
-    return f"no function is configured for channel {channel!r}"
 
 
 def _hand_off_all(invoker: Invoker, handoffs: list[HandOff]) -> tuple[list[HandOff], list[HandOff]]:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeGuard
 
+from . import aws
 from .errors import ValidationError
 from .store import Claim
 
@@ -120,7 +121,15 @@ class HandOffThrottled(Exception):
 
 
 class Invoker(Protocol):
+    """How the dispatcher delivers hand-offs. A test double may subclass it
+    for the default ``missing_route``."""
+
     def can_route(self, channel: str) -> bool: ...
+
+    def missing_route(self, channel: str) -> str:
+        """Why ``channel`` cannot be routed, in the invoker's words: the
+        ``last_error`` of the rows the dispatcher then fails."""
+        return f"no function is configured for channel {channel!r}"
 
     def hand_off(self, handoff: HandOff) -> None:
         """Deliver the event or raise; a raise releases the claims at once
@@ -137,22 +146,7 @@ class LambdaInvoker:
     @property
     def client(self) -> Any:
         if self._client is None:
-            import boto3
-            from botocore.config import Config
-
-            self._client = boto3.client(
-                "lambda",
-                config=Config(
-                    connect_timeout=3,
-                    read_timeout=10,
-                    # One attempt: a retry after a read timeout would queue a
-                    # second event when the first was already accepted. A
-                    # failed hand-off releases its claims, and the next pass
-                    # claims them again.
-                    retries={"total_max_attempts": 1, "mode": "standard"},
-                    max_pool_connections=16,
-                ),
-            )
+            self._client = aws.lambda_client()
         return self._client
 
     def can_route(self, channel: str) -> bool:
@@ -171,9 +165,7 @@ class LambdaInvoker:
                 Payload=json.dumps(handoff.to_event(), separators=(",", ":")).encode(),
             )
         except ClientError as exc:
-            error = exc.response.get("Error", {}).get("Code")
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if error == "TooManyRequestsException" or status == 429:
+            if aws.is_invoke_throttled(exc):
                 raise HandOffThrottled(handoff.channel) from exc
             raise
         if response.get("StatusCode") != 202:

@@ -6,14 +6,25 @@ uses Alembic itself: neither sees the other's revisions. Every object the
 relay creates is named ``outbox_*``; an application's autogenerate leaves
 the relay's tables (``RELAY_TABLES``, by exact name) alone with
 :func:`include_object`.
+
+The migrate function's protocol is here too (:func:`handle`): a
+CloudFormation custom resource that applies the schema on Create and Update
+and answers the stack's pre-signed response URL, or a plain invoke.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+
+from .errors import ValidationError
 
 VERSION_TABLE = "outbox_alembic_version"
 # Where releases before 0.1.0 kept the relay's revision: Alembic's default.
@@ -114,7 +125,7 @@ def upgrade(
     from alembic import command
 
     from . import store
-    from .config import OutcomeEventSettings
+    from .relay_settings import OutcomeEventSettings
 
     if delivered_events is None:
         delivered_events = OutcomeEventSettings.from_env().include_delivered
@@ -193,3 +204,98 @@ def include_object(
     table = obj if type_ == "table" else getattr(obj, "table", None)
     table_name = getattr(table, "name", None) or (name if type_ == "table" else None)
     return table_name not in RELAY_TABLES
+
+
+# --- the migrate function: a CloudFormation custom resource, or a plain invoke --
+
+
+def handle(event: Any, context: Any, engine_factory: Callable[[], sa.Engine]) -> dict[str, Any]:
+    """The migrate function: apply the schema. As a custom resource it
+    answers CloudFormation; a plain invoke (``aws lambda invoke
+    --function-name <Migrate> out.json``) returns the revision applied."""
+    from .observability import logger  # Powertools: the function's, not the CLI's
+
+    is_custom_resource = isinstance(event, Mapping) and "ResponseURL" in event
+    if not is_custom_resource:
+        revision = upgrade(engine_factory())
+        logger.info("schema migrated", extra={"revision": revision})
+        return {"revision": revision}
+
+    check_response_url(event["ResponseURL"])  # before anything: a forged event does nothing
+    request_type = event.get("RequestType")
+    physical_id = event.get("PhysicalResourceId") or "outbox-schema"
+    data: dict[str, Any] = {}
+    try:
+        if request_type in ("Create", "Update"):
+            data["Revision"] = upgrade(engine_factory())
+            logger.info("schema migrated", extra={"revision": data["Revision"]})
+        # Delete: never drop the data with the stack.
+    except Exception as exc:
+        logger.exception("schema migration failed")
+        _answer_cloudformation(
+            event, "FAILED", physical_id, {}, reason=f"migration failed: {type(exc).__name__}"
+        )
+        return {"status": "FAILED"}
+    # The migration is done; a failure from here on is the answer's, not its.
+    _answer_cloudformation(event, "SUCCESS", physical_id, data, reason="")
+    return {"status": "SUCCESS", **data}
+
+
+# Where CloudFormation's pre-signed response URLs point: its own S3 buckets,
+# in every partition (amazonaws.com, amazonaws.com.cn), with the global,
+# regional and dash-regional S3 endpoint spellings.
+RESPONSE_URL_HOST = re.compile(
+    r"^cloudformation-custom-resource-response-[a-z0-9-]+"
+    r"\.s3(?:[.-][a-z0-9-]+)?(?:\.dualstack\.[a-z0-9-]+)?\.amazonaws\.com(?:\.cn)?$"
+)
+
+
+def check_response_url(value: Any) -> str:
+    """The custom resource's ``ResponseURL``: https to CloudFormation's S3
+    response bucket, or nothing is sent (a forged event cannot make the
+    migrate function, which holds the migrator's credentials, PUT anywhere)."""
+    if not isinstance(value, str) or len(value) > 8192:
+        raise ValidationError("ResponseURL", "must be a URL")
+    try:
+        parts = urllib.parse.urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a malformed port
+    except ValueError:
+        raise ValidationError("ResponseURL", "must be a URL") from None
+    if parts.scheme != "https" or parts.username is not None or parts.password is not None:
+        raise ValidationError("ResponseURL", "must be an https URL without credentials")
+    if not RESPONSE_URL_HOST.match(parts.hostname or ""):
+        raise ValidationError("ResponseURL", "must point at CloudFormation's S3 response bucket")
+    return value
+
+
+class CustomResourceAnswerFailed(Exception):
+    """CloudFormation was not told the outcome (the migration's own outcome is
+    logged apart): the stack waits until its custom resource times out."""
+
+
+def _answer_cloudformation(
+    event: Mapping[str, Any], status: str, physical_id: str, data: dict[str, Any], reason: str
+) -> None:
+    body = json.dumps(
+        {
+            "Status": status,
+            "Reason": reason or "see the function's CloudWatch logs",
+            "PhysicalResourceId": physical_id,
+            "StackId": event.get("StackId"),
+            "RequestId": event.get("RequestId"),
+            "LogicalResourceId": event.get("LogicalResourceId"),
+            "Data": data,
+        }
+    ).encode()
+    url = check_response_url(event["ResponseURL"])
+    request = urllib.request.Request(  # noqa: S310 - scheme and host checked just above
+        url, data=body, method="PUT", headers={"Content-Type": "", "Content-Length": str(len(body))}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            response.read()
+    except OSError as exc:  # URLError, HTTPError, timeouts: one error, not a chain
+        raise CustomResourceAnswerFailed(
+            f"could not deliver the {status} answer to CloudFormation's ResponseURL: "
+            f"{type(exc).__name__}"
+        ) from None

@@ -29,10 +29,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import channels, store
-from .channels import aws
-from .config import OutcomeEventSettings
+from . import aws, channels, store
 from .redact import scrub_optional
+from .relay_settings import OutcomeEventSettings
 
 log = logging.getLogger(__name__)
 

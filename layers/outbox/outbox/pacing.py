@@ -25,6 +25,8 @@ import logging
 import re
 from typing import Any
 
+from . import aws
+
 log = logging.getLogger(__name__)
 
 # The event of each wake-up the relay sends itself (events/dispatcher-*.json).
@@ -84,8 +86,6 @@ class WakeSchedule:
     @property
     def client(self) -> Any:
         if self._client is None:
-            from .channels import aws
-
             self._client = aws.client("scheduler")
         return self._client
 
@@ -128,7 +128,7 @@ class WakeSchedule:
         except Exception as exc:
             log.warning(
                 "could not move the wake schedule; the safety net will wake the dispatcher",
-                extra={"schedule": self.name, "error": _describe(exc)},
+                extra={"schedule": self.name, "error": aws.describe(exc)},
             )
             self.known = None
             return False
@@ -150,7 +150,7 @@ def invoke_async(client: Any, function: str, event: dict[str, Any]) -> bool:
     except Exception as exc:
         log.warning(
             "wake-up invoke failed; the schedules cover it",
-            extra={"source": event.get("source"), "error": _describe(exc)},
+            extra={"source": event.get("source"), "error": aws.describe(exc)},
         )
         return False
     return True
@@ -158,12 +158,6 @@ def invoke_async(client: Any, function: str, event: dict[str, Any]) -> bool:
 
 def seconds_until(when: dt.datetime, now: dt.datetime) -> float:
     return max(0.0, (when - now).total_seconds())
-
-
-def _describe(exc: BaseException) -> str:
-    response = getattr(exc, "response", None)
-    code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
-    return f"{type(exc).__name__}: {code}" if code else type(exc).__name__
 
 
 __all__ = [

@@ -28,8 +28,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from . import outcomes, store
-from .config import OutcomeEventSettings, RelaySettings
 from .observability import count, gauge
+from .relay_settings import OutcomeEventSettings, RelaySettings
 from .states import TERMINAL_STATUSES, UNRESOLVED_STATUSES, Status
 
 log = logging.getLogger(__name__)

@@ -9,24 +9,20 @@ it. The engine connects on first use.
 from __future__ import annotations
 
 import gc
-import json
 import os
-import re
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
 import sqlalchemy as sa
 
-from . import coldstart_limits, dispatcher, pacing, reaper, sender, store
+from . import aws, coldstart_limits, dispatcher, pacing, reaper, sender, store
 from . import settings as declared
-from .config import DatabaseSettings, OutcomeEventSettings, RelaySettings
 from .errors import ConfigError, ValidationError
 from .handoff import Invoker, LambdaInvoker
 from .observability import logger
+from .relay_settings import DatabaseSettings, OutcomeEventSettings, RelaySettings
 from .settings import read_all
 
 # Leave the Lambda this long after the work to flush logs and metrics.
@@ -47,7 +43,8 @@ class Runtime:
         read_all(env)
         self._engine: sa.Engine | None = None
         self._invoker: Invoker | None = None
-        self._events_client: Any = None
+        # The reaper's EventBridge client, made when outcome events first wait.
+        self.events_client = aws.client_on_first_use("events")
         self._lambda_client: Any = None
         self.sleeps = self.settings.pacing_mode == "sleep"
         wake_name = declared.WAKE_SCHEDULE_NAME.read(env)
@@ -212,13 +209,6 @@ class Runtime:
             "statuses": dict(report.statuses),
         }
 
-    def events_client(self) -> Any:
-        if self._events_client is None:
-            from .channels import aws
-
-            self._events_client = aws.client("events")
-        return self._events_client
-
     def reap(self, event: Any, context: Any) -> dict[str, Any]:
         scheduler_event(event)
         remaining = _remaining(context)
@@ -312,98 +302,3 @@ def wake_source(event: Mapping[str, Any]) -> str:
     unknown source is only a run like any other (it carries no data)."""
     source = event.get("source")
     return source if source in WAKE_SOURCES else "schedule"
-
-
-# --- the migrate function: a CloudFormation custom resource, or a plain invoke --
-
-
-def migrate(event: Any, context: Any, engine_factory: Callable[[], sa.Engine]) -> dict[str, Any]:
-    """Apply the schema. As a custom resource it answers CloudFormation; a
-    plain invoke (``aws lambda invoke --function-name <Migrate> out.json``)
-    returns the revision applied."""
-    from . import migrate as migrations
-
-    is_custom_resource = isinstance(event, Mapping) and "ResponseURL" in event
-    if not is_custom_resource:
-        revision = migrations.upgrade(engine_factory())
-        logger.info("schema migrated", extra={"revision": revision})
-        return {"revision": revision}
-
-    check_response_url(event["ResponseURL"])  # before anything: a forged event does nothing
-    request_type = event.get("RequestType")
-    physical_id = event.get("PhysicalResourceId") or "outbox-schema"
-    data: dict[str, Any] = {}
-    try:
-        if request_type in ("Create", "Update"):
-            data["Revision"] = migrations.upgrade(engine_factory())
-            logger.info("schema migrated", extra={"revision": data["Revision"]})
-        # Delete: never drop the data with the stack.
-    except Exception as exc:
-        logger.exception("schema migration failed")
-        _answer_cloudformation(
-            event, "FAILED", physical_id, {}, reason=f"migration failed: {type(exc).__name__}"
-        )
-        return {"status": "FAILED"}
-    # The migration is done; a failure from here on is the answer's, not its.
-    _answer_cloudformation(event, "SUCCESS", physical_id, data, reason="")
-    return {"status": "SUCCESS", **data}
-
-
-# Where CloudFormation's pre-signed response URLs point: its own S3 buckets,
-# in every partition (amazonaws.com, amazonaws.com.cn), with the global,
-# regional and dash-regional S3 endpoint spellings.
-RESPONSE_URL_HOST = re.compile(
-    r"^cloudformation-custom-resource-response-[a-z0-9-]+"
-    r"\.s3(?:[.-][a-z0-9-]+)?(?:\.dualstack\.[a-z0-9-]+)?\.amazonaws\.com(?:\.cn)?$"
-)
-
-
-def check_response_url(value: Any) -> str:
-    """The custom resource's ``ResponseURL``: https to CloudFormation's S3
-    response bucket, or nothing is sent (a forged event cannot make the
-    migrate function, which holds the migrator's credentials, PUT anywhere)."""
-    if not isinstance(value, str) or len(value) > 8192:
-        raise ValidationError("ResponseURL", "must be a URL")
-    try:
-        parts = urllib.parse.urlsplit(value)
-        parts.port  # noqa: B018 - raises ValueError for a malformed port
-    except ValueError:
-        raise ValidationError("ResponseURL", "must be a URL") from None
-    if parts.scheme != "https" or parts.username is not None or parts.password is not None:
-        raise ValidationError("ResponseURL", "must be an https URL without credentials")
-    if not RESPONSE_URL_HOST.match(parts.hostname or ""):
-        raise ValidationError("ResponseURL", "must point at CloudFormation's S3 response bucket")
-    return value
-
-
-class CustomResourceAnswerFailed(Exception):
-    """CloudFormation was not told the outcome (the migration's own outcome is
-    logged apart): the stack waits until its custom resource times out."""
-
-
-def _answer_cloudformation(
-    event: Mapping[str, Any], status: str, physical_id: str, data: dict[str, Any], reason: str
-) -> None:
-    body = json.dumps(
-        {
-            "Status": status,
-            "Reason": reason or "see the function's CloudWatch logs",
-            "PhysicalResourceId": physical_id,
-            "StackId": event.get("StackId"),
-            "RequestId": event.get("RequestId"),
-            "LogicalResourceId": event.get("LogicalResourceId"),
-            "Data": data,
-        }
-    ).encode()
-    url = check_response_url(event["ResponseURL"])
-    request = urllib.request.Request(  # noqa: S310 - scheme and host checked just above
-        url, data=body, method="PUT", headers={"Content-Type": "", "Content-Length": str(len(body))}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
-            response.read()
-    except OSError as exc:  # URLError, HTTPError, timeouts: one error, not a chain
-        raise CustomResourceAnswerFailed(
-            f"could not deliver the {status} answer to CloudFormation's ResponseURL: "
-            f"{type(exc).__name__}"
-        ) from None

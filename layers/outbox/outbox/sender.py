@@ -31,11 +31,11 @@ import sqlalchemy as sa
 
 from . import channels, payloads, sendpool, store
 from .channels import CHANNEL, DESTINATION, Channel, Deadline, Message, Outcome
-from .config import RelaySettings
 from .errors import ValidationError
 from .handoff import HandOff
 from .observability import count, timings
 from .redact import scrub_optional
+from .relay_settings import RelaySettings
 from .states import SEND_OUTCOMES, AttemptOutcome
 
 # Outcomes that leave a row pending without counting an attempt.

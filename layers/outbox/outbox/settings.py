@@ -1,7 +1,7 @@
 """Every setting of the relay, declared once: its environment variable, type,
 default, bounds and meaning.
 
-``outbox.config`` builds its settings objects from these declarations, the
+``outbox.relay_settings`` builds its settings objects from these declarations, the
 channels read their own through them, tests check the parsers and
 ``template.yaml`` against them, and the docs site's configuration reference is
 generated from them (docgen/configuration.py): a name, a default or a bound is
@@ -644,7 +644,7 @@ def read_all(env: Mapping[str, str]) -> dict[str, Any]:
 
 def from_setting(setting: Setting[T]) -> T:
     """A dataclass field that takes its default from ``setting`` and remembers
-    it, so ``outbox.config`` reads each field from its own variable."""
+    it, so ``outbox.relay_settings`` reads each field from its own variable."""
     value = setting.default
     if isinstance(value, dict | list):
         return cast(T, field(default_factory=value.copy, metadata={"setting": setting}))

@@ -52,12 +52,9 @@ TERMINAL_STATUSES = tuple(s for s in Status if s not in (Status.PENDING, Status.
 # past the routine retention (UNRESOLVED_RETENTION_DAYS).
 UNRESOLVED_STATUSES = (Status.FAILED, Status.DEAD, Status.EXPIRED)
 REDRIVABLE_STATUSES = UNRESOLVED_STATUSES
-HOLDING_STATUSES = UNRESOLVED_STATUSES
 # Pending rows, and the rows that hold their ordering key: cancelling a held
 # head is how an operator lets its successors go without sending it again.
 CANCELLABLE_STATUSES = (Status.PENDING, *UNRESOLVED_STATUSES)
-# The transitions that write an outcome event (delivered only when turned on).
-OUTCOME_EVENT_STATUSES = (*UNRESOLVED_STATUSES, Status.BOUNCED, Status.COMPLAINED, Status.DELIVERED)
 
 
 class AttemptOutcome(StrEnum):

@@ -49,7 +49,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from . import settings
+from . import aws, settings
 from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -190,27 +190,13 @@ class Nudger:
     def _client(self) -> Any:
         if self.client is not None or self._own_client is not None:
             return self.client or self._own_client
-        # Imported here, in the thread: producers without the setting never load
-        # it. botocore rather than boto3: the client is the same, and boto3 would
-        # also load its S3 transfer manager for nothing.
-        import botocore.session
-        from botocore.config import Config
-
+        # Made here, in the thread: producers without the setting never load botocore.
         region = self.function.split(":")[3] if self.function.startswith("arn:") else None
-        self._own_client = botocore.session.get_session().create_client(
-            "lambda",
-            region_name=region,
-            config=Config(
-                connect_timeout=2,
-                read_timeout=5,
-                # No retries: the next commit, or the schedule, is the retry.
-                retries={"total_max_attempts": 1, "mode": "standard"},
-            ),
-        )
+        self._own_client = aws.nudge_client(region)
         return self._own_client
 
     def _failed(self, exc: Exception) -> None:
-        code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+        code = aws.error_code(exc) or ""
         if code in _THROTTLED:
             logger.debug("outbox wake: Lambda throttled the nudge to %s", self.function)
         elif isinstance(exc, ImportError):

@@ -26,17 +26,24 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import sqlalchemy as sa
 
-from . import coldstart_limits, dispatcher, reaper, sender, store
-from .channels import aws
-from .config import OutcomeEventSettings, RelaySettings
+from . import aws, coldstart_limits, reaper, sender, store
 from .observability import count
+from .relay_settings import OutcomeEventSettings, RelaySettings
 from .settings import WORKER_STOP_GRACE_SECONDS
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatchReport:
+    """One batch: the rows claimed, and how many of them the senders owned
+    (their receipt taken) once the batch was settled."""
+
+    claimed: int = 0
+    owned: int = 0
 
 
 @dataclass
@@ -71,7 +78,7 @@ class Worker:
         # Outcome events are off unless a bus is named; then the reaper step
         # publishes them too.
         self.outcome_events = outcome_events or OutcomeEventSettings()
-        self._events_client: Any = None
+        self._events = aws.client_on_first_use("events")
         self.channels = list(channels) if channels else None
         self.stop = stop or threading.Event()
         self.reap_interval_seconds = reap_interval_seconds
@@ -136,12 +143,7 @@ class Worker:
         self.report.reaped += result.reclaimed + result.not_started + result.dead + result.expired
         return result
 
-    def _events(self) -> Any:
-        if self._events_client is None:
-            self._events_client = aws.client("events")
-        return self._events_client
-
-    def run_once(self) -> dispatcher.DispatchReport:
+    def run_once(self) -> BatchReport:
         """One claim of up to a batch, sent and settled before it returns.
 
         This process sends what it claims, so there is no hand-off to protect:
@@ -151,7 +153,7 @@ class Worker:
         settle()
         return result
 
-    def _claim_and_send(self) -> tuple[dispatcher.DispatchReport, Callable[[], None]]:
+    def _claim_and_send(self) -> tuple[BatchReport, Callable[[], None]]:
         """Claim a batch and send it; returns the batch's settle, not yet run."""
         settings = self.settings
         if not self._limits_applied:
@@ -166,7 +168,7 @@ class Worker:
                 self.channels,
                 default_ttl_seconds=settings.default_ttl_seconds or None,
             )
-        result = dispatcher.DispatchReport(batches=1, claimed=len(rows))
+        result = BatchReport(claimed=len(rows))
         settles: list[Callable[[], sender.SendReport]] = []
         if rows:
             count("Claimed", len(rows))
@@ -181,7 +183,7 @@ class Worker:
 
         def settle() -> None:
             reports = [s() for s in settles]
-            result.handed_off = sum(r.owned for r in reports)
+            result.owned = sum(r.owned for r in reports)
             with self._lock:
                 for report in reports:
                     for status, n in report.statuses.items():

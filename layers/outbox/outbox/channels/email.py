@@ -16,9 +16,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from .. import aws
 from ..errors import ValidationError
 from ..settings import SES_CONFIGURATION_SET, SES_SUPPRESSION_CHECK
-from . import Deadline, Message, Outcome, aws
+from . import Deadline, Message, Outcome
+from .aws import AwsChannel
+from .aws import classify as classify_common
 
 _ADDRESS = {"type": "string", "minLength": 3, "maxLength": 320, "pattern": "^[^@\\s]+@[^@\\s]+$"}
 _ADDRESSES = {"type": "array", "items": _ADDRESS, "maxItems": 50}
@@ -44,7 +47,7 @@ SUPPRESSED = "every recipient is on the SES suppression list"
 MAX_SUPPRESSION_CHECKS = 5
 
 
-class EmailChannel(aws.AwsChannel):
+class EmailChannel(AwsChannel):
     service = "sesv2"
     name = "email"
     schema: Mapping[str, Any] = {
@@ -158,4 +161,4 @@ def classify(exc: BaseException) -> Outcome:
     if aws.is_throttling(codes) and _DAILY_QUOTA in aws.error_message(exc).lower():
         # Only compared, never stored or logged: provider text stays out.
         return Outcome.quota(f"{aws.describe(exc)}: daily quota exceeded", QUOTA_PAUSE_SECONDS)
-    return aws.classify(exc, _FAILED)
+    return classify_common(exc, _FAILED)

@@ -11,12 +11,14 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from .. import aws
 from ..errors import ValidationError
 from ..outcomes import DETAIL_TYPES, SOURCE
 from ..settings import EVENT_BUS_NAME
-from . import Deadline, Message, Outcome, aws
+from . import Deadline, Message, Outcome
+from .aws import AwsChannel
+from .aws import classify as classify_common
 
-MAX_ENTRY_BYTES = 256 * 1024
 # Per-entry codes AWS documents as retryable; every other entry code is final.
 _ENTRY_RETRY = {"InternalFailure"}
 # Whole-call errors that sending again cannot fix.
@@ -40,7 +42,7 @@ def _reserved(payload: Mapping[str, Any]) -> ValidationError | None:
     return None
 
 
-class EventBridgeChannel(aws.AwsChannel):
+class EventBridgeChannel(AwsChannel):
     service = "events"
     name = "eventbridge"
     schema: Mapping[str, Any] = {
@@ -114,4 +116,4 @@ def classify_entry(code: str | None) -> Outcome:
 
 
 def classify_error(exc: BaseException) -> Outcome:
-    return aws.classify(exc, _CALL_FAILED)
+    return classify_common(exc, _CALL_FAILED)

@@ -13,7 +13,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from . import Deadline, Message, Outcome, aws
+from .. import aws
+from . import Deadline, Message, Outcome
+from .aws import AwsChannel
 from .sms import classify as classify_publish
 
 ENDPOINT_ARN = "^arn:aws[a-z-]*:sns:[a-z0-9-]+:[0-9]{12}:endpoint/[A-Za-z_]+/[^/]+/[A-Za-z0-9-]+$"
@@ -40,7 +42,7 @@ def render(payload: dict[str, Any]) -> str:
     )
 
 
-class PushChannel(aws.AwsChannel):
+class PushChannel(AwsChannel):
     service = "sns"
     name = "push"
     schema: Mapping[str, Any] = {

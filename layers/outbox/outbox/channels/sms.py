@@ -12,8 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .. import aws
 from ..errors import ValidationError
-from . import Deadline, Message, Outcome, aws
+from . import Deadline, Message, Outcome
+from .aws import AwsChannel
+from .aws import classify as classify_common
 
 # E.164: a plus, a non-zero country code digit, at most 15 digits in all.
 E164 = "^\\+[1-9][0-9]{6,14}$"
@@ -31,7 +34,7 @@ _FAILED = {
 OPTED_OUT = "phone number opted out of SMS"
 
 
-class SmsChannel(aws.AwsChannel):
+class SmsChannel(AwsChannel):
     service = "sns"
     name = "sms"
     schema: Mapping[str, Any] = {
@@ -88,4 +91,4 @@ class SmsChannel(aws.AwsChannel):
 
 def classify(exc: BaseException) -> Outcome:
     """SNS Publish errors (shared by the SMS and push channels)."""
-    return aws.classify(exc, _FAILED)
+    return classify_common(exc, _FAILED)

@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ValidationError
-from . import Deadline, Message, Outcome, aws
+from . import Deadline, Message, Outcome
+from .aws import AwsChannel
+from .aws import classify as classify_common
 
 DEFAULT_GROUP = "outbox"
 QUEUE_URL = "^https?://[A-Za-z0-9.-]+(:[0-9]+)?/[0-9]{12}/[A-Za-z0-9_-]{1,80}(\\.fifo)?$"
@@ -38,7 +40,7 @@ def is_fifo(queue_url: str) -> bool:
     return queue_url.endswith(".fifo")
 
 
-class SqsChannel(aws.AwsChannel):
+class SqsChannel(AwsChannel):
     service = "sqs"
     name = "sqs"
     schema: Mapping[str, Any] = {
@@ -96,4 +98,4 @@ class SqsChannel(aws.AwsChannel):
 
 def classify(exc: BaseException) -> Outcome:
     """SQS SendMessage errors: the common AWS table."""
-    return aws.classify(exc, _FAILED)
+    return classify_common(exc, _FAILED)

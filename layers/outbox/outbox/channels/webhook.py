@@ -32,11 +32,12 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from .. import netguard
+from .. import aws, netguard
 from ..errors import ValidationError
 from ..settings import WEBHOOK_ALLOW_INSECURE, WEBHOOK_SECRET_ARN, WEBHOOK_SECRET_ARNS
 from ..watchdog import WATCHDOG
-from . import Deadline, Message, Outcome, SchemaChannel, aws
+from . import Deadline, Message, Outcome, SchemaChannel
+from .aws import THROTTLE_DELAY_SECONDS
 
 MAX_RESPONSE_BYTES = 64 * 1024
 SECRET_MAX_AGE_SECONDS = 300
@@ -230,9 +231,7 @@ class WebhookChannel(SchemaChannel):
             if "ResourceNotFoundException" in codes:
                 raise SecretUnavailable(Outcome.failed(error)) from None
             if aws.is_throttling(codes):
-                raise SecretUnavailable(
-                    Outcome.deferred(error, aws.THROTTLE_DELAY_SECONDS)
-                ) from None
+                raise SecretUnavailable(Outcome.deferred(error, THROTTLE_DELAY_SECONDS)) from None
             raise SecretUnavailable(Outcome.retry(error)) from None
         try:
             return parse_secrets(value)

@@ -11,9 +11,11 @@
     pacing          the dispatcher's next wake-up when it goes to sleep
     policy          the retry policy and the SQL fragments that apply it
     rates           destinations' pauses and learned rates (throttling, quotas)
+    cooldown        the cooldown per key the claim and settle include
     _sql            how statements are written and parameters encoded
 
-The names below are the whole API; every module keeps its statements private.
+Each module's ``__all__`` is its part of the API, all of it imported here;
+every module keeps its statements private.
 
 The states and their transitions are drawn once, in docs/design.md (State
 machine); ``outbox.states`` names them.
@@ -39,180 +41,16 @@ Rules every statement here keeps (docs/design.md, invariants 1-7):
   document, never a loop; every parameter follows the one convention of ``_sql``.
 """
 
-from ..limits import check_destination, check_limit
-from ._sql import array_literal
-from .cooldown import prune_cooldowns
-from .delivery import (
-    ChannelLoad,
-    Claim,
-    ClaimedMessage,
-    Held,
-    Settled,
-    Settlement,
-    channel_load,
-    claim,
-    claim_and_receive,
-    receive_claimed,
-    release,
-    settle,
-    settle_with_outcomes,
-    unowned_claims,
-)
-from .enqueue import (
-    Enqueued,
-    NewMessage,
-    insert_messages,
-    payload_json,
-)
-from .feedback import (
-    Feedback,
-    FeedbackResult,
-    record_feedback,
-)
-from .operator import (
-    ChannelStatusCount,
-    PausedChannel,
-    attempt_history,
-    cancel,
-    channel_has_rows,
-    channel_status_counts,
-    channels_with_rows,
-    count_prunable,
-    get_message,
-    list_messages,
-    matching_ids,
-    pause_channel,
-    paused_channels,
-    prune_cutoff,
-    prune_settled_before,
-    recipient_history,
-    redrive,
-    resume_channel,
-    statuses_of,
-    uncancel,
-)
-from .outcome_events import (
-    OutcomeEvent,
-    drop_outcome_events,
-    finish_outcome_events,
-    outcome_event_backlog,
-    set_delivered_outcome_events,
-    take_outcome_events,
-)
-from .pacing import NextWake, next_wake
-from .policy import (
-    Backoff,
-    bounded_delay,
-)
-from .rates import (
-    AppliedLimits,
-    DestinationFigures,
-    Throttled,
-    apply_configured_limits,
-    channel_paused,
-    clear_limit,
-    destination_figures,
-    next_resume,
-    record_throttling,
-    set_limit,
-    set_provider_limit,
-)
-from .upkeep import (
-    LEASE_EXPIRED_ERROR,
-    NOT_STARTED_ERROR,
-    Backlog,
-    ChannelBacklog,
-    Reaped,
-    backlog,
-    cancel_held,
-    channel_backlog,
-    expire_overdue,
-    held_count,
-    prune,
-    prune_attempts,
-    prune_dedupe_keys,
-    reap_expired,
-)
-
-__all__ = [
-    "LEASE_EXPIRED_ERROR",
-    "NOT_STARTED_ERROR",
-    "AppliedLimits",
-    "Backlog",
-    "Backoff",
-    "ChannelBacklog",
-    "ChannelLoad",
-    "ChannelStatusCount",
-    "Claim",
-    "ClaimedMessage",
-    "DestinationFigures",
-    "Enqueued",
-    "Feedback",
-    "FeedbackResult",
-    "Held",
-    "NewMessage",
-    "NextWake",
-    "OutcomeEvent",
-    "PausedChannel",
-    "Reaped",
-    "Settled",
-    "Settlement",
-    "Throttled",
-    "apply_configured_limits",
-    "array_literal",
-    "attempt_history",
-    "backlog",
-    "bounded_delay",
-    "cancel",
-    "cancel_held",
-    "channel_backlog",
-    "channel_has_rows",
-    "channel_load",
-    "channel_paused",
-    "channel_status_counts",
-    "channels_with_rows",
-    "check_destination",
-    "check_limit",
-    "claim",
-    "claim_and_receive",
-    "clear_limit",
-    "count_prunable",
-    "destination_figures",
-    "drop_outcome_events",
-    "expire_overdue",
-    "finish_outcome_events",
-    "get_message",
-    "held_count",
-    "insert_messages",
-    "list_messages",
-    "matching_ids",
-    "next_resume",
-    "next_wake",
-    "outcome_event_backlog",
-    "pause_channel",
-    "paused_channels",
-    "payload_json",
-    "prune",
-    "prune_attempts",
-    "prune_cooldowns",
-    "prune_cutoff",
-    "prune_dedupe_keys",
-    "prune_settled_before",
-    "reap_expired",
-    "receive_claimed",
-    "recipient_history",
-    "record_feedback",
-    "record_throttling",
-    "redrive",
-    "release",
-    "resume_channel",
-    "set_delivered_outcome_events",
-    "set_limit",
-    "set_provider_limit",
-    "settle",
-    "settle_with_outcomes",
-    "statuses_of",
-    "take_outcome_events",
-    "uncancel",
-    "unowned_claims",
-]
+from ..limits import check_destination as check_destination
+from ..limits import check_limit as check_limit
+from ._sql import array_literal as array_literal
+from .cooldown import *
+from .delivery import *
+from .enqueue import *
+from .feedback import *
+from .operator import *
+from .outcome_events import *
+from .pacing import *
+from .policy import *
+from .rates import *
+from .upkeep import *

@@ -35,6 +35,8 @@ import sqlalchemy as sa
 from ._sql import statement
 from .policy import DEADLINE_SQL
 
+__all__ = ["prune_cooldowns"]
+
 # Whether the key's row is free for the contender (EXCLUDED) on conflict: its
 # own; a window that has ended; or a holder not delivered that is neither
 # pending nor claimed (or pruned). That last test reads the holder in this

@@ -24,6 +24,23 @@ from .cooldown import SETTLE_WINDOW as COOLDOWN_WINDOW
 from .policy import BACKOFF_SQL, DEADLINE_SQL, EXHAUSTED_SQL, EXPIRED_PREFIX, Backoff, bounded_delay
 from .rates import BUCKETED_SQL, TOKENS_NOW_SQL
 
+__all__ = [
+    "ChannelLoad",
+    "Claim",
+    "ClaimedMessage",
+    "Held",
+    "Settled",
+    "Settlement",
+    "channel_load",
+    "claim",
+    "claim_and_receive",
+    "receive_claimed",
+    "release",
+    "settle",
+    "settle_with_outcomes",
+    "unowned_claims",
+]
+
 
 # The per-row records of the hot path (claim, receipt, settle) are NamedTuples,
 # not frozen dataclasses: as immutable, and built in a fifth of the time (a
@@ -43,7 +60,7 @@ class Claim(NamedTuple):
 class ClaimedMessage(NamedTuple):
     """A row the sender took its receipt for: it alone sends it, once.
 
-    The fields in the order of the receipts' columns (``_RECEIVED``)."""
+    Its fields are the receipts' columns, in their order (``_received``)."""
 
     id: int
     channel: str
@@ -326,14 +343,20 @@ _CLAIM_CHANNELS = _claim_statement(_CHANNEL_FILTER, "NULL", _CLAIMED, _CLAIMED_C
 _PAYLOAD_TEXT = f"""CASE WHEN pg_column_size(m.payload) > {MAX_STORED_BYTES // 256}
         AND octet_length(CAST(m.payload AS text)) > {MAX_STORED_BYTES}
     THEN NULL ELSE CAST(m.payload AS text) END AS payload"""
-_RECEIVED = f"""m.id, m.channel, {_PAYLOAD_TEXT}, m.attempts + 1 AS attempt,
+
+
+def _received(lease_left: str) -> str:
+    """What a receipt returns: ClaimedMessage's fields, in their order (the rows
+    are taken as they are). ``lease_left``: the lease's seconds left, float8."""
+    return f"""m.id, m.channel, {_PAYLOAD_TEXT}, m.attempts + 1 AS attempt,
     COALESCE(m.max_attempts, :default_max) AS max_attempts,
     CAST(m.claim_token AS text) AS claim_token, m.dedupe_key, m.ordering_key,
-    CAST(:lease_seconds AS float8) AS lease_left, {_DESTINATION}"""
-_RECEIVED_COLUMNS = (
-    "id, channel, payload, attempt, max_attempts, claim_token, dedupe_key, ordering_key, "
-    "lease_left, destination"
-)
+    {lease_left} AS lease_left_seconds, {_DESTINATION}"""
+
+
+# The claim's receipt: the lease was just taken, so all of it is left.
+_RECEIVED = _received("CAST(:lease_seconds AS float8)")
+_RECEIVED_COLUMNS = ", ".join(ClaimedMessage._fields)
 _CLAIM_AND_RECEIVE_ALL = _claim_statement("", "now()", _RECEIVED, _RECEIVED_COLUMNS)
 _CLAIM_AND_RECEIVE_CHANNELS = _claim_statement(
     _CHANNEL_FILTER, "now()", _RECEIVED, _RECEIVED_COLUMNS
@@ -490,11 +513,7 @@ _RECEIVE_CLAIMED = statement(
     WHERE m.id = h.id AND m.claim_token = h.token
       AND m.status = 'claimed' AND m.channel = :channel AND m.lease_expires_at > now()
       AND m.received_at IS NULL
-    RETURNING m.id, m.channel, {_PAYLOAD_TEXT}, m.attempts + 1 AS attempt,
-              COALESCE(m.max_attempts, :default_max) AS max_attempts,
-              CAST(m.claim_token AS text) AS claim_token, m.dedupe_key, m.ordering_key,
-              EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8 AS lease_left,
-              {_DESTINATION}
+    RETURNING {_received("EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8")}
     """
 )
 
@@ -589,8 +608,8 @@ def _fence_arrays(claims: Iterable[Held]) -> dict[str, str] | None:
 
 
 def _claimed_messages(rows: Sequence[sa.Row[Any]]) -> list[ClaimedMessage]:
-    # The receipts' columns are ClaimedMessage's fields, in order (lease_left
-    # is float8 in both statements): each row is taken as it is.
+    # The receipts' columns are ClaimedMessage's fields, in order (``_received``):
+    # each row is taken as it is.
     return sorted(map(ClaimedMessage._make, rows))
 
 

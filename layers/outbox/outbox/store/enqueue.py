@@ -18,6 +18,13 @@ from ..settings import OUTBOX_SCHEMA
 from ..states import CooldownAction, PredecessorFailure
 from ._sql import array_literal, statement
 
+__all__ = [
+    "Enqueued",
+    "NewMessage",
+    "insert_messages",
+    "payload_json",
+]
+
 
 @dataclass(frozen=True)
 class NewMessage:

@@ -12,6 +12,12 @@ import sqlalchemy as sa
 from ..states import FEEDBACK_OUTCOMES
 from ._sql import array_literal, json_document, statement
 
+__all__ = [
+    "Feedback",
+    "FeedbackResult",
+    "record_feedback",
+]
+
 
 @dataclass(frozen=True)
 class Feedback:

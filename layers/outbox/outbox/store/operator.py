@@ -16,6 +16,28 @@ import sqlalchemy as sa
 from ..states import CANCELLABLE_STATUSES, REDRIVABLE_STATUSES, TERMINAL_STATUSES
 from ._sql import array_literal, check_channels, check_statuses, statement
 
+__all__ = [
+    "ChannelStatusCount",
+    "PausedChannel",
+    "attempt_history",
+    "cancel",
+    "channel_status_counts",
+    "channels_with_rows",
+    "count_prunable",
+    "get_message",
+    "list_messages",
+    "matching_ids",
+    "pause_channel",
+    "paused_channels",
+    "prune_cutoff",
+    "prune_settled_before",
+    "recipient_history",
+    "redrive",
+    "resume_channel",
+    "statuses_of",
+    "uncancel",
+]
+
 # --- operator transitions ---------------------------------------------------
 
 _CANCEL = statement(
@@ -425,9 +447,6 @@ _PAUSED = statement(
     ORDER BY channel
     """
 )
-_CHANNEL_HAS_ROWS = statement(
-    "SELECT EXISTS (SELECT 1 FROM outbox_message WHERE channel = :channel)"
-)
 
 
 @dataclass(frozen=True)
@@ -459,7 +478,3 @@ def paused_channels(conn: sa.Connection) -> list[PausedChannel]:
         PausedChannel(r.channel, r.reason, r.paused_at, r.paused_until)
         for r in conn.execute(_PAUSED).all()
     ]
-
-
-def channel_has_rows(conn: sa.Connection, channel: str) -> bool:
-    return bool(conn.execute(_CHANNEL_HAS_ROWS, {"channel": channel}).scalar_one())

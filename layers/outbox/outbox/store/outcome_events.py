@@ -11,6 +11,15 @@ import sqlalchemy as sa
 
 from ._sql import array_literal, json_document, statement
 
+__all__ = [
+    "OutcomeEvent",
+    "drop_outcome_events",
+    "finish_outcome_events",
+    "outcome_event_backlog",
+    "set_delivered_outcome_events",
+    "take_outcome_events",
+]
+
 # A trigger (migration 0007) writes one outbox_outcome_event row per transition
 # in the transition's own statement. The publisher takes due rows under a lease
 # (SKIP LOCKED, so publishers never share a row), puts them on EventBridge, and

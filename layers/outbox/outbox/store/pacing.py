@@ -31,6 +31,11 @@ import sqlalchemy as sa
 from ._sql import statement
 from .rates import NEXT_RESUME_SQL
 
+__all__ = [
+    "NextWake",
+    "next_wake",
+]
+
 _NEXT_WAKE = statement(
     f"""
     WITH RECURSIVE priorities AS (

@@ -13,6 +13,11 @@ from typing import Any
 from .. import settings
 from ..states import AttemptOutcome
 
+__all__ = [
+    "Backoff",
+    "bounded_delay",
+]
+
 
 @dataclass(frozen=True)
 class Backoff:

@@ -39,6 +39,20 @@ import sqlalchemy as sa
 from ..limits import CONFIG, OPERATOR, PROVIDER, RateLimit, check_limit
 from ._sql import array_literal, check_channels, json_document, statement
 
+__all__ = [
+    "AppliedLimits",
+    "DestinationFigures",
+    "Throttled",
+    "apply_configured_limits",
+    "channel_paused",
+    "clear_limit",
+    "destination_figures",
+    "next_resume",
+    "record_throttling",
+    "set_limit",
+    "set_provider_limit",
+]
+
 # How long a destination waits after a throttling answer that named no time.
 THROTTLE_PAUSE_SECONDS = 1.0
 # How long a channel waits after a quota answer that named no reset time.

@@ -13,6 +13,23 @@ from ..states import TERMINAL_STATUSES
 from ._sql import array_literal, check_statuses, statement
 from .policy import BACKOFF_SQL, EXHAUSTED_SQL, EXPIRED_PREFIX, Backoff
 
+__all__ = [
+    "LEASE_EXPIRED_ERROR",
+    "NOT_STARTED_ERROR",
+    "Backlog",
+    "ChannelBacklog",
+    "Reaped",
+    "backlog",
+    "cancel_held",
+    "channel_backlog",
+    "expire_overdue",
+    "held_count",
+    "prune",
+    "prune_attempts",
+    "prune_dedupe_keys",
+    "reap_expired",
+]
+
 
 @dataclass(frozen=True)
 class Backlog:
@@ -304,16 +321,19 @@ def prune_dedupe_keys(conn: sa.Connection, older_than_seconds: float, batch_size
     return result.rowcount
 
 
-_BACKLOG = statement(
-    """
-    SELECT
+# The figures of the live rows, over the whole table (``backlog``) or per
+# channel (``channel_backlog``): Backlog's fields.
+_LIVE_FIGURES = """
       count(*) FILTER (WHERE status = 'pending') AS pending,
       count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS due,
       COALESCE(EXTRACT(EPOCH FROM now() - min(available_at)
                FILTER (WHERE status = 'pending' AND available_at <= now())), 0)::float8
           AS oldest_due_age,
       count(*) FILTER (WHERE status = 'claimed') AS claimed,
-      count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at < now()) AS expired_claims
+      count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at < now()) AS expired_claims"""
+_BACKLOG = statement(
+    f"""
+    SELECT {_LIVE_FIGURES}
     FROM outbox_message WHERE status IN ('pending', 'claimed')
     """
 )
@@ -347,17 +367,9 @@ def held_count(conn: sa.Connection) -> int:
 
 
 _CHANNEL_BACKLOG = statement(
-    """
+    f"""
     WITH live AS (
-        SELECT channel,
-          count(*) FILTER (WHERE status = 'pending') AS pending,
-          count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS due,
-          COALESCE(EXTRACT(EPOCH FROM now() - min(available_at)
-                   FILTER (WHERE status = 'pending' AND available_at <= now())), 0)::float8
-              AS oldest_due_age,
-          count(*) FILTER (WHERE status = 'claimed') AS claimed,
-          count(*) FILTER (WHERE status = 'claimed' AND lease_expires_at < now())
-              AS expired_claims,
+        SELECT channel, {_LIVE_FIGURES},
           count(*) FILTER (WHERE status = 'dead') AS dead
         FROM outbox_message WHERE status IN ('pending', 'claimed', 'dead')
         GROUP BY channel

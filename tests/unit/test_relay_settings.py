@@ -9,9 +9,9 @@ import boto3
 import pytest
 
 from outbox import ConfigError
-from outbox.config import DatabaseSettings, RelaySettings
 from outbox.errors import ValidationError
 from outbox.handoff import HandOff
+from outbox.relay_settings import DatabaseSettings, RelaySettings
 from outbox.runtime import Runtime
 
 BASE = {"DATABASE_URL": "postgresql://postgres@127.0.0.1/test"}
@@ -193,7 +193,7 @@ def test_malformed_hand_off_events_are_refused_naming_the_field(event: object, f
 
 
 def test_outcome_events_are_off_unless_a_bus_is_named() -> None:
-    from outbox.config import OutcomeEventSettings
+    from outbox.relay_settings import OutcomeEventSettings
 
     assert OutcomeEventSettings.from_env(BASE) == OutcomeEventSettings(bus="")
     arn = "arn:aws:events:us-east-1:123456789012:event-bus/outcomes"

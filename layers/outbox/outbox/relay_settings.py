@@ -1,4 +1,6 @@
-"""Settings read from the environment once, at cold start, with clear errors.
+"""The relay's settings objects (``RelaySettings``, ``DatabaseSettings``,
+``OutcomeEventSettings``), read from the environment once, at cold start,
+with clear errors.
 
 Every number that shapes the state machine (batch size, lease, attempts,
 backoff, retention) is a template parameter that reaches the functions as an
