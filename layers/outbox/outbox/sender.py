@@ -243,10 +243,10 @@ def run(
             handoff.claims,
             settings.max_attempts,
         )
-        # A channel paused since the claim (a quota another sender heard, an
-        # operator's pause) sends nothing: its rows go back as not started.
-        # Read after the receipt, so an event that owns nothing pays nothing.
-        paused = bool(rows) and store.channel_paused(conn, handoff.channel)
+    # A channel paused since the claim (a quota another sender heard, an
+    # operator's pause) sends nothing: its rows go back as not started. The
+    # receipt read the pause in its own statement.
+    paused = bool(rows) and rows[0].channel_paused
     report.owned = len(rows)
     owned = {r.id for r in rows}
     not_owned = [c for c in handoff.claims if c.id not in owned]

@@ -78,6 +78,11 @@ class ClaimedMessage(NamedTuple):
     lease_left_seconds: float
     # The key a provider's rate applies to (docs/design.md, Data model).
     destination: str = ""
+    # Whether the row's channel was paused when the receipt was taken (a
+    # quota's or an operator's pause since the claim): then it is not sent but
+    # given back as not started. Read in the receipt's own statement, so a
+    # batch costs no second round trip for it.
+    channel_paused: bool = False
 
 
 class Settlement(NamedTuple):
@@ -345,17 +350,19 @@ _PAYLOAD_TEXT = f"""CASE WHEN pg_column_size(m.payload) > {MAX_STORED_BYTES // 2
     THEN NULL ELSE CAST(m.payload AS text) END AS payload"""
 
 
-def _received(lease_left: str) -> str:
+def _received(lease_left: str, channel_paused: str) -> str:
     """What a receipt returns: ClaimedMessage's fields, in their order (the rows
-    are taken as they are). ``lease_left``: the lease's seconds left, float8."""
+    are taken as they are). ``lease_left``: the lease's seconds left, float8;
+    ``channel_paused``: whether the row's channel is paused now, boolean."""
     return f"""m.id, m.channel, {_PAYLOAD_TEXT}, m.attempts + 1 AS attempt,
     COALESCE(m.max_attempts, :default_max) AS max_attempts,
     CAST(m.claim_token AS text) AS claim_token, m.dedupe_key, m.ordering_key,
-    {lease_left} AS lease_left_seconds, {_DESTINATION}"""
+    {lease_left} AS lease_left_seconds, {_DESTINATION}, {channel_paused} AS channel_paused"""
 
 
-# The claim's receipt: the lease was just taken, so all of it is left.
-_RECEIVED = _received("CAST(:lease_seconds AS float8)")
+# The claim's receipt: the lease was just taken, so all of it is left, and the
+# claim takes no row of a paused channel.
+_RECEIVED = _received("CAST(:lease_seconds AS float8)", "false")
 _RECEIVED_COLUMNS = ", ".join(ClaimedMessage._fields)
 _CLAIM_AND_RECEIVE_ALL = _claim_statement("", "now()", _RECEIVED, _RECEIVED_COLUMNS)
 _CLAIM_AND_RECEIVE_CHANNELS = _claim_statement(
@@ -505,6 +512,15 @@ def release(
 # one gets the row back; the other finds nothing to send. A row locked by the
 # first is re-checked by the second after the first commits (READ COMMITTED),
 # when ``received_at`` is no longer NULL.
+#
+# A channel paused since the claim (a quota another sender heard, an operator's
+# pause) is read in the same statement: the receipt is still taken, so no other
+# sender gets the rows and their settle is fenced as usual, and each row says
+# the channel is paused. An uncorrelated subquery: one probe of the pause
+# table's key for the whole statement, not one a row.
+_RECEIPT_PAUSED = """EXISTS (SELECT 1 FROM outbox_channel_pause AS cp
+                   WHERE cp.channel = :channel
+                     AND (cp.paused_until IS NULL OR cp.paused_until > now()))"""
 _RECEIVE_CLAIMED = statement(
     f"""
     UPDATE outbox_message AS m
@@ -513,7 +529,7 @@ _RECEIVE_CLAIMED = statement(
     WHERE m.id = h.id AND m.claim_token = h.token
       AND m.status = 'claimed' AND m.channel = :channel AND m.lease_expires_at > now()
       AND m.received_at IS NULL
-    RETURNING {_received("EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8")}
+    RETURNING {_received("EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8", _RECEIPT_PAUSED)}
     """
 )
 
@@ -526,7 +542,9 @@ def receive_claimed(
 ) -> list[ClaimedMessage]:
     """Take the receipt of the claims this sender may send, once: a row missing
     here is not ours (settled, reaped, claimed again) or already taken by another
-    sender. A claim listed twice counts once. Ordered by id."""
+    sender. A claim listed twice counts once. Ordered by id. Each row's
+    ``channel_paused`` says whether ``channel`` is paused now (then it is not
+    to be sent)."""
     fence = _fence_arrays(claims)
     if fence is None:
         return []

@@ -44,7 +44,6 @@ __all__ = [
     "DestinationFigures",
     "Throttled",
     "apply_configured_limits",
-    "channel_paused",
     "clear_limit",
     "destination_figures",
     "next_resume",
@@ -184,22 +183,6 @@ _THROTTLED = statement(
                             THEN d.minute_start ELSE now() END
     """
 )
-
-# Whether a channel is paused now: a quota's pause not yet over, or an
-# operator's (no end). A primary-key probe, read by a sender right after its
-# receipt, once per event.
-_CHANNEL_PAUSED = statement(
-    """
-    SELECT EXISTS (SELECT 1 FROM outbox_channel_pause
-                   WHERE channel = :channel AND (paused_until IS NULL OR paused_until > now()))
-    """
-)
-
-
-def channel_paused(conn: sa.Connection, channel: str) -> bool:
-    """Whether ``channel`` is paused now (by a quota or an operator)."""
-    return bool(conn.execute(_CHANNEL_PAUSED, {"channel": channel}).scalar_one())
-
 
 # A quota pause ends by itself; an operator's pause (no end) is never
 # shortened by one, and keeps its reason.
