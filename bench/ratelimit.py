@@ -40,6 +40,7 @@ dead rows (from the database).
 from __future__ import annotations
 
 import argparse
+import bisect
 import http.server
 import json
 import sys
@@ -87,31 +88,55 @@ class Admitting:
         self.at = time.monotonic()
         self.admitted: list[float] = []  # when, on the monotonic clock
         self.refused = 0
+        self.refused_at: list[float] = []
+        # Calls the provider would have admitted but nobody made: tokens that
+        # overflowed its full bucket (what a sender asking below the rate, or
+        # resuming late after a pause, loses).
+        self.unused = 0.0
         self.over_quota: Counter[str] = Counter()  # refused for the quota, by sender instance
+        # Each refusal for the quota: (sender instance, call started, answered).
+        self.quota_refusals: list[tuple[str, float, float]] = []
         self.lock = threading.Lock()
 
     def admit(self) -> bool:
         with self.lock:
             now = time.monotonic()
             if self.rate is not None:
-                self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate)
+                refilled = self.tokens + (now - self.at) * self.rate
+                self.unused += max(0.0, refilled - self.rate)
+                self.tokens = min(self.rate, refilled)
                 self.at = now
                 if self.tokens < 1:
                     self.refused += 1
+                    self.refused_at.append(now)
                     return False
                 self.tokens -= 1
             self.admitted.append(now)
             return True
 
-    def quota_spent(self) -> bool:
-        """Whether this call is refused for the quota (counted by the calling
-        sender instance: a simulated environment, or the process)."""
+    def quota_spent(self, call_started: float) -> bool:
+        """Whether this call (started at ``call_started``) is refused for the
+        quota (counted by the calling sender instance: a simulated
+        environment, or the process)."""
         with self.lock:
             if self.quota is None or len(self.admitted) < self.quota:
                 return False
             self.refused += 1
-            self.over_quota[_sender_instance()] += 1
+            instance = _sender_instance()
+            self.over_quota[instance] += 1
+            self.quota_refusals.append((instance, call_started, time.monotonic()))
             return True
+
+    def started_after_hearing(self) -> Counter[str]:
+        """By sender instance, the refused calls it started after it had heard
+        its own first quota answer (the calls it could have kept back: those
+        already under way on its other send threads cannot be called back)."""
+        heard: dict[str, float] = {}
+        for instance, _, answered in self.quota_refusals:
+            heard[instance] = min(answered, heard.get(instance, answered))
+        return Counter(
+            instance for instance, started, _ in self.quota_refusals if started > heard[instance]
+        )
 
     def busiest_second(self) -> int:
         """The most calls admitted within any one second."""
@@ -186,9 +211,10 @@ class SesStub:
         )
 
     def send_email(self, **request: Any) -> dict[str, Any]:
+        started = time.monotonic()
         if self.bucket.latency:
             time.sleep(self.bucket.latency)
-        if self.bucket.quota_spent():
+        if self.bucket.quota_spent(started):
             raise self._throttling(SES_QUOTA_EXCEEDED)
         if not self.bucket.admit():
             raise self._throttling(SES_RATE_EXCEEDED)
@@ -376,6 +402,21 @@ def _trace(engine: sa.Engine) -> dict[str, Any] | None:
     }
 
 
+def _resume_gaps(rx: Admitting) -> list[float]:
+    """For each run of refusals, the seconds from its first refused call to
+    the next admitted one (a throttle's pause as the provider saw it)."""
+    admitted, gaps, until = sorted(rx.admitted), [], 0.0
+    for at in sorted(rx.refused_at):
+        if at < until:
+            continue
+        after = bisect.bisect_right(admitted, at)
+        if after == len(admitted):
+            break
+        until = admitted[after]
+        gaps.append(round(until - at, 3))
+    return gaps
+
+
 def run(
     url: str,
     rows: int,
@@ -469,6 +510,8 @@ def run(
         "dead": counts.get("dead", 0),
         "left": counts.get("pending", 0) + counts.get("claimed", 0),
         "learned_rate_per_s": None if learned is None else round(float(learned), 2),
+        # The provider's unspent capacity, in seconds of its rate: the bound lost.
+        "unused_at_provider_s": round(rx.unused / rate, 2),
         "batch_size": settings.batch_size,
         "send_concurrency": settings.send_concurrency,
     }
@@ -491,6 +534,7 @@ def run(
         cell["trace"] = samples
         per_second = Counter(int(at - started) for at in rx.admitted)
         cell["admitted_per_second"] = [per_second[i] for i in range(int(elapsed) + 1)]
+        cell["resume_gaps_s"] = _resume_gaps(rx)
     return cell
 
 
@@ -530,6 +574,7 @@ def run_quota(
             time.sleep(settle_seconds)  # every sender instance has heard it and settled
             with bucket.lock:
                 refused_while_paused = dict(bucket.over_quota)
+                after_hearing = bucket.started_after_hearing()
                 bucket.quota = None  # the quota is raised
             with engine.begin() as conn:
                 store.resume_channel(conn, "email")
@@ -555,6 +600,9 @@ def run_quota(
         "sender_instances_refused": instances,
         "most_refused_by_one_instance": max(refused_while_paused.values(), default=0),
         "refused_by_instance": sorted(refused_while_paused.values(), reverse=True),
+        # Of those, the calls an instance started after its own first refusal.
+        "refused_started_after_hearing": sum(after_hearing.values()),
+        "most_started_after_hearing_by_one_instance": max(after_hearing.values(), default=0),
         "drained_after_resume": drained,
         "delivered": counts.get("delivered", 0),
         "dead": counts.get("dead", 0),

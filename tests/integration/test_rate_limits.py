@@ -17,7 +17,15 @@ from outbox import sender, store
 from outbox.channels import Outcome
 from outbox.handoff import HandOff
 from outbox.worker import Worker
-from support import ScriptedChannel, attempts, claim, enqueue, install_channel, settings
+from support import (
+    ScriptedChannel,
+    attempts,
+    claim,
+    db_now,
+    enqueue,
+    install_channel,
+    settings,
+)
 
 
 def hook(host: str, n: int = 0) -> dict[str, Any]:
@@ -162,6 +170,56 @@ def test_a_throttled_destination_takes_no_more_than_its_bucket(engine: sa.Engine
         ).scalar_one()
     assert tokens < 1  # drawn, in the same statement
     assert not set(c.id for c in claim(engine)) & set(limited)
+
+
+def test_the_pause_runs_from_the_answer_not_from_the_write(engine: sa.Engine) -> None:
+    # The provider's bucket refills from the moment it refused: a pause that
+    # starts only when the sender writes it (after its other calls answered)
+    # wastes that much of what the provider admits, every throttle.
+    with engine.begin() as conn:  # one transaction: now() stands still
+        store.record_throttling(
+            conn, "webhook", {"late.example": store.Throttled(30, 1, 10, heard_seconds_ago=12)}
+        )
+        paused_for = conn.execute(
+            sa.text(
+                "SELECT EXTRACT(EPOCH FROM paused_until - now()) FROM outbox_destination"
+                " WHERE destination = 'late.example'"
+            )
+        ).scalar_one()
+    assert float(paused_for) == pytest.approx(18.0)
+    # An answer whose pause was over before it was written pauses nothing;
+    # the rate is cut all the same.
+    over = enqueue_hooks(engine, "over.example", 1)
+    with engine.begin() as conn:
+        store.record_throttling(
+            conn, "webhook", {"over.example": store.Throttled(1, 1, 10, heard_seconds_ago=5)}
+        )
+    assert [c.id for c in claim(engine)] == over
+    [figures] = [f for f in _figures(engine) if f.destination == "over.example"]
+    assert figures.rate == pytest.approx(9.0, rel=0.05)
+
+
+@pytest.mark.parametrize("throttled_before", [False, True], ids=["first", "again"])
+def test_a_throttled_destination_calls_once_the_moment_its_pause_ends(
+    engine: sa.Engine, throttled_before: bool
+) -> None:
+    # The bucket holds one token from the pause's end, not none: the first call
+    # goes when the provider said it may, not one token's refill later (a tenth
+    # of a second at 10 a second; ten seconds at the slowest learned rate).
+    limited = enqueue_hooks(engine, "resumed.example", 5)
+    # The slowest rate: the next token after that one is ten seconds away.
+    answer = {"resumed.example": store.Throttled(1, 1, 0.01, heard_seconds_ago=1)}
+    if throttled_before:
+        with engine.begin() as conn:
+            store.record_throttling(conn, "webhook", answer)
+            conn.execute(sa.text("UPDATE outbox_destination SET tokens = 0"))
+    with engine.begin() as conn:
+        store.record_throttling(conn, "webhook", answer)
+        written = conn.execute(sa.text("SELECT now()")).scalar_one()
+    claimed = [c.id for c in claim(engine)]
+    elapsed = (db_now(engine) - written).total_seconds()
+    refilled = int(store.rates.MIN_RATE * elapsed)  # 0 unless the machine stalled 10 s
+    assert claimed == limited[: 1 + refilled]
 
 
 def test_many_claimers_never_take_more_than_the_bucket_holds(engine: sa.Engine) -> None:

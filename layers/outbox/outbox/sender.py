@@ -115,6 +115,7 @@ class _Limits:
         # the estimate only when nothing was delivered (another sender had
         # used up what the destination admits), since zero is no estimate.
         self.called_rate: dict[str, float] = {}
+        self.last_throttled_at: dict[str, float] = {}  # monotonic, by destination
 
     def blocked(self, row: store.ClaimedMessage) -> Outcome | None:
         """The outcome of a row that must not be started, else None."""
@@ -137,16 +138,19 @@ class _Limits:
                     seconds = max(time.monotonic() - self.began, 0.001)
                     self.called_rate[row.destination] = self.calls[row.destination] / seconds
                 self.throttled.setdefault(row.destination, []).append(outcome.delay_seconds)
+                self.last_throttled_at[row.destination] = time.monotonic()
 
     def records(self) -> tuple[dict[str, store.Throttled], tuple[str, float | None] | None]:
         """What to write: each throttled destination, and the channel's quota pause."""
-        seconds = max(time.monotonic() - self.began, 0.001)
+        now = time.monotonic()
+        seconds = max(now - self.began, 0.001)
         throttled = {
             destination: store.Throttled(
                 # The longest pause asked for; None means the relay's own pause.
                 max((p for p in pauses if p is not None), default=None),
                 len(pauses),
                 self.delivered[destination] / seconds or self.called_rate[destination],
+                now - self.last_throttled_at[destination],
             )
             for destination, pauses in self.throttled.items()
         }

@@ -118,11 +118,16 @@ def bounded_pause(seconds: Any, default: float) -> float:
 class Throttled:
     """What one sender saw of a destination that throttled: the longest pause
     asked for, how many answers said so, and the rate this sender had asked
-    at until then (calls a second), the first estimate of what it admits."""
+    at until then (calls a second), the first estimate of what it admits;
+    and how long ago the last of those answers came."""
 
     pause_seconds: float | None  # None: the relay's own pause
     answers: int
     asked_rate: float
+    # The pause runs from the answer, not from this write: the provider's
+    # bucket started to refill then, and every moment the relay waits beyond
+    # the pause is capacity the provider had and nobody used.
+    heard_seconds_ago: float = 0.0
 
 
 # Whether destination row ``d`` is in the pause of its first throttling
@@ -131,7 +136,9 @@ class Throttled:
 # that minute).
 FIRST_PAUSE_SQL = "(d.rate_at = d.minute_start AND d.throttled_total = d.throttled_minute)"
 
-# One statement for every throttled destination of a batch. A destination
+# One statement for every throttled destination of a batch. The bucket is
+# emptied but for one token, which it holds from the pause's end: the first
+# call goes the moment the provider said it may, not a token's refill later. A destination
 # already paused when the answer came (an answer to a call that was already
 # under way) lengthens the pause but does not cut the rate again: one cut
 # per signal, however many senders heard it. Except in its first pause: the
@@ -152,7 +159,7 @@ _THROTTLED = statement(
          throttled_total, throttled_minute, minute_start)
     SELECT :channel, t.destination, now() + make_interval(secs => t.pause_s),
            GREATEST({MIN_RATE}, t.asked_rate * {RATE_DECREASE}), now(),
-           0, now() + make_interval(secs => t.pause_s), t.answers, t.answers, now()
+           1, now() + make_interval(secs => t.pause_s), t.answers, t.answers, now()
     FROM jsonb_to_recordset(CAST(:throttled AS jsonb))
         AS t(destination text, pause_s float8, answers int, asked_rate float8)
     ON CONFLICT (channel, destination) DO UPDATE SET
@@ -173,7 +180,7 @@ _THROTTLED = statement(
                         END) END,
         rate_at = CASE WHEN d.paused_until > now() AND d.rate IS NOT NULL THEN d.rate_at
                        ELSE now() END,
-        tokens = 0,
+        tokens = 1,
         tokens_at = GREATEST(d.tokens_at, EXCLUDED.tokens_at),
         throttled_total = d.throttled_total + EXCLUDED.throttled_total,
         throttled_minute = CASE WHEN d.minute_start > now() - interval '1 minute'
@@ -215,7 +222,11 @@ def record_throttling(
         rows = [
             {
                 "destination": destination,
-                "pause_s": bounded_pause(t.pause_seconds, THROTTLE_PAUSE_SECONDS),
+                "pause_s": max(
+                    0.0,
+                    bounded_pause(t.pause_seconds, THROTTLE_PAUSE_SECONDS)
+                    - max(0.0, t.heard_seconds_ago),
+                ),
                 "answers": t.answers,
                 "asked_rate": max(float(t.asked_rate), MIN_RATE),
             }
