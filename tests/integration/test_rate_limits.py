@@ -404,6 +404,24 @@ def test_a_throttle_soon_after_the_pause_ended_halves_the_rate(engine: sa.Engine
     assert after == pytest.approx(DECREASE * store.rates.FAST_DECREASE * before, rel=1e-9)
 
 
+def test_a_throttle_soon_after_the_pause_ended_estimates_what_the_provider_admitted(
+    engine: sa.Engine,
+) -> None:
+    # The provider's bucket refilled during the pause (1 s) and was spent
+    # again 1.8 s after it: since the pause began it admitted about what the
+    # relay called since the pause ended (one call at the end, then the rate),
+    # over 2.8 s. That, not half the rate, is the plateau.
+    paused, resumed_for = 1.0, 1.8
+    with engine.begin() as conn:
+        learned_after(conn, cut_ago=paused + resumed_for, pause_ended_ago=resumed_for, rate=13.5)
+        before = rate_now(conn)
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(1, 1, 1)})
+        after = rate_now(conn)
+    admitted = (1 + before * resumed_for) / (paused + resumed_for)
+    assert before * store.rates.FAST_DECREASE < admitted < before  # between halving and no cut
+    assert after == pytest.approx(DECREASE * admitted, rel=1e-9)
+
+
 def test_after_a_quiet_spell_the_plateau_is_what_was_seen_not_the_grown_curve(
     engine: sa.Engine,
 ) -> None:

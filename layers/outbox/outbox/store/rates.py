@@ -18,7 +18,8 @@ close to it for a while, then probes above it ever faster. A receiver's
 admitted rate sits just under the plateau, so the relay asks at about that
 rate for a long time and is refused rarely; a rate that is too high (the
 first guess, or a receiver that slowed down) is refused again within
-``RESUMED_SECONDS`` of the pause's end and is halved at once.
+``RESUMED_SECONDS`` of the pause's end and is cut at once to what the
+receiver admitted since the pause began (at most by half).
 
 Only ``rate`` (the rate just after the cut: the plateau is ``rate /
 RATE_DECREASE``) and ``rate_at`` (when) are stored; the claim computes the
@@ -71,8 +72,13 @@ _CUBE = (1 - RATE_DECREASE) / PLATEAU_SECONDS**3
 # A throttling answer within this many seconds of the last pause's end means
 # the rate was far too high (the receiver's burst, which refilled during the
 # pause, was spent at once: the first guess, which a batch measures over its
-# own short burst, or a receiver that slowed down): the plateau is then half
-# the rate. Near the plateau the receiver's burst lasts many seconds.
+# own short burst, or a receiver that slowed down). Near the plateau the
+# receiver's burst lasts many seconds. The plateau is then what the receiver
+# admitted since that pause began: the relay's calls since it ended (the one
+# token at its end, then the rate) over the pause and the time since, since
+# the receiver's bucket refilled during the one and was spent in the other;
+# never less than FAST_DECREASE of the rate (a receiver whose burst is
+# smaller than its rate over the pause makes that estimate too low).
 RESUMED_SECONDS = 2.0
 FAST_DECREASE = 0.5
 # The learned rate never falls below this (messages a second).
@@ -87,6 +93,20 @@ _FROM_PLATEAU_SQL = f"(GREATEST(0, EXTRACT(EPOCH FROM now() - d.rate_at)) - {PLA
 RATE_NOW_SQL = (
     f"(d.rate / {RATE_DECREASE!r} * (1 + {_CUBE!r} * {_FROM_PLATEAU_SQL} "
     f"* {_FROM_PLATEAU_SQL} * {_FROM_PLATEAU_SQL}))"
+)
+# What a fresh throttling answer takes as the rate then: the learned rate now,
+# held to the operator's limit and, after a long quiet spell, to the higher
+# of the sender's estimate and the last plateau (see _THROTTLED).
+_PLATEAU_SQL = (
+    f"LEAST({RATE_NOW_SQL}, d.limit_rate, GREATEST(EXCLUDED.rate, d.rate) / {RATE_DECREASE!r})"
+)
+# For an answer within RESUMED_SECONDS of the last pause's end: the share of
+# that rate the receiver admitted since the pause began (see RESUMED_SECONDS).
+_RESUMED_FOR_SQL = "GREATEST(0, EXTRACT(EPOCH FROM now() - d.paused_until))"
+_PAUSED_FOR_SQL = "GREATEST(0, EXTRACT(EPOCH FROM d.paused_until - d.rate_at))"
+_ADMITTED_SHARE_SQL = (
+    f"GREATEST({FAST_DECREASE!r}, LEAST(1, (1 / {_PLATEAU_SQL} + {_RESUMED_FOR_SQL})"
+    f" / GREATEST({_PAUSED_FOR_SQL} + {_RESUMED_FOR_SQL}, 0.001)))"
 )
 # The rate its bucket refills at: the operator's limit, or the learned rate,
 # whichever is lower (NULL: neither, no bucket).
@@ -145,7 +165,7 @@ FIRST_PAUSE_SQL = "(d.rate_at = d.minute_start AND d.throttled_total = d.throttl
 # first estimate is what each sender saw delivered, and several senders at
 # once (a function's execution environments, several workers) each saw their
 # own share, so their estimates add up (the sum is too high rather than too
-# low: a rate far too high is halved within seconds, while one far too low
+# low: a rate far too high is cut hard within seconds, while one far too low
 # takes a minute or more to climb back). The plateau of a fresh answer is
 # the rate now, held to the operator's limit; on a destination's first answer
 # (nothing learned yet) the rate the sender had asked at. After a long quiet
@@ -172,11 +192,10 @@ _THROTTLED = statement(
                     ELSE GREATEST({MIN_RATE}, {RATE_DECREASE} * CASE
                         WHEN d.rate IS NULL
                         THEN LEAST(EXCLUDED.rate / {RATE_DECREASE}, d.limit_rate)
-                        ELSE LEAST({RATE_NOW_SQL}, d.limit_rate,
-                                   GREATEST(EXCLUDED.rate, d.rate) / {RATE_DECREASE})
+                        ELSE {_PLATEAU_SQL}
                              * CASE WHEN now() < d.paused_until
                                                  + make_interval(secs => {RESUMED_SECONDS})
-                                    THEN {FAST_DECREASE} ELSE 1 END
+                                    THEN {_ADMITTED_SHARE_SQL} ELSE 1 END
                         END) END,
         rate_at = CASE WHEN d.paused_until > now() AND d.rate IS NOT NULL THEN d.rate_at
                        ELSE now() END,
