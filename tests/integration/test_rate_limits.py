@@ -25,6 +25,7 @@ from support import (
     enqueue,
     install_channel,
     settings,
+    wait_until,
 )
 
 
@@ -519,6 +520,30 @@ def test_the_receipt_of_a_paused_channel_sends_nothing_and_counts_nothing(
         assert store.resume_channel(conn, "scripted")
     run_sender(engine, claim(engine))
     assert channel.calls == 3
+    assert {counts(engine, ids)[i] for i in ids} == {("delivered", 1, 0)}
+
+
+def test_the_worker_claims_a_paused_destination_again_when_its_pause_ends(
+    engine: sa.Engine,
+) -> None:
+    # A poll interval far longer than the pause: a worker that waited it out
+    # would leave the resumed rows for 30 s; it claims them at the pause's end.
+    channel = install_channel(DestinationChannel(answers=[Outcome.throttled("HTTP 429", 0.3)]))
+    ids = enqueue(engine, 1, "scripted")
+    worker = Worker(
+        engine,
+        settings(batch_size=10, send_concurrency=1, poll_interval_seconds=30.0),
+        reap_interval_seconds=3600,
+    )
+    loop = threading.Thread(target=worker.run)
+    loop.start()
+    try:
+        # A bound well under the poll interval, not a timing.
+        assert wait_until(lambda: counts(engine, ids)[ids[0]][0] == "delivered", 20)
+    finally:
+        worker.stop.set()
+        loop.join(60)
+    assert channel.calls == 2  # the refused call counted no attempt
     assert {counts(engine, ids)[i] for i in ids} == {("delivered", 1, 0)}
 
 

@@ -171,6 +171,9 @@ class SendReport:
     # a sample event.
     unknown: list[int] = field(default_factory=list)
     statuses: Counter[str] = field(default_factory=Counter)
+    # When (time.monotonic()) the first destination this batch paused may be
+    # called again: a caller that polls can claim again then, not a poll later.
+    resumes_at: float | None = None
 
 
 def _send_one(
@@ -375,6 +378,8 @@ def send_then_settle(
             limits,
         )
         throttled, quota = limits.records()
+        if throttled:
+            report.resumes_at = time.monotonic() + min(t.pause_left() for t in throttled.values())
 
     settlements = [
         # Settlement's fields in order: id, claim_token, outcome, error,

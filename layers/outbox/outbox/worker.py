@@ -44,6 +44,17 @@ class BatchReport:
 
     claimed: int = 0
     owned: int = 0
+    # When (time.monotonic()) a destination this batch paused resumes, if it paused one.
+    resumes_at: float | None = None
+
+
+def idle_wait(poll: float, resumes_at: float | None, now: float) -> tuple[float, float | None]:
+    """How long an idle loop waits, and the pause end it still waits for: the
+    poll interval, or until ``resumes_at`` (a pause's end, on the monotonic
+    clock) when that comes first."""
+    if resumes_at is not None and resumes_at - now <= poll:
+        return max(resumes_at - now, 0.0), None
+    return poll, resumes_at
 
 
 @dataclass
@@ -184,6 +195,9 @@ class Worker:
         def settle() -> None:
             reports = [s() for s in settles]
             result.owned = sum(r.owned for r in reports)
+            result.resumes_at = min(
+                (r.resumes_at for r in reports if r.resumes_at is not None), default=None
+            )
             with self._lock:
                 for report in reports:
                     for status, n in report.statuses.items():
@@ -204,6 +218,11 @@ class Worker:
         other. At most one settle is in flight, and the loop never ends with
         one pending. Every statement is the same, fenced as ever."""
         next_reap = time.monotonic()
+        # The earliest end of a pause this loop's batches wrote: the loop
+        # claims again then rather than up to a poll interval later (every
+        # moment a resumed destination's rows wait is capacity its provider
+        # had and nobody used).
+        resumes_at: float | None = None
         in_flight: list[Future[None]] = []  # at most one
         settler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="settle")
 
@@ -223,7 +242,12 @@ class Worker:
                     break
                 if result.claimed < self.settings.batch_size:
                     settled()  # before an idle wait, not after it
-                    self.stop.wait(self.settings.poll_interval_seconds)
+                    if result.resumes_at is not None:
+                        resumes_at = min(resumes_at or result.resumes_at, result.resumes_at)
+                    wait, resumes_at = idle_wait(
+                        self.settings.poll_interval_seconds, resumes_at, time.monotonic()
+                    )
+                    self.stop.wait(wait)
             settled()
         finally:
             settler.shutdown()  # waits for a settle still running

@@ -149,6 +149,11 @@ class Throttled:
     # the pause is capacity the provider had and nobody used.
     heard_seconds_ago: float = 0.0
 
+    def pause_left(self) -> float:
+        """The seconds of the pause still to run, from now."""
+        pause = bounded_pause(self.pause_seconds, THROTTLE_PAUSE_SECONDS)
+        return max(0.0, pause - max(0.0, self.heard_seconds_ago))
+
 
 # Whether destination row ``d`` is in the pause of its first throttling
 # answers: its rate was cut once, in the minute it counts throttles from
@@ -241,11 +246,7 @@ def record_throttling(
         rows = [
             {
                 "destination": destination,
-                "pause_s": max(
-                    0.0,
-                    bounded_pause(t.pause_seconds, THROTTLE_PAUSE_SECONDS)
-                    - max(0.0, t.heard_seconds_ago),
-                ),
+                "pause_s": t.pause_left(),
                 "answers": t.answers,
                 "asked_rate": max(float(t.asked_rate), MIN_RATE),
             }
