@@ -20,6 +20,7 @@ settle.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -243,7 +244,7 @@ class Worker:
                 if result.claimed < self.settings.batch_size:
                     settled()  # before an idle wait, not after it
                     if result.resumes_at is not None:
-                        resumes_at = min(resumes_at or result.resumes_at, result.resumes_at)
+                        resumes_at = min(resumes_at or math.inf, result.resumes_at)
                     wait, resumes_at = idle_wait(
                         self.settings.poll_interval_seconds, resumes_at, time.monotonic()
                     )

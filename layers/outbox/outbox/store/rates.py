@@ -163,10 +163,10 @@ FIRST_PAUSE_SQL = "(d.rate_at = d.minute_start AND d.throttled_total = d.throttl
 
 # One statement for every throttled destination of a batch. The bucket is
 # emptied but for one token, which it holds from the pause's end: the first
-# call goes the moment the provider said it may, not a token's refill later. A destination
-# already paused when the answer came (an answer to a call that was already
-# under way) lengthens the pause but does not cut the rate again: one cut
-# per signal, however many senders heard it. Except in its first pause: the
+# call goes the moment the provider said it may, not a token's refill later.
+# A destination already paused when the answer came (an answer to a call
+# that was already under way) lengthens the pause but does not cut the rate
+# again: one cut per signal, however many senders heard it. Except in its first pause: the
 # first estimate is what each sender saw delivered, and several senders at
 # once (a function's execution environments, several workers) each saw their
 # own share, so their estimates add up (the sum is too high rather than too
