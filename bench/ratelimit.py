@@ -668,18 +668,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         dbs.prepare_template()
         with dbs.fresh("ratelimit") as url:
+            senders = {
+                "path": args.path,
+                "workers": args.workers,
+                "concurrency": args.concurrency,
+                "ses_latency": args.ses_latency_ms / 1000,
+            }
             if args.quota is not None:
                 cell = {
                     "name": "ratelimit_quota",
-                    **run_quota(
-                        url,
-                        args.rows,
-                        args.quota,
-                        path=args.path,
-                        workers=args.workers,
-                        concurrency=args.concurrency,
-                        ses_latency=args.ses_latency_ms / 1000,
-                    ),
+                    **run_quota(url, args.rows, args.quota, **senders),
                 }
             else:
                 cell = {
@@ -689,13 +687,10 @@ def main(argv: list[str] | None = None) -> int:
                         args.rows,
                         args.rate,
                         provider=args.provider,
-                        path=args.path,
                         limit=args.limit,
-                        workers=args.workers,
-                        concurrency=args.concurrency,
                         other_rows=args.other_rows,
-                        ses_latency=args.ses_latency_ms / 1000,
                         trace=args.trace,
+                        **senders,
                     ),
                 }
     finally:

@@ -475,6 +475,32 @@ def enqueue(engine: sa.Engine, n: int, chunk: int = 5000) -> list[int]:
     return ids
 
 
+@contextmanager
+def _running(sim: LambdaSim) -> Iterator[None]:
+    """The simulated service running for the block: every function's
+    environments, the dispatcher and the reaper, with the senders' send
+    threads taken from the simulator's pools; all stopped and joined, and
+    the pools given back, when the block ends."""
+    sendpool.pools = sim.pools
+    threads = [
+        threading.Thread(target=_dispatch_loop, args=(sim,), name="sim-dispatcher", daemon=True),
+        threading.Thread(target=_reap_loop, args=(sim,), name="sim-reaper", daemon=True),
+    ]
+    try:
+        for function in sim.functions.values():
+            function.start()
+        for thread in threads:
+            thread.start()
+        yield
+    finally:
+        sim.stopping.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        for function in sim.functions.values():
+            function.join()
+        sendpool.pools = sim.pools.original
+
+
 def run(
     engine: sa.Engine,
     settings: RelaySettings,
@@ -502,7 +528,6 @@ def run(
     started = time.monotonic()
     provider.armed = True
     provider.outage_until = started + outage_seconds
-    sendpool.pools = sim.pools
     real_settle = store.settle_with_outcomes  # the sender's settle
 
     def settle_unless_killed(*args: Any, **kwargs: Any) -> Any:
@@ -514,27 +539,14 @@ def run(
         return real_settle(*args, **kwargs)
 
     store.settle_with_outcomes = settle_unless_killed  # type: ignore[assignment]
-    threads = [
-        threading.Thread(target=_dispatch_loop, args=(sim,), name="sim-dispatcher", daemon=True),
-        threading.Thread(target=_reap_loop, args=(sim,), name="sim-reaper", daemon=True),
-    ]
     try:
-        for function in sim.functions.values():
-            function.start()
-        for thread in threads:
-            thread.start()
-        if on_start is not None:
-            on_start(sim)
-        deadline = started + timeout_seconds
-        while time.monotonic() < deadline and not _all_final(engine, ids):
-            time.sleep(0.2)
+        with _running(sim):
+            if on_start is not None:
+                on_start(sim)
+            deadline = started + timeout_seconds
+            while time.monotonic() < deadline and not _all_final(engine, ids):
+                time.sleep(0.2)
     finally:
-        sim.stopping.set()
-        for thread in threads:
-            thread.join(timeout=30)
-        for function in sim.functions.values():
-            function.join()
-        sendpool.pools = sim.pools.original
         store.settle_with_outcomes = real_settle  # type: ignore[assignment]
     return check(engine, sim, ids, started)
 
@@ -551,24 +563,8 @@ def serving(
     sim = LambdaSim(
         engine, settings, SimProvider(faults, seed), faults, concurrency=concurrency, seed=seed
     )
-    sendpool.pools = sim.pools
-    threads = [
-        threading.Thread(target=_dispatch_loop, args=(sim,), name="sim-dispatcher", daemon=True),
-        threading.Thread(target=_reap_loop, args=(sim,), name="sim-reaper", daemon=True),
-    ]
-    try:
-        for function in sim.functions.values():
-            function.start()
-        for thread in threads:
-            thread.start()
+    with _running(sim):
         yield sim
-    finally:
-        sim.stopping.set()
-        for thread in threads:
-            thread.join(timeout=30)
-        for function in sim.functions.values():
-            function.join()
-        sendpool.pools = sim.pools.original
 
 
 def _dispatch_loop(sim: LambdaSim) -> None:
