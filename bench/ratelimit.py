@@ -168,10 +168,18 @@ def receiver(rate: float | None, latency: float = 0.0) -> Iterator[tuple[Admitti
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
+        def parse_request(self) -> bool:
+            # The request line has just been read: the receiver's latency runs
+            # from here, so that this server's own parsing is not counted on
+            # top of it (a receiver "with 20 ms latency" answers 20 ms after
+            # the request came, not 20 ms after Python parsed it).
+            self.arrived = time.monotonic()
+            return super().parse_request()
+
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("content-length", 0)))
             if state.latency:
-                time.sleep(state.latency)
+                time.sleep(max(state.latency - (time.monotonic() - self.arrived), 0.0))
             if state.admit():
                 self.send_response(200)
             else:

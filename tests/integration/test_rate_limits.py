@@ -570,14 +570,14 @@ class QuotaSpentChannel(ScriptedChannel):
 def noting_quota(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """An event set once a sender has taken note of a quota answer."""
     noted = threading.Event()
-    note = sender._Limits.note
+    note = sender.Limits.note
 
     def note_then_tell(self: Any, row: Any, outcome: Outcome) -> None:
         note(self, row, outcome)
         if outcome.pause is not None:
             noted.set()
 
-    monkeypatch.setattr(sender._Limits, "note", note_then_tell)
+    monkeypatch.setattr(sender.Limits, "note", note_then_tell)
     return noted
 
 
@@ -594,38 +594,6 @@ def test_after_a_quota_answer_no_new_call_starts(
     with engine.connect() as conn:
         [paused] = store.paused_channels(conn)
     assert paused.channel == "scripted"
-
-
-def test_the_worker_starts_no_call_of_its_next_batch_after_a_quota(
-    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    channel = install_channel(QuotaSpentChannel(noting_quota(monkeypatch)))
-    ids = enqueue(engine, 12, "scripted")
-    # A settle that runs beside the next claim (the worker's pipeline) waits
-    # for that claim, so the next batch would be claimed before the pause.
-    claims = threading.Event()
-    claim_and_receive = store.claim_and_receive
-
-    def claim_then_tell(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return claim_and_receive(*args, **kwargs)
-        finally:
-            claims.set()
-
-    settle = sender._settle
-
-    def settle_after_the_next_claim(*args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread().name.startswith("settle"):
-            claims.clear()
-            claims.wait(10)  # a bound: set by the worker's next claim
-        return settle(*args, **kwargs)
-
-    monkeypatch.setattr(store, "claim_and_receive", claim_then_tell)
-    monkeypatch.setattr(sender, "_settle", settle_after_the_next_claim)
-    worker = Worker(engine, settings(batch_size=4, send_concurrency=1), reap_interval_seconds=3600)
-    worker.run(until_empty=True)
-    assert channel.calls == 1
-    assert {counts(engine, ids)[i] for i in ids} == {("pending", 0, 0)}
 
 
 def test_a_quota_pause_ends_by_itself_and_an_operator_pause_outlasts_it(

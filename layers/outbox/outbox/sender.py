@@ -18,7 +18,6 @@ outcome is. The threads that make the calls are ``outbox.sendpool``.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -93,15 +92,20 @@ _METRIC = {
 }
 
 
-class _Limits:
+class Limits:
     """What one batch has learned of its provider's limits while sending.
     After a destination's throttling answer, no further call to that
     destination starts; after a quota answer, no further call starts at all
     (docs/design.md, invariant 10). The rows not started go back to pending
-    with no attempt and no deferral counted."""
+    with no attempt and no deferral counted.
 
-    def __init__(self) -> None:
+    ``heeding``: the limits of the batch sent before this one, when its last
+    calls still run beside this batch's first (``outbox worker``). What that
+    batch hears blocks this batch's calls too, and it alone writes it."""
+
+    def __init__(self, heeding: Limits | None = None) -> None:
         self._lock = threading.Lock()
+        self.heeding = heeding
         self.began = time.monotonic()
         self.throttled: dict[str, list[float | None]] = {}  # destination -> pauses asked
         self.quota: Outcome | None = None
@@ -117,13 +121,20 @@ class _Limits:
         self.called_rate: dict[str, float] = {}
         self.last_throttled_at: dict[str, float] = {}  # monotonic, by destination
 
-    def blocked(self, row: store.ClaimedMessage) -> Outcome | None:
-        """The outcome of a row that must not be started, else None."""
+    def _heard(self, row: store.ClaimedMessage) -> Outcome | None:
         if self.quota is not None:
             return _CHANNEL_QUOTA
         if row.destination in self.throttled:
             return _DESTINATION_THROTTLED
         return None
+
+    def blocked(self, row: store.ClaimedMessage) -> Outcome | None:
+        """The outcome of a row that must not be started, else None."""
+        blocked = self._heard(row)
+        heeding = self.heeding
+        if blocked is None and heeding is not None:
+            blocked = heeding._heard(row)  # one batch back only: older ones are settled
+        return blocked
 
     def note(self, row: store.ClaimedMessage, outcome: Outcome) -> None:
         with self._lock:
@@ -141,7 +152,11 @@ class _Limits:
                 self.last_throttled_at[row.destination] = time.monotonic()
 
     def records(self) -> tuple[dict[str, store.Throttled], tuple[str, float | None] | None]:
-        """What to write: each throttled destination, and the channel's quota pause."""
+        """What to write: each throttled destination, and the channel's quota
+        pause; less what the heeded batch heard as well, which that batch
+        writes (its settle comes first). Ends the heeding: the heeded batch
+        is not kept alive by this one."""
+        heeding, self.heeding = self.heeding, None
         now = time.monotonic()
         seconds = max(now - self.began, 0.001)
         throttled = {
@@ -153,9 +168,10 @@ class _Limits:
                 now - self.last_throttled_at[destination],
             )
             for destination, pauses in self.throttled.items()
+            if heeding is None or destination not in heeding.throttled
         }
         quota = None
-        if self.quota is not None:
+        if self.quota is not None and (heeding is None or heeding.quota is None):
             quota = (f"quota: {self.quota.error}", self.quota.delay_seconds)
         return throttled, quota
 
@@ -182,7 +198,7 @@ def _send_one(
     deadline: Deadline,
     stop: threading.Event | None = None,
     min_call_seconds: float = MIN_CALL_SECONDS,
-    limits: _Limits | None = None,
+    limits: Limits | None = None,
 ) -> _Result:
     """One row's call, and how long it took in milliseconds (None when no
     provider call was made). The call starts only if the deadline leaves
@@ -316,11 +332,14 @@ def send_then_settle(
     stop: threading.Event | None = None,
     stop_grace: float | None = None,
     channel_paused: bool = False,
+    limits: Limits | None = None,
+    all_started: threading.Event | None = None,
+    settle_after: Callable[[], object] | None = None,
 ) -> Callable[[], SendReport]:
     """Send now the rows whose receipt this process holds, and return their
     settle (one fenced statement, the log line and the metrics) for the caller
-    to run when it chooses. ``run`` settles at once; ``outbox worker`` settles
-    while it claims its next batch.
+    to run when it chooses. ``run`` settles at once; so does ``outbox worker``,
+    on the thread that sent the batch, while its next batch is sending.
 
     Once ``stop`` is set (the worker's SIGTERM), no further call starts, and
     the rows not begun go back to pending with no attempt counted. With
@@ -333,8 +352,14 @@ def send_then_settle(
     so none is sent; each goes back to pending with no attempt counted.
 
     A batch that heard a throttling or quota answer is settled before this
-    returns, so that its pauses are written before the caller claims again
-    (``outbox worker`` claims its next batch while the last one settles)."""
+    returns, so that its pauses are written before the caller claims again.
+
+    For ``outbox worker``, which claims its next batch as soon as the last
+    rows of a batch have started: ``limits`` (what this batch learns, heeding
+    the batch before it), ``all_started`` (set once no row of this batch is
+    left for a send thread to take) and ``settle_after`` (waits for the
+    settle of the batch before, which must be written first: its pauses
+    before this batch's rows go back)."""
     if report is None:
         report = SendReport(received=len(rows), owned=len(rows))
     if channel is None:
@@ -345,6 +370,8 @@ def send_then_settle(
     owned = {r.id for r in rows}
     throttled: dict[str, store.Throttled] = {}
     quota: tuple[str, float | None] | None = None
+    if limits is None:
+        limits = Limits()
     if channel_paused:
         results: dict[int, _Result] = {r.id: (_CHANNEL_PAUSED, None) for r in rows}
     elif missing is not None or channel is None:
@@ -366,7 +393,6 @@ def send_then_settle(
                 deadline = shared[seconds] = Deadline(seconds)
             deadlines[r.id] = deadline
         min_call_seconds = min(MIN_CALL_SECONDS, settings.sender_timeout_seconds / 20)
-        limits = _Limits()
         results = _send_all(
             channel,
             rows,
@@ -376,6 +402,7 @@ def send_then_settle(
             min_call_seconds,
             stop_grace,
             limits,
+            all_started,
         )
         throttled, quota = limits.records()
         if throttled:
@@ -413,14 +440,19 @@ def send_then_settle(
         for row in rows
         for outcome, duration_ms in [results[row.id]]
     ]
+    limits.heeding = None  # (the rows of a channel that sent none kept it)
+    if all_started is not None:
+        all_started.set()  # (a batch that sent nothing, or ended early)
+
+    def settle() -> SendReport:
+        if settle_after is not None:
+            settle_after()
+        return _settle(engine, channel_name, settlements, backoff, owned, report, throttled, quota)
+
     if throttled or quota:
-        settled = _settle(
-            engine, channel_name, settlements, backoff, owned, report, throttled, quota
-        )
+        settled = settle()
         return lambda: settled
-    return functools.partial(
-        _settle, engine, channel_name, settlements, backoff, owned, report, throttled, quota
-    )
+    return settle
 
 
 def _settle(
@@ -510,7 +542,8 @@ class _Batch:
         deadlines: dict[int, Deadline],
         stop: threading.Event | None,
         min_call_seconds: float,
-        limits: _Limits | None,
+        limits: Limits | None,
+        all_started: threading.Event | None = None,
     ) -> None:
         self.channel = channel
         self.rows = rows
@@ -525,6 +558,8 @@ class _Batch:
         self.results: dict[int, _Result] = {}
         self.slowest: float | None = None  # of the calls answered so far, in seconds
         self.closed = False  # once set, no thread takes a further row
+        # Set once no row is left to take (all taken, or the batch closed).
+        self.all_started = all_started
 
     def _take(self) -> store.ClaimedMessage | None:
         """The next row, marked as running, or None when the batch is done.
@@ -533,6 +568,8 @@ class _Batch:
             return None
         row = self.waiting.popleft()
         self.running[row.id] = time.monotonic()
+        if not self.waiting and self.all_started is not None:
+            self.all_started.set()
         return row
 
     def drain(self) -> None:
@@ -602,7 +639,8 @@ def _send_all(
     stop: threading.Event | None = None,
     min_call_seconds: float = MIN_CALL_SECONDS,
     stop_grace: float | None = None,
-    limits: _Limits | None = None,
+    limits: Limits | None = None,
+    all_started: threading.Event | None = None,
 ) -> dict[int, _Result]:
     """Send every row, up to ``concurrency`` at once. A call still running at
     its deadline is given up (its outcome is unknown, so it counts as a
@@ -616,7 +654,7 @@ def _send_all(
     # that waits apart from the call can give up on a call that hangs past
     # its deadline.
     threads = sendpool.pools.get(concurrency)
-    batch = _Batch(channel, rows, deadlines, stop, min_call_seconds, limits)
+    batch = _Batch(channel, rows, deadlines, stop, min_call_seconds, limits, all_started)
     wanted = min(concurrency, len(rows))
     narrow = wanted > 1 and _calls_were_fast.get(channel.name, False)
     countdown = threads.start(batch.drain, 1 if narrow else wanted)

@@ -51,7 +51,11 @@ class SocketWatchdog:
                     target=self._run, name="socket-watchdog", daemon=True
                 )
                 self._thread.start()
-            self._wake.notify()
+            if self._heap[0][2] is watch:
+                # Woken only when this deadline comes first: the thread already
+                # sleeps until an earlier one otherwise, and waking it for
+                # every call costs a thread switch a call.
+                self._wake.notify()
         try:
             yield watch
         finally:

@@ -7,9 +7,11 @@ through the same sender runtime as the channel functions; every fence and
 settle is the same SQL as in Lambda, so several workers (and Lambda
 dispatchers) may run against one database at once.
 
-When ``stop`` is set (by SIGTERM, for example), the batch in hand finishes.
-Its provider calls already started are settled, and its rows not yet started
-are released at once with no attempt counted, so no claim is left to expire.
+When ``stop`` is set (by SIGTERM, for example), the batches in hand (up to
+two: the next is claimed once every row of the last has started) finish.
+Their provider calls already started are settled, and their rows not yet
+started are released at once with no attempt counted, so no claim is left
+to expire.
 Calls still running ``WORKER_STOP_GRACE_SECONDS`` after the stop are given up
 and settled as retries, with an attempt counted because the receiver may have
 had the request. Waiting for them up to their full deadline
@@ -24,8 +26,9 @@ import math
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
@@ -98,6 +101,7 @@ class Worker:
         self.report = WorkerReport()
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        self._batches: ThreadPoolExecutor | None = None
         # Written once per worker (docs/how-to/rate-limits.md): the configured
         # limits before its first claim, a provider's own rate before its
         # first send to that provider.
@@ -105,18 +109,23 @@ class Worker:
         self._provider_limits_asked: set[str] = set()
 
     def _send(
-        self, channel: str, rows: list[store.ClaimedMessage]
-    ) -> Callable[[], sender.SendReport]:
-        """Send the rows now; returns their settle."""
+        self,
+        channel: str,
+        rows: list[store.ClaimedMessage],
+        limits: sender.Limits,
+        all_started: threading.Event,
+        settle_after: Callable[[], object],
+    ) -> sender.SendReport:
+        """Send the rows now, then settle them once the batch before has settled."""
         if self.stop.is_set():
+            all_started.set()
             # Nothing was started: give the rows back now rather than leave
             # them claimed.
             with self.engine.begin() as conn:
                 released = store.release(conn, rows, reason=sender.STOPPING, own_receipt=True)
             with self._lock:
                 self.report.released += len(released)
-            report = sender.SendReport(received=len(rows))
-            return lambda: report
+            return sender.SendReport(received=len(rows))
         with self._lock:
             ask = channel not in self._provider_limits_asked
             self._provider_limits_asked.add(channel)
@@ -134,14 +143,24 @@ class Worker:
             lambda: float(self.settings.sender_timeout_seconds),
             stop=self.stop,
             stop_grace=self.stop_grace_seconds,
-        )
+            limits=limits,
+            all_started=all_started,
+            settle_after=settle_after,
+        )()
 
     def _channel_pool(self) -> ThreadPoolExecutor:
         """The threads that send a batch's channels side by side, kept for the
         worker's life rather than started for every batch."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="channel")
+            self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="channel")
         return self._pool
+
+    def _batch_threads(self) -> ThreadPoolExecutor:
+        """Two threads, one per batch in flight: each sends its batch, then
+        settles it."""
+        if self._batches is None:
+            self._batches = ThreadPoolExecutor(max_workers=2, thread_name_prefix="batch")
+        return self._batches
 
     def reap(self) -> reaper.ReapReport:
         deadline = time.monotonic() + 30.0
@@ -161,12 +180,13 @@ class Worker:
         This process sends what it claims, so there is no hand-off to protect:
         the claim takes the receipt and returns the payloads in one statement,
         and one settle per channel follows (two statements a batch)."""
-        result, settle = self._claim_and_send()
-        settle()
-        return result
+        batch = self._start_batch(None)
+        batch.done.result()
+        return batch.report
 
-    def _claim_and_send(self) -> tuple[BatchReport, Callable[[], None]]:
-        """Claim a batch and send it; returns the batch's settle, not yet run."""
+    def _start_batch(self, before: _InFlight | None) -> _InFlight:
+        """Claim a batch and start sending it on a batch thread; ``before`` is
+        the batch whose last calls may still be running."""
         settings = self.settings
         if not self._limits_applied:
             coldstart_limits.apply_configured_limits(self.engine, settings, self.channels)
@@ -180,79 +200,136 @@ class Worker:
                 self.channels,
                 default_ttl_seconds=settings.default_ttl_seconds or None,
             )
-        result = BatchReport(claimed=len(rows))
-        settles: list[Callable[[], sender.SendReport]] = []
-        if rows:
-            count("Claimed", len(rows))
-            by_channel: dict[str, list[store.ClaimedMessage]] = {}
-            for row in rows:
-                by_channel.setdefault(row.channel, []).append(row)
-            groups = sorted(by_channel.items())
+        report = BatchReport(claimed=len(rows))
+        if not rows:
+            self._tally(report, [])
+            nothing: Future[None] = Future()
+            nothing.set_result(None)
+            return _InFlight(report, {}, [], nothing)
+        count("Claimed", len(rows))
+        by_channel: dict[str, list[store.ClaimedMessage]] = {}
+        for row in rows:
+            by_channel.setdefault(row.channel, []).append(row)
+        groups = sorted(by_channel.items())
+        running = before is not None and not before.done.done()
+        limits = {
+            channel: sender.Limits(before.limits.get(channel) if running and before else None)
+            for channel, _ in groups
+        }
+        started = {channel: threading.Event() for channel, _ in groups}
+
+        def settle_after() -> None:
+            # The batch before settles first (its pauses are written before
+            # this batch's rows go back); its failure is the loop's to raise.
+            if before is not None:
+                wait([before.done])
+
+        def send(group: tuple[str, list[store.ClaimedMessage]]) -> sender.SendReport:
+            channel, channel_rows = group
+            try:
+                return self._send(
+                    channel, channel_rows, limits[channel], started[channel], settle_after
+                )
+            finally:
+                started[channel].set()
+
+        def send_and_settle() -> None:
             if len(groups) == 1:
-                settles = [self._send(*groups[0])]
+                reports = [send(groups[0])]
             else:  # one channel does not wait for another channel's provider
-                settles = list(self._channel_pool().map(lambda group: self._send(*group), groups))
+                reports = list(self._channel_pool().map(send, groups))
+            self._tally(report, reports)
 
-        def settle() -> None:
-            reports = [s() for s in settles]
-            result.owned = sum(r.owned for r in reports)
-            result.resumes_at = min(
-                (r.resumes_at for r in reports if r.resumes_at is not None), default=None
-            )
-            with self._lock:
-                for report in reports:
-                    for status, n in report.statuses.items():
-                        self.report.statuses[status] = self.report.statuses.get(status, 0) + n
-                self.report.claimed += result.claimed
-                self.report.batches += 1
-            if self.on_batch is not None:
-                self.on_batch(self.report)
+        def all_started(_: Future[None]) -> None:
+            for event in started.values():  # a batch that failed starts nothing more
+                event.set()
 
-        return result, settle
+        done = self._batch_threads().submit(send_and_settle)
+        done.add_done_callback(all_started)
+        return _InFlight(report, limits, list(started.values()), done)
+
+    def _tally(self, batch: BatchReport, reports: list[sender.SendReport]) -> None:
+        """Add a settled batch's figures to the worker's."""
+        batch.owned = sum(r.owned for r in reports)
+        batch.resumes_at = min(
+            (r.resumes_at for r in reports if r.resumes_at is not None), default=None
+        )
+        with self._lock:
+            for sent in reports:
+                for status, n in sent.statuses.items():
+                    self.report.statuses[status] = self.report.statuses.get(status, 0) + n
+            self.report.claimed += batch.claimed
+            self.report.batches += 1
+        if self.on_batch is not None:
+            self.on_batch(self.report)
 
     def run(self, *, once: bool = False, until_empty: bool = False) -> WorkerReport:
         """The loop. ``once``: one batch; ``until_empty``: stop when nothing is due.
 
-        A batch's settle runs on a thread of its own (and a connection of its
-        own, when the engine's pool has two) while the next batch is claimed
-        and sent: the database writes one while this process works on the
-        other. At most one settle is in flight, and the loop never ends with
-        one pending. Every statement is the same, fenced as ever."""
+        The next batch is claimed as soon as every row of the last one has
+        started, so the send threads that the last batch's final calls leave
+        idle take the next batch's rows rather than wait for the claim: the
+        provider sees a steady stream, not a pause every batch. At most two
+        batches are in flight, and the settles keep their order. A batch's
+        throttle or quota blocks the calls of the batch claimed after it not
+        yet started, and its settle (which writes the pause) comes before the
+        claim after that (docs/design.md, invariant 10). The loop never ends
+        with a batch in flight. Every statement is the same, fenced as ever."""
         next_reap = time.monotonic()
         # The earliest end of a pause this loop's batches wrote: the loop
         # claims again then rather than up to a poll interval later (every
         # moment a resumed destination's rows wait is capacity its provider
         # had and nobody used).
         resumes_at: float | None = None
-        in_flight: list[Future[None]] = []  # at most one
-        settler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="settle")
+        in_flight: deque[_InFlight] = deque()  # the batch before the last, and the last
 
-        def settled() -> None:
-            while in_flight:
-                in_flight.pop().result()  # raises what the settle raised
+        def finish_oldest() -> None:
+            nonlocal resumes_at
+            batch = in_flight.popleft()
+            batch.done.result()  # raises what its send or settle raised
+            if batch.report.resumes_at is not None:
+                resumes_at = min(resumes_at or math.inf, batch.report.resumes_at)
 
         try:
             while not self.stop.is_set():
                 if time.monotonic() >= next_reap:
                     self.reap()
                     next_reap = time.monotonic() + self.reap_interval_seconds
-                result, settle = self._claim_and_send()
-                settled()
-                in_flight.append(settler.submit(settle))
-                if once or (until_empty and result.claimed == 0):
+                if len(in_flight) == 2:
+                    finish_oldest()  # settled before this claim
+                batch = self._start_batch(in_flight[-1] if in_flight else None)
+                in_flight.append(batch)
+                if once or (until_empty and batch.report.claimed == 0):
                     break
-                if result.claimed < self.settings.batch_size:
-                    settled()  # before an idle wait, not after it
-                    if result.resumes_at is not None:
-                        resumes_at = min(resumes_at or math.inf, result.resumes_at)
-                    wait, resumes_at = idle_wait(
+                if batch.report.claimed < self.settings.batch_size:
+                    while in_flight:  # settled before an idle wait, not after it
+                        finish_oldest()
+                    wait_seconds, resumes_at = idle_wait(
                         self.settings.poll_interval_seconds, resumes_at, time.monotonic()
                     )
-                    self.stop.wait(wait)
-            settled()
+                    self.stop.wait(wait_seconds)
+                else:
+                    batch.wait_started()
+            while in_flight:
+                finish_oldest()
         finally:
-            settler.shutdown()  # waits for a settle still running
-            if self._pool is not None:
-                self._pool.shutdown()
-                self._pool = None
+            wait([b.done for b in in_flight])
+            for pool in (self._batches, self._pool):
+                if pool is not None:
+                    pool.shutdown()
+            self._batches = self._pool = None
         return self.report
+
+
+@dataclass
+class _InFlight:
+    """A batch claimed and being sent, then settled, on a batch thread."""
+
+    report: BatchReport
+    limits: dict[str, sender.Limits]  # by channel: what its sends have heard
+    all_started: list[threading.Event]  # by channel: no row left to take
+    done: Future[None]  # sent and settled
+
+    def wait_started(self) -> None:
+        for event in self.all_started:
+            event.wait()
