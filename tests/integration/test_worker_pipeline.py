@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from outbox import sender, store
-from outbox.channels import Deadline, Message, Outcome
+from outbox.channels import CHANNEL, Deadline, Message, Outcome
 from outbox.worker import Worker
 from support import ScriptedChannel, enqueue, install_channel, settings
 
@@ -86,40 +86,35 @@ def test_the_next_batch_starts_while_the_last_calls_of_a_batch_run(engine: sa.En
     assert worker.report.batches == 3  # two of two rows, then an empty claim
 
 
-def test_a_throttle_one_batch_hears_blocks_the_next_batchs_calls_not_started(
-    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("answer", "not_started"),
+    [
+        (Outcome.throttled("HTTP 429", 60), sender.DESTINATION_THROTTLED),
+        (Outcome.quota("daily quota exceeded", 3600), sender.CHANNEL_QUOTA),
+    ],
+    ids=["throttle", "quota"],
+)
+def test_what_one_batch_hears_blocks_the_next_batchs_calls_not_started(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, answer: Outcome, not_started: str
 ) -> None:
-    channel = install_channel(HeldChannel(Outcome.throttled("HTTP 429", 60)))
+    channel = install_channel(HeldChannel(answer))
     ids = channel.ids = enqueue(engine, 4, "scripted")
     noting(monkeypatch, channel)
     worker = Worker(engine, settings(batch_size=2, send_concurrency=2), reap_interval_seconds=3600)
     worker.run(until_empty=True)
     assert channel.second_batch_started.is_set()
-    # Row 2's call was under way when the first batch heard the throttle; row 3
+    # Row 2's call was under way when the first batch heard the answer; row 3
     # of the second batch had not started, and never was.
     assert sorted(channel.called) == ids[:3]
     after = statuses(engine, ids)
     assert after[ids[0]] == after[ids[2]] == ("delivered", 1, None)
-    assert after[ids[1]] == ("pending", 0, "HTTP 429")
-    assert after[ids[3]] == ("pending", 0, sender.DESTINATION_THROTTLED)
+    assert after[ids[1]] == ("pending", 0, answer.error)
+    assert after[ids[3]] == ("pending", 0, not_started)
     with engine.connect() as conn:
-        [destination] = [d for d in store.destination_figures(conn) if d.channel == "scripted"]
-    assert destination.paused_until is not None
-    assert destination.throttled_total == 1  # written once, by the batch that heard it
-
-
-def test_a_quota_one_batch_hears_blocks_every_call_of_the_next_not_started(
-    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    channel = install_channel(HeldChannel(Outcome.quota("daily quota exceeded", 3600)))
-    ids = channel.ids = enqueue(engine, 4, "scripted")
-    noting(monkeypatch, channel)
-    worker = Worker(engine, settings(batch_size=2, send_concurrency=2), reap_interval_seconds=3600)
-    worker.run(until_empty=True)
-    assert sorted(channel.called) == ids[:3]
-    after = statuses(engine, ids)
-    assert after[ids[1]] == ("pending", 0, "daily quota exceeded")
-    assert after[ids[3]] == ("pending", 0, sender.CHANNEL_QUOTA)
-    with engine.connect() as conn:
-        [paused] = store.paused_channels(conn)
-    assert paused.channel == "scripted"
+        if answer.pause == CHANNEL:
+            [paused] = store.paused_channels(conn)
+            assert paused.channel == "scripted"
+        else:
+            [destination] = [d for d in store.destination_figures(conn) if d.channel == "scripted"]
+            assert destination.paused_until is not None
+            assert destination.throttled_total == 1  # written once, by the batch that heard it
