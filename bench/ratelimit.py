@@ -28,7 +28,11 @@ to the last admitted call, against the ideal (the rows less the second's worth
 the provider's bucket starts with, at its rate: "of the bound"); refused calls
 (counted at the provider) per delivered message; the most calls admitted
 within any one second ("busiest second"); attempts counted for throttling and
-dead rows (from the database).
+dead rows (from the database). The two-receiver cell (``--other-rows``) also
+measures, after the relay, a bare ``http.client`` loop at the relay's
+concurrency against a receiver like the unlimited one: the unlimited
+receiver's rate is given against both (``other_of_bound``,
+``other_of_bare_client``).
 
     .venv/bin/python -m bench.ratelimit --rows 600 --rate 20
     .venv/bin/python -m bench.ratelimit --path lambda --provider ses --rows 3000 --rate 10
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import http.client
 import http.server
 import json
 import multiprocessing
@@ -226,6 +231,37 @@ def receiver_process(rate: float | None, latency: float = 0.0) -> Iterator[tuple
         stop.set()
         state.admitted, state.refused = results.get(timeout=60)
         process.join(timeout=10)
+
+
+def bare_client_rate(latency: float, threads: int, calls: int = 1000) -> float:
+    """The baseline of the two-receiver cell: what a bare ``http.client``
+    loop, ``threads`` at once on kept connections and doing nothing else,
+    gets from a receiver like the unlimited one (in a process of its own,
+    each answer after ``latency``), in calls a second: what this machine
+    allows a sender at that concurrency, measured in the same run."""
+    with receiver_process(None, latency) as (_, port):
+        left, lock = [calls], threading.Lock()
+
+        def loop() -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", port)
+            try:
+                while True:
+                    with lock:
+                        if left[0] == 0:
+                            return
+                        left[0] -= 1
+                    conn.request("POST", "/in", body=b'{"n":1}')
+                    conn.getresponse().read()
+            finally:
+                conn.close()
+
+        loops = [threading.Thread(target=loop) for _ in range(threads)]
+        began = time.monotonic()
+        for thread in loops:
+            thread.start()
+        for thread in loops:
+            thread.join()
+        return calls / (time.monotonic() - began)
 
 
 class SesStub:
@@ -563,12 +599,15 @@ def run(
         span = max(other.admitted) - started
         senders = workers if path == "worker" else concurrency
         bound = senders * settings.send_concurrency / other_latency
+        bare = bare_client_rate(other_latency, senders * settings.send_concurrency)
         cell.update(
             other_rows=other_rows,
             other_latency_ms=round(other_latency * 1000),
             other_rows_per_s=round(other_rows / span, 1),
             other_bound_rows_per_s=round(bound, 1),
             other_of_bound=round(other_rows / span / bound, 3),
+            bare_client_rows_per_s=round(bare, 1),
+            other_of_bare_client=round(other_rows / span / bare, 3),
         )
     if trace:
         cell["trace"] = samples

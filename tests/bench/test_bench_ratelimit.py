@@ -61,6 +61,7 @@ def test_two_receivers_in_one_run(databases: common.Databases) -> None:
         cell = ratelimit.run(url, 10, 1000.0, other_rows=20, other_latency=0.001)
     assert (cell["delivered"], cell["left"]) == (30, 0)
     assert cell["other_rows"] == 20 and cell["other_rows_per_s"] > 0
+    assert cell["bare_client_rows_per_s"] > 0 and cell["other_of_bare_client"] > 0
 
 
 @pytest.mark.parametrize("path", ["lambda", "worker"])

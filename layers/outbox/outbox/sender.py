@@ -333,7 +333,7 @@ def send_then_settle(
     stop_grace: float | None = None,
     channel_paused: bool = False,
     limits: Limits | None = None,
-    all_started: threading.Event | None = None,
+    last_round: threading.Event | None = None,
     settle_after: Callable[[], object] | None = None,
 ) -> Callable[[], SendReport]:
     """Send now the rows whose receipt this process holds, and return their
@@ -354,10 +354,10 @@ def send_then_settle(
     A batch that heard a throttling or quota answer is settled before this
     returns, so that its pauses are written before the caller claims again.
 
-    For ``outbox worker``, which claims its next batch as soon as the last
-    rows of a batch have started: ``limits`` (what this batch learns, heeding
-    the batch before it), ``all_started`` (set once no row of this batch is
-    left for a send thread to take) and ``settle_after`` (waits for the
+    For ``outbox worker``, which claims its next batch while the last calls
+    of a batch run: ``limits`` (what this batch learns, heeding
+    the batch before it), ``last_round`` (set once no more rows of this batch
+    wait than it has send threads) and ``settle_after`` (waits for the
     settle of the batch before, which must be written first: its pauses
     before this batch's rows go back)."""
     if report is None:
@@ -402,7 +402,7 @@ def send_then_settle(
             min_call_seconds,
             stop_grace,
             limits,
-            all_started,
+            last_round,
         )
         throttled, quota = limits.records()
         if throttled:
@@ -441,8 +441,8 @@ def send_then_settle(
         for outcome, duration_ms in [results[row.id]]
     ]
     limits.heeding = None  # (the rows of a channel that sent none kept it)
-    if all_started is not None:
-        all_started.set()  # (a batch that sent nothing, or ended early)
+    if last_round is not None:
+        last_round.set()  # (a batch that sent nothing, or ended early)
 
     def settle() -> SendReport:
         if settle_after is not None:
@@ -543,7 +543,8 @@ class _Batch:
         stop: threading.Event | None,
         min_call_seconds: float,
         limits: Limits | None,
-        all_started: threading.Event | None = None,
+        last_round: threading.Event | None = None,
+        last_round_rows: int = 0,
     ) -> None:
         self.channel = channel
         self.rows = rows
@@ -558,8 +559,11 @@ class _Batch:
         self.results: dict[int, _Result] = {}
         self.slowest: float | None = None  # of the calls answered so far, in seconds
         self.closed = False  # once set, no thread takes a further row
-        # Set once no row is left to take (all taken, or the batch closed).
-        self.all_started = all_started
+        # Set once no more rows wait than there are send threads: the last
+        # round of calls is under way, and the next batch's claim (about a
+        # call's time) ends as these threads come free.
+        self.last_round = last_round
+        self.last_round_rows = last_round_rows
 
     def _take(self) -> store.ClaimedMessage | None:
         """The next row, marked as running, or None when the batch is done.
@@ -568,8 +572,8 @@ class _Batch:
             return None
         row = self.waiting.popleft()
         self.running[row.id] = time.monotonic()
-        if not self.waiting and self.all_started is not None:
-            self.all_started.set()
+        if self.last_round is not None and len(self.waiting) <= self.last_round_rows:
+            self.last_round.set()
         return row
 
     def drain(self) -> None:
@@ -640,7 +644,7 @@ def _send_all(
     min_call_seconds: float = MIN_CALL_SECONDS,
     stop_grace: float | None = None,
     limits: Limits | None = None,
-    all_started: threading.Event | None = None,
+    last_round: threading.Event | None = None,
 ) -> dict[int, _Result]:
     """Send every row, up to ``concurrency`` at once. A call still running at
     its deadline is given up (its outcome is unknown, so it counts as a
@@ -654,7 +658,9 @@ def _send_all(
     # that waits apart from the call can give up on a call that hangs past
     # its deadline.
     threads = sendpool.pools.get(concurrency)
-    batch = _Batch(channel, rows, deadlines, stop, min_call_seconds, limits, all_started)
+    batch = _Batch(
+        channel, rows, deadlines, stop, min_call_seconds, limits, last_round, concurrency
+    )
     wanted = min(concurrency, len(rows))
     narrow = wanted > 1 and _calls_were_fast.get(channel.name, False)
     countdown = threads.start(batch.drain, 1 if narrow else wanted)

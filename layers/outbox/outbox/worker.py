@@ -8,7 +8,7 @@ settle is the same SQL as in Lambda, so several workers (and Lambda
 dispatchers) may run against one database at once.
 
 When ``stop`` is set (by SIGTERM, for example), the batches in hand (up to
-two: the next is claimed once every row of the last has started) finish.
+two: the next is claimed while the last one's final calls run) finish.
 Their provider calls already started are settled, and their rows not yet
 started are released at once with no attempt counted, so no claim is left
 to expire.
@@ -113,12 +113,12 @@ class Worker:
         channel: str,
         rows: list[store.ClaimedMessage],
         limits: sender.Limits,
-        all_started: threading.Event,
+        last_round: threading.Event,
         settle_after: Callable[[], object],
     ) -> sender.SendReport:
         """Send the rows now, then settle them once the batch before has settled."""
         if self.stop.is_set():
-            all_started.set()
+            last_round.set()
             # Nothing was started: give the rows back now rather than leave
             # them claimed.
             with self.engine.begin() as conn:
@@ -144,7 +144,7 @@ class Worker:
             stop=self.stop,
             stop_grace=self.stop_grace_seconds,
             limits=limits,
-            all_started=all_started,
+            last_round=last_round,
             settle_after=settle_after,
         )()
 
@@ -216,7 +216,7 @@ class Worker:
             channel: sender.Limits(before.limits.get(channel) if running and before else None)
             for channel, _ in groups
         }
-        started = {channel: threading.Event() for channel, _ in groups}
+        last_round = {channel: threading.Event() for channel, _ in groups}
 
         def settle_after() -> None:
             # The batch before settles first (its pauses are written before
@@ -228,10 +228,10 @@ class Worker:
             channel, channel_rows = group
             try:
                 return self._send(
-                    channel, channel_rows, limits[channel], started[channel], settle_after
+                    channel, channel_rows, limits[channel], last_round[channel], settle_after
                 )
             finally:
-                started[channel].set()
+                last_round[channel].set()
 
         def send_and_settle() -> None:
             if len(groups) == 1:
@@ -240,13 +240,13 @@ class Worker:
                 reports = list(self._channel_pool().map(send, groups))
             self._tally(report, reports)
 
-        def all_started(_: Future[None]) -> None:
-            for event in started.values():  # a batch that failed starts nothing more
+        def ended(_: Future[None]) -> None:
+            for event in last_round.values():  # a batch that failed starts nothing more
                 event.set()
 
         done = self._batch_threads().submit(send_and_settle)
-        done.add_done_callback(all_started)
-        return _InFlight(report, limits, list(started.values()), done)
+        done.add_done_callback(ended)
+        return _InFlight(report, limits, list(last_round.values()), done)
 
     def _tally(self, batch: BatchReport, reports: list[sender.SendReport]) -> None:
         """Add a settled batch's figures to the worker's."""
@@ -266,10 +266,11 @@ class Worker:
     def run(self, *, once: bool = False, until_empty: bool = False) -> WorkerReport:
         """The loop. ``once``: one batch; ``until_empty``: stop when nothing is due.
 
-        The next batch is claimed as soon as every row of the last one has
-        started, so the send threads that the last batch's final calls leave
-        idle take the next batch's rows rather than wait for the claim: the
-        provider sees a steady stream, not a pause every batch. At most two
+        The next batch is claimed as soon as no more of the last one's rows
+        wait than it has send threads (its last round of calls is next), so
+        the claim is done by the time threads come free, and they take the
+        next batch's rows at once rather than wait for it: the provider sees
+        a steady stream, not a pause every batch. At most two
         batches are in flight, and the settles keep their order. A batch's
         throttle or quota blocks the calls of the batch claimed after it not
         yet started, and its settle (which writes the pause) comes before the
@@ -309,7 +310,7 @@ class Worker:
                     )
                     self.stop.wait(wait_seconds)
                 else:
-                    batch.wait_started()
+                    batch.wait_last_round()
             while in_flight:
                 finish_oldest()
         finally:
@@ -327,9 +328,9 @@ class _InFlight:
 
     report: BatchReport
     limits: dict[str, sender.Limits]  # by channel: what its sends have heard
-    all_started: list[threading.Event]  # by channel: no row left to take
+    last_round: list[threading.Event]  # by channel: its last round of calls begun
     done: Future[None]  # sent and settled
 
-    def wait_started(self) -> None:
-        for event in self.all_started:
+    def wait_last_round(self) -> None:
+        for event in self.last_round:
             event.wait()

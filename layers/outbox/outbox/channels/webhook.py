@@ -13,7 +13,10 @@ must be one the operator listed in ``WEBHOOK_SECRET_ARNS``, else the function's
 never logged. The destination passes the SSRF guard (``outbox.netguard``):
 resolved once, checked, and connected to by address while TLS still verifies
 the certificate for the host name. Redirects are never followed and at most
-``MAX_RESPONSE_BYTES`` of a response body are read.
+``MAX_RESPONSE_BYTES`` of a response body are read. A connection whose
+answer was read in full is kept for the next call to the same checked
+address, port and name (``IdleConnections``), so a receiver is not made to
+accept a new connection, and a TLS handshake, for every message.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ import json
 import os
 import re
 import ssl
+import threading
 import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -50,6 +56,16 @@ RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 RETRY_AFTER_STATUSES = frozenset({429, 503})
 USER_AGENT = "outbox-relay-webhooks/1"
 SECRET_PREFIX = "whsec_"  # noqa: S105 (the Standard Webhooks secret prefix)
+# A kept connection is reused only within this many seconds of its last
+# answer: under the idle timeouts of common servers (Node.js 5 s, AWS load
+# balancers 60 s, nginx 75 s), so that a server seldom closes one just as it
+# is reused, and a Lambda environment thawed after a while starts afresh.
+KEEP_ALIVE_SECONDS = 4.0
+# Idle connections kept per target (more than a sender's threads,
+# SEND_CONCURRENCY, 8 by default), and targets kept (the least recent go).
+IDLE_PER_TARGET = 16
+IDLE_TARGETS = 64
+_Key = tuple[str, str, int, str]  # scheme, checked address, port, TLS server name
 
 
 def webhook_id(message_id: int) -> str:
@@ -150,6 +166,74 @@ def _connection_outcome(exc: Exception, out_of_time: bool) -> Outcome:
     return Outcome.retry(f"connection failed ({type(exc).__name__})")
 
 
+class IdleConnections:
+    """Connections that answered in full and may carry another request, by
+    target: the scheme, the address the SSRF guard checked for this very
+    call (the guard runs on every call, so a name that now resolves
+    elsewhere is checked and gets a connection of its own), the port, and
+    the TLS server name (a connection verified for one name never carries
+    another name's request).
+
+    Not urllib3's ``HTTPConnectionPool``: the deadline watchdog must hold a
+    connection's socket from before its request is written, and that pool
+    hands its connections out only through private methods."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: OrderedDict[_Key, list[tuple[float, Any]]] = OrderedDict()
+        _every_idle_set.add(self)
+
+    def take(self, key: _Key) -> Any | None:
+        """A kept connection to ``key`` that is still open, else None."""
+        now = time.monotonic()
+        stale = []
+        found = None
+        with self._lock:
+            kept = self._idle.get(key) or []
+            while kept and found is None:
+                since, conn = kept.pop()  # the most recent first
+                # is_connected: nothing to read while idle, so the server
+                # has not closed it (an EOF would be waiting).
+                if now - since < KEEP_ALIVE_SECONDS and conn.is_connected:
+                    found = conn
+                else:
+                    stale.append(conn)
+        for conn in stale:
+            conn.close()
+        return found
+
+    def give(self, key: _Key, conn: Any) -> None:
+        """Keep ``conn`` for the next call to ``key``."""
+        closing = []
+        with self._lock:
+            kept = self._idle.setdefault(key, [])
+            self._idle.move_to_end(key)
+            if len(kept) < IDLE_PER_TARGET:
+                kept.append((time.monotonic(), conn))
+            else:
+                closing.append(conn)
+            while len(self._idle) > IDLE_TARGETS:
+                closing.extend(c for _, c in self._idle.popitem(last=False)[1])
+        for stale in closing:
+            stale.close()
+
+    def forget_in_child(self) -> None:
+        """A forked process must not write on its parent's sockets."""
+        self._lock = threading.Lock()
+        self._idle = OrderedDict()
+
+
+_every_idle_set: weakref.WeakSet[IdleConnections] = weakref.WeakSet()
+
+
+def _forget_idle_in_child() -> None:
+    for idle in list(_every_idle_set):
+        idle.forget_in_child()
+
+
+os.register_at_fork(after_in_child=_forget_idle_in_child)
+
+
 class SecretUnavailable(Exception):
     def __init__(self, outcome: Outcome) -> None:
         super().__init__(outcome.error)
@@ -197,6 +281,7 @@ class WebhookChannel(SchemaChannel):
         self._ssl_context = ssl_context
         self._secrets = secrets
         self._libraries_quiet = False
+        self._idle = IdleConnections()
 
     @property
     def ssl_context(self) -> ssl.SSLContext:
@@ -298,37 +383,73 @@ class WebhookChannel(SchemaChannel):
     def _post(
         self, target: netguard.Target, headers: dict[str, str], body: bytes, deadline: Deadline
     ) -> Outcome:
-        """One POST, over by the deadline whatever the receiver does: connect and
-        the TLS handshake are bounded by a socket timeout (CPython applies it to
-        the whole handshake and to the whole send), and the watchdog shuts the
-        socket at the deadline, which ends a read that a dripping receiver
-        would otherwise keep alive byte by byte."""
+        """One POST, over by the deadline whatever the receiver does, on a kept
+        connection to the target when there is one."""
+        key = (target.scheme, target.address, target.port, target.hostname)
+        kept = self._idle.take(key)
+        if kept is not None:
+            outcome = self._exchange(kept, key, target, headers, body, deadline, reused=True)
+            if outcome is not None:
+                return outcome
+            # The receiver closed the kept connection as the request went out
+            # (its idle timeout ran out meanwhile), so the request is sent
+            # once more on a new connection, as HTTP clients do. Had it reached
+            # the receiver after all, the webhook-id is the same.
+            if deadline.remaining() <= 0:
+                return Outcome.retry("connection closed by the receiver")
+        elif deadline.remaining() <= 0:
+            return Outcome.deferred("deadline near: not started")
+        outcome = self._exchange(
+            self._connect(target, deadline), key, target, headers, body, deadline, reused=False
+        )
+        assert outcome is not None  # (None only for a kept connection)
+        return outcome
+
+    def _connect(self, target: netguard.Target, deadline: Deadline) -> Any:
+        """A new connection to the checked address (not yet opened: the
+        request opens it, under the watchdog)."""
         from urllib3.connection import HTTPConnection, HTTPSConnection
 
-        remaining = deadline.remaining()
-        if remaining <= 0:
-            return Outcome.deferred("deadline near: not started")
-        conn: HTTPConnection
+        timeout = min(deadline.remaining(), CONNECT_TIMEOUT_SECONDS)
         if target.scheme == "https":
             # Connect to the checked address; SNI and the certificate check use the name.
-            conn = HTTPSConnection(
+            return HTTPSConnection(
                 target.address,
                 target.port,
-                timeout=min(remaining, CONNECT_TIMEOUT_SECONDS),
+                timeout=timeout,
                 ssl_context=self.ssl_context,
                 server_hostname=target.hostname,
                 assert_hostname=target.hostname,
             )
-        else:
-            conn = HTTPConnection(
-                target.address, target.port, timeout=min(remaining, CONNECT_TIMEOUT_SECONDS)
-            )
+        return HTTPConnection(target.address, target.port, timeout=timeout)
+
+    def _exchange(
+        self,
+        conn: Any,
+        key: _Key,
+        target: netguard.Target,
+        headers: dict[str, str],
+        body: bytes,
+        deadline: Deadline,
+        *,
+        reused: bool,
+    ) -> Outcome | None:
+        """The request and its answer on ``conn``: connect and the TLS
+        handshake are bounded by a socket timeout (CPython applies it to the
+        whole handshake and to the whole send), and the watchdog shuts the
+        socket at the deadline, which ends a read that a dripping receiver
+        would otherwise keep alive byte by byte. None when ``reused`` and the
+        receiver had closed the connection before any answer."""
+        remaining = deadline.remaining()
+        keep = False
         try:
             # Cut a moment before the deadline: the sender stops waiting at
             # the deadline itself, and this call's answer should reach it.
             cutoff = max(remaining - CUTOFF_LEAD_SECONDS, 0.0)
             with WATCHDOG.guard(cutoff, lambda: conn.sock) as watch:
                 try:
+                    if reused:  # a kept socket still has its last answer's timeout
+                        conn.sock.settimeout(max(min(remaining, CONNECT_TIMEOUT_SECONDS), 0.001))
                     conn.request(
                         "POST",
                         target.path,
@@ -340,6 +461,8 @@ class WebhookChannel(SchemaChannel):
                     conn.timeout = max(deadline.remaining(), 0.001)  # for the answer
                     response = conn.getresponse()
                 except Exception as exc:
+                    if reused and isinstance(exc, ConnectionError) and not watch.fired:
+                        return None
                     return _connection_outcome(exc, watch.fired or deadline.expired())
                 if watch.fired:
                     # Cut off mid-answer: http.client takes a truncated status
@@ -352,10 +475,16 @@ class WebhookChannel(SchemaChannel):
                 except Exception:  # noqa: S110 - the receiver's own problem, ignored
                     pass
                 finally:
+                    # Kept only when the answer was read to its end in time and
+                    # the receiver neither closed the connection nor said it would.
+                    keep = response.isclosed() and not watch.fired and not conn.is_closed
                     response.close()
                 return classify_status(response.status, response.headers)
         finally:
-            conn.close()
+            if keep:
+                self._idle.give(key, conn)
+            else:
+                conn.close()
 
     def _drain(self, response: Any, deadline: Deadline) -> int:
         """Read (and drop) at most ``max_response_bytes`` of the body."""
