@@ -600,14 +600,22 @@ def run(
         senders = workers if path == "worker" else concurrency
         bound = senders * settings.send_concurrency / other_latency
         bare = bare_client_rate(other_latency, senders * settings.send_concurrency)
+        first, last = min(other.admitted), max(other.admitted)
+        steady = (len(other.admitted) - 1) / (last - first) if last > first else 0.0
         cell.update(
             other_rows=other_rows,
             other_latency_ms=round(other_latency * 1000),
             other_rows_per_s=round(other_rows / span, 1),
             other_bound_rows_per_s=round(bound, 1),
             other_of_bound=round(other_rows / span / bound, 3),
+            # From its first call to its last: the relay's start (its first
+            # reaper pass and claims, the throttled receiver's first batch)
+            # is not counted against what the receiver gets while sent to.
+            other_steady_rows_per_s=round(steady, 1),
+            other_steady_of_bound=round(steady / bound, 3),
             bare_client_rows_per_s=round(bare, 1),
             other_of_bare_client=round(other_rows / span / bare, 3),
+            other_steady_of_bare_client=round(steady / bare, 3),
         )
     if trace:
         cell["trace"] = samples

@@ -39,6 +39,8 @@ _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
 # decimal, octal (leading 0) or hex (0x).
 _NUMERIC_PART = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$", re.IGNORECASE)
 _MAX_URL_LENGTH = 2048
+# Whitespace (``\s`` is str.isspace(): Unicode's too) and control characters.
+_SPACE_OR_CONTROL = re.compile(r"[\s\x00-\x1f\x7f]")
 
 
 class ForbiddenDestination(ValueError):
@@ -115,7 +117,7 @@ def why_forbidden(ip: IPAddress, *, allow_loopback: bool = False) -> str | None:
 def _split(url: str, allow_insecure: bool) -> tuple[SplitResult, str, int]:
     if not isinstance(url, str) or len(url) > _MAX_URL_LENGTH:
         raise ForbiddenDestination(f"must be a URL of at most {_MAX_URL_LENGTH} characters")
-    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+    if _SPACE_OR_CONTROL.search(url):
         raise ForbiddenDestination("must not contain whitespace or control characters")
     if not url.isascii():
         try:

@@ -448,8 +448,8 @@ class WebhookChannel(SchemaChannel):
             cutoff = max(remaining - CUTOFF_LEAD_SECONDS, 0.0)
             with WATCHDOG.guard(cutoff, lambda: conn.sock) as watch:
                 try:
-                    if reused:  # a kept socket still has its last answer's timeout
-                        conn.sock.settimeout(max(min(remaining, CONNECT_TIMEOUT_SECONDS), 0.001))
+                    if reused:  # (request applies it to the kept socket)
+                        conn.timeout = max(min(remaining, CONNECT_TIMEOUT_SECONDS), 0.001)
                     conn.request(
                         "POST",
                         target.path,
