@@ -100,6 +100,7 @@ class Worker:
         self.on_batch = on_batch
         self.report = WorkerReport()
         self._lock = threading.Lock()
+        self._on_batch_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._batches: ThreadPoolExecutor | None = None
         # Written once per worker (docs/how-to/rate-limits.md): the configured
@@ -211,11 +212,9 @@ class Worker:
         for row in rows:
             by_channel.setdefault(row.channel, []).append(row)
         groups = sorted(by_channel.items())
-        running = before is not None and not before.done.done()
-        limits = {
-            channel: sender.Limits(before.limits.get(channel) if running and before else None)
-            for channel, _ in groups
-        }
+        # What the batch before hears while it still sends blocks this one's calls.
+        heeded = before.limits if before is not None and not before.done.done() else {}
+        limits = {channel: sender.Limits(heeded.get(channel)) for channel, _ in groups}
         last_round = {channel: threading.Event() for channel, _ in groups}
 
         def settle_after() -> None:
@@ -261,7 +260,8 @@ class Worker:
             self.report.claimed += batch.claimed
             self.report.batches += 1
         if self.on_batch is not None:
-            self.on_batch(self.report)
+            with self._on_batch_lock:  # one call at a time, whichever thread settled
+                self.on_batch(self.report)
 
     def run(self, *, once: bool = False, until_empty: bool = False) -> WorkerReport:
         """The loop. ``once``: one batch; ``until_empty``: stop when nothing is due.
