@@ -559,9 +559,9 @@ class _Batch:
         self.results: dict[int, _Result] = {}
         self.slowest: float | None = None  # of the calls answered so far, in seconds
         self.closed = False  # once set, no thread takes a further row
-        # Set once no more rows wait than there are send threads: the last
-        # round of calls is under way, and the next batch's claim (about a
-        # call's time) ends as these threads come free.
+        # Set once no more rows wait than there are send threads: one round of
+        # calls is left to start, so the next batch's claim (about a call's
+        # time) ends as these threads come free.
         self.last_round = last_round
         self.last_round_rows = last_round_rows
 
