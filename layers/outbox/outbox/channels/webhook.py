@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import hashlib
 import hmac
 import json
@@ -235,42 +234,6 @@ def _forget_idle_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_idle_in_child)
 
 
-@functools.cache
-def _connection_classes() -> tuple[type[Any], type[Any]]:
-    """urllib3's connections (plain, TLS) writing a request's header block and
-    its body in one send: one TCP segment or TLS record where urllib3 makes
-    two, and one wake-up of the receiver (http.client does the same for a
-    body given as bytes, as this channel's always is). Made on first use:
-    a producer that validates payloads imports this module without urllib3."""
-    from urllib3.connection import HTTPConnection, HTTPSConnection
-
-    class OneWrite(HTTPConnection):
-        _head: bytes | None = None  # None: not in a request; b"": no header block yet
-
-        def request(self, *args: Any, **kwargs: Any) -> None:
-            self._head = b""
-            try:
-                super().request(*args, **kwargs)
-            finally:
-                head, self._head = self._head, None
-            if head:  # a request without a body
-                super().send(head)
-
-        def send(self, data: Any) -> None:
-            if self._head is None:
-                super().send(data)
-            elif not self._head:
-                self._head = data  # the header block, held for the body
-            else:
-                data, self._head = self._head + data, None
-                super().send(data)
-
-    class OneWriteTLS(OneWrite, HTTPSConnection):
-        pass
-
-    return OneWrite, OneWriteTLS
-
-
 class SecretUnavailable(Exception):
     def __init__(self, outcome: Outcome) -> None:
         super().__init__(outcome.error)
@@ -445,11 +408,12 @@ class WebhookChannel(SchemaChannel):
     def _connect(self, target: netguard.Target, deadline: Deadline) -> Any:
         """A new connection to the checked address (not yet opened: the
         request opens it, under the watchdog)."""
-        plain, tls = _connection_classes()
+        from urllib3.connection import HTTPConnection, HTTPSConnection
+
         timeout = min(deadline.remaining(), CONNECT_TIMEOUT_SECONDS)
         if target.scheme == "https":
             # Connect to the checked address; SNI and the certificate check use the name.
-            return tls(
+            return HTTPSConnection(
                 target.address,
                 target.port,
                 timeout=timeout,
@@ -457,7 +421,7 @@ class WebhookChannel(SchemaChannel):
                 server_hostname=target.hostname,
                 assert_hostname=target.hostname,
             )
-        return plain(target.address, target.port, timeout=timeout)
+        return HTTPConnection(target.address, target.port, timeout=timeout)
 
     def _exchange(
         self,
