@@ -31,6 +31,10 @@ class Watch:
     done: bool = False
 
 
+def _no_socket() -> None:
+    return None
+
+
 class SocketWatchdog:
     def __init__(self) -> None:
         self._wake = threading.Condition()
@@ -45,6 +49,10 @@ class SocketWatchdog:
         """Shut down ``current_socket()`` if the block is still running after ``seconds``."""
         watch = Watch(time.monotonic() + max(0.0, seconds), current_socket)
         with self._wake:
+            # Ended exchanges at the head go now: the thread, not woken for
+            # every call, would keep them until the head's deadline.
+            while self._heap and self._heap[0][2].done:
+                heapq.heappop(self._heap)
             heapq.heappush(self._heap, (watch.deadline, next(self._order), watch))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
@@ -62,6 +70,7 @@ class SocketWatchdog:
             # Under the lock: once the block is over, its socket is never touched.
             with self._wake:
                 watch.done = True
+                watch.current_socket = _no_socket  # the connection is not kept alive by this
 
     def _run(self) -> None:
         with self._wake:

@@ -119,7 +119,6 @@ class Worker:
     ) -> sender.SendReport:
         """Send the rows now, then settle them once the batch before has settled."""
         if self.stop.is_set():
-            last_round.set()
             # Nothing was started: give the rows back now rather than leave
             # them claimed.
             with self.engine.begin() as conn:
@@ -289,7 +288,9 @@ class Worker:
             batch = in_flight.popleft()
             batch.done.result()  # raises what its send or settle raised
             if batch.report.resumes_at is not None:
-                resumes_at = min(resumes_at or math.inf, batch.report.resumes_at)
+                resumes_at = min(
+                    math.inf if resumes_at is None else resumes_at, batch.report.resumes_at
+                )
 
         try:
             while not self.stop.is_set():
@@ -314,7 +315,8 @@ class Worker:
             while in_flight:
                 finish_oldest()
         finally:
-            wait([b.done for b in in_flight])
+            # A batch still in flight (the loop raised) finishes first: its
+            # pool's shutdown waits for it, and only then the channel pool's.
             for pool in (self._batches, self._pool):
                 if pool is not None:
                     pool.shutdown()

@@ -400,28 +400,26 @@ class WebhookChannel(SchemaChannel):
         elif deadline.remaining() <= 0:
             return Outcome.deferred("deadline near: not started")
         outcome = self._exchange(
-            self._connect(target, deadline), key, target, headers, body, deadline, reused=False
+            self._connect(target), key, target, headers, body, deadline, reused=False
         )
         assert outcome is not None  # (None only for a kept connection)
         return outcome
 
-    def _connect(self, target: netguard.Target, deadline: Deadline) -> Any:
+    def _connect(self, target: netguard.Target) -> Any:
         """A new connection to the checked address (not yet opened: the
-        request opens it, under the watchdog)."""
+        request opens it, under the watchdog, with the timeout it sets)."""
         from urllib3.connection import HTTPConnection, HTTPSConnection
 
-        timeout = min(deadline.remaining(), CONNECT_TIMEOUT_SECONDS)
         if target.scheme == "https":
             # Connect to the checked address; SNI and the certificate check use the name.
             return HTTPSConnection(
                 target.address,
                 target.port,
-                timeout=timeout,
                 ssl_context=self.ssl_context,
                 server_hostname=target.hostname,
                 assert_hostname=target.hostname,
             )
-        return HTTPConnection(target.address, target.port, timeout=timeout)
+        return HTTPConnection(target.address, target.port)
 
     def _exchange(
         self,
@@ -448,8 +446,8 @@ class WebhookChannel(SchemaChannel):
             cutoff = max(remaining - CUTOFF_LEAD_SECONDS, 0.0)
             with WATCHDOG.guard(cutoff, lambda: conn.sock) as watch:
                 try:
-                    if reused:  # (request applies it to the kept socket)
-                        conn.timeout = max(min(remaining, CONNECT_TIMEOUT_SECONDS), 0.001)
+                    # For the connect and the send; request applies it to a kept socket too.
+                    conn.timeout = max(min(remaining, CONNECT_TIMEOUT_SECONDS), 0.001)
                     conn.request(
                         "POST",
                         target.path,
