@@ -642,6 +642,19 @@ def test_a_learned_rate_never_exceeds_the_limit(engine: sa.Engine) -> None:
     assert figures.rate == pytest.approx(10 * store.rates.RATE_DECREASE, rel=0.01)
 
 
+def test_with_a_limit_the_first_throttle_cuts_from_the_limit_not_one_senders_share(
+    engine: sa.Engine,
+) -> None:
+    # Four workers drawing 100 a second from one bucket deliver some 25 each:
+    # the one that heard the first throttle saw a quarter of the rate. Its
+    # share as the plateau would run the destination at a quarter of what
+    # the operator said it admits, climbing back for a minute or more.
+    with engine.begin() as conn:
+        store.set_limit(conn, "webhook", "a.example", 100)
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(1, 1, 25)})
+        assert rate_now(conn) == pytest.approx(DECREASE * 100, rel=1e-9)
+
+
 def test_clearing_a_limit_keeps_what_was_learned(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         store.set_limit(conn, "webhook", "a.example", 10)

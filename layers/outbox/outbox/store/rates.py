@@ -173,7 +173,12 @@ FIRST_PAUSE_SQL = "(d.rate_at = d.minute_start AND d.throttled_total = d.throttl
 # low: a rate far too high is cut hard within seconds, while one far too low
 # takes a minute or more to climb back). The plateau of a fresh answer is
 # the rate now, held to the operator's limit; on a destination's first answer
-# (nothing learned yet) the rate the sender had asked at. After a long quiet
+# (nothing learned yet) its limit, else the rate the sender had asked at: with
+# a limit every sender drew from its one bucket, so the destination was asked
+# at about the limit while each sender saw only its share (four workers, 25 a
+# second each: the one that heard the answer would have cut 100 to 22). A
+# limit far above what the receiver admits is then halved at each answer
+# within RESUMED_SECONDS of a pause's end, as any rate far too high. After a long quiet
 # spell the curve has grown far past anything the receiver ever admitted, so
 # the plateau is also held to the higher of the sender's estimate and the
 # last plateau.
@@ -196,7 +201,7 @@ _THROTTLED = statement(
                     -- (LEAST and GREATEST ignore a NULL: no limit, or nothing learned yet)
                     ELSE GREATEST({MIN_RATE}, {RATE_DECREASE} * CASE
                         WHEN d.rate IS NULL
-                        THEN LEAST(EXCLUDED.rate / {RATE_DECREASE}, d.limit_rate)
+                        THEN COALESCE(d.limit_rate, EXCLUDED.rate / {RATE_DECREASE})
                         ELSE {_PLATEAU_SQL}
                              * CASE WHEN now() < d.paused_until
                                                  + make_interval(secs => {RESUMED_SECONDS})
