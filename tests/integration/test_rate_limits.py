@@ -523,6 +523,32 @@ def test_the_receipt_of_a_paused_channel_sends_nothing_and_counts_nothing(
     assert {counts(engine, ids)[i] for i in ids} == {("delivered", 1, 0)}
 
 
+def test_the_receipt_of_a_paused_destination_sends_nothing_and_counts_nothing(
+    engine: sa.Engine,
+) -> None:
+    # Lambda: the dispatcher hands off many chunks at once, and each execution
+    # environment learns of a throttle only from its own calls. A chunk
+    # received after another sender paused its destination must not spend
+    # the receiver's patience finding that out again, call by call.
+    channel = install_channel(DestinationChannel())
+    ids = enqueue(engine, 3, "scripted")
+    claims = claim(engine)  # claimed and handed off before the pause
+    with engine.begin() as conn:
+        store.record_throttling(conn, "scripted", {"": store.Throttled(60, 1, 10)})
+    report = run_sender(engine, claims)
+    assert channel.calls == 0
+    assert report.owned == 3 and report.lease_lost == []
+    assert report.statuses == {"not_started": 3}
+    assert {counts(engine, ids)[i] for i in ids} == {("pending", 0, 0)}
+    with engine.connect() as conn:
+        assert {a.outcome for i in ids for a in attempts(conn, i)} == {"not_started"}
+    with engine.begin() as conn:  # the pause over
+        conn.execute(sa.text("UPDATE outbox_destination SET paused_until = now(), tokens = 3"))
+    run_sender(engine, claim(engine))
+    assert channel.calls == 3
+    assert {counts(engine, ids)[i] for i in ids} == {("delivered", 1, 0)}
+
+
 def test_the_worker_claims_a_paused_destination_again_when_its_pause_ends(
     engine: sa.Engine,
 ) -> None:

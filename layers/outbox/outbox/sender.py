@@ -55,9 +55,11 @@ _STOPPED = Outcome(AttemptOutcome.NOT_STARTED, error=STOPPING)
 DESTINATION_THROTTLED = "destination throttled: not started"
 CHANNEL_QUOTA = "channel quota spent: not started"
 CHANNEL_PAUSED = "channel paused: not started"
+DESTINATION_PAUSED = "destination paused: not started"
 _DESTINATION_THROTTLED = Outcome(AttemptOutcome.NOT_STARTED, error=DESTINATION_THROTTLED)
 _CHANNEL_QUOTA = Outcome(AttemptOutcome.NOT_STARTED, error=CHANNEL_QUOTA)
 _CHANNEL_PAUSED = Outcome(AttemptOutcome.NOT_STARTED, error=CHANNEL_PAUSED)
+_DESTINATION_PAUSED = Outcome(AttemptOutcome.NOT_STARTED, error=DESTINATION_PAUSED)
 # The minimum call time: a call starts only if its deadline leaves at least
 # this long for the answer. A call started with less time would probably be
 # given up after the receiver got the request, and then be sent again. Once a
@@ -393,17 +395,23 @@ def send_then_settle(
                 deadline = shared[seconds] = Deadline(seconds)
             deadlines[r.id] = deadline
         min_call_seconds = min(MIN_CALL_SECONDS, settings.sender_timeout_seconds / 20)
-        results = _send_all(
-            channel,
-            rows,
-            deadlines,
-            settings.send_concurrency,
-            stop,
-            min_call_seconds,
-            stop_grace,
-            limits,
-            last_round,
-        )
+        # Rows whose destination another sender paused since the claim (a
+        # throttle it heard) go back unsent, as the receipt found them.
+        sending = [r for r in rows if not r.destination_paused]
+        results = {}
+        if sending:
+            results = _send_all(
+                channel,
+                sending,
+                deadlines,
+                settings.send_concurrency,
+                stop,
+                min_call_seconds,
+                stop_grace,
+                limits,
+                last_round,
+            )
+        results.update((r.id, (_DESTINATION_PAUSED, None)) for r in rows if r.destination_paused)
         throttled, quota = limits.records()
         if throttled:
             report.resumes_at = time.monotonic() + min(t.pause_left() for t in throttled.values())

@@ -83,6 +83,9 @@ class ClaimedMessage(NamedTuple):
     # given back as not started. Read in the receipt's own statement, so a
     # batch costs no second round trip for it.
     channel_paused: bool = False
+    # Whether the row's destination was paused when the receipt was taken (a
+    # throttle another sender heard since the claim): given back the same way.
+    destination_paused: bool = False
 
 
 class Settlement(NamedTuple):
@@ -350,19 +353,21 @@ _PAYLOAD_TEXT = f"""CASE WHEN pg_column_size(m.payload) > {MAX_STORED_BYTES // 2
     THEN NULL ELSE CAST(m.payload AS text) END AS payload"""
 
 
-def _received(lease_left: str, channel_paused: str) -> str:
+def _received(lease_left: str, channel_paused: str, destination_paused: str) -> str:
     """What a receipt returns: ClaimedMessage's fields, in their order (the rows
     are taken as they are). ``lease_left``: the lease's seconds left, float8;
-    ``channel_paused``: whether the row's channel is paused now, boolean."""
+    ``channel_paused`` and ``destination_paused``: whether the row's channel,
+    and its destination, are paused now, boolean."""
     return f"""m.id, m.channel, {_PAYLOAD_TEXT}, m.attempts + 1 AS attempt,
     COALESCE(m.max_attempts, :default_max) AS max_attempts,
     CAST(m.claim_token AS text) AS claim_token, m.dedupe_key, m.ordering_key,
-    {lease_left} AS lease_left_seconds, {_DESTINATION}, {channel_paused} AS channel_paused"""
+    {lease_left} AS lease_left_seconds, {_DESTINATION}, {channel_paused} AS channel_paused,
+    {destination_paused} AS destination_paused"""
 
 
 # The claim's receipt: the lease was just taken, so all of it is left, and the
-# claim takes no row of a paused channel.
-_RECEIVED = _received("CAST(:lease_seconds AS float8)", "false")
+# claim takes no row of a paused channel or a paused destination.
+_RECEIVED = _received("CAST(:lease_seconds AS float8)", "false", "false")
 _RECEIVED_COLUMNS = ", ".join(ClaimedMessage._fields)
 _CLAIM_AND_RECEIVE_ALL = _claim_statement("", "now()", _RECEIVED, _RECEIVED_COLUMNS)
 _CLAIM_AND_RECEIVE_CHANNELS = _claim_statement(
@@ -521,6 +526,11 @@ def release(
 _RECEIPT_PAUSED = """EXISTS (SELECT 1 FROM outbox_channel_pause AS cp
                    WHERE cp.channel = :channel
                      AND (cp.paused_until IS NULL OR cp.paused_until > now()))"""
+# A destination another sender paused since the claim (its key: a probe a row,
+# and only rows whose destination ever throttled or has a limit have one).
+_RECEIPT_DESTINATION_PAUSED = """EXISTS (SELECT 1 FROM outbox_destination AS d
+                   WHERE d.channel = m.channel AND d.destination = COALESCE(m.destination, '')
+                     AND d.paused_until > now())"""
 _RECEIVE_CLAIMED = statement(
     f"""
     UPDATE outbox_message AS m
@@ -529,7 +539,13 @@ _RECEIVE_CLAIMED = statement(
     WHERE m.id = h.id AND m.claim_token = h.token
       AND m.status = 'claimed' AND m.channel = :channel AND m.lease_expires_at > now()
       AND m.received_at IS NULL
-    RETURNING {_received("EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8", _RECEIPT_PAUSED)}
+    RETURNING {
+        _received(
+            "EXTRACT(EPOCH FROM m.lease_expires_at - now())::float8",
+            _RECEIPT_PAUSED,
+            _RECEIPT_DESTINATION_PAUSED,
+        )
+    }
     """
 )
 
@@ -543,8 +559,8 @@ def receive_claimed(
     """Take the receipt of the claims this sender may send, once: a row missing
     here is not ours (settled, reaped, claimed again) or already taken by another
     sender. A claim listed twice counts once. Ordered by id. Each row's
-    ``channel_paused`` says whether ``channel`` is paused now (then it is not
-    to be sent)."""
+    ``channel_paused`` and ``destination_paused`` say whether ``channel``, and
+    the row's destination, are paused now (then it is not to be sent)."""
     fence = _fence_arrays(claims)
     if fence is None:
         return []
