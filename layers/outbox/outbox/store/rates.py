@@ -178,10 +178,10 @@ FIRST_PAUSE_SQL = "(d.rate_at = d.minute_start AND d.throttled_total = d.throttl
 # at about the limit while each sender saw only its share (four workers, 25 a
 # second each: the one that heard the answer would have cut 100 to 22). A
 # limit far above what the receiver admits is then halved at each answer
-# within RESUMED_SECONDS of a pause's end, as any rate far too high. After a long quiet
-# spell the curve has grown far past anything the receiver ever admitted, so
-# the plateau is also held to the higher of the sender's estimate and the
-# last plateau.
+# within RESUMED_SECONDS of a pause's end, as any rate far too high. After a
+# long quiet spell the curve has grown far past anything the receiver ever
+# admitted, so the plateau is also held to the higher of the sender's
+# estimate and the last plateau.
 _THROTTLED = statement(
     f"""
     INSERT INTO outbox_destination AS d
