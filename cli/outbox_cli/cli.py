@@ -416,20 +416,38 @@ def cli(ctx: click.Context, database_url: str | None) -> None:
     help="Change nothing; exit 1, saying how far behind, unless the schema is at the latest "
     "revision.",
 )
+@click.option(
+    "--fix",
+    is_flag=True,
+    help="Revoke CREATE on the relay's schema from PUBLIC and every role but its owner and "
+    "the migrator, instead of refusing to migrate.",
+)
 @json_option
-def migrate(as_sql: bool, check: bool, as_json: bool) -> None:
+def migrate(as_sql: bool, check: bool, fix: bool, as_json: bool) -> None:
     """Bring the outbox schema to the latest revision.
 
     --sql prints the statements instead (from the database's current
     revision); --check only says whether the schema is current (for a deploy
-    pipeline: exit 0 when it is, 1 when it is behind)."""
+    pipeline: exit 0 when it is, 1 when it is behind). A schema that other
+    roles may create in (PUBLIC may, on public, up to PostgreSQL 14) is
+    refused, exit 2; --fix revokes that first."""
     from outbox import migrate as migrations
 
     if as_sql and check:
         fail("give --sql or --check, not both", 2)
+    if fix and (as_sql or check):
+        fail("--fix changes the schema: give it without --sql or --check", 2)
     if not (as_sql or check):
         with database() as engine:
-            revision = migrations.upgrade(engine)
+            if fix:
+                with engine.begin() as connection:
+                    revoked = migrations.check_schema_creators(connection, fix=True)
+                if revoked:
+                    click.echo(f"revoked CREATE on the schema from {', '.join(revoked)}", err=True)
+            try:
+                revision = migrations.upgrade(engine)
+            except migrations.UnsafeSchema as exc:
+                fail(str(exc), 2, "schema_unsafe")
         render_revision(revision, as_json)
         return
     with database() as engine:

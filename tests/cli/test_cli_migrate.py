@@ -5,6 +5,7 @@ check's exit status follows the database's revision."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
@@ -101,3 +102,43 @@ def test_a_revision_this_release_does_not_know_is_one_line(
         assert result.exit_code == 1
         error = json.loads(result.stdout)["error"]
         assert error["kind"] == "schema_unknown" and "9999" in error["message"]
+
+
+def test_a_schema_others_may_create_in_is_refused_then_fixed_with_fix(
+    empty_database: tuple[str, sa.Engine],
+) -> None:
+    """PostgreSQL 14's default (PUBLIC has CREATE on public), reproduced with a
+    grant: migrate refuses, changes nothing, and says how to mend it; --fix
+    revokes it from PUBLIC and from any other role, then migrates."""
+    url, engine = empty_database
+    role = f"neighbour_{uuid.uuid4().hex[:8]}"
+    with engine.begin() as conn:
+        conn.execute(sa.text("GRANT CREATE ON SCHEMA public TO PUBLIC"))
+        conn.execute(sa.text(f"CREATE ROLE {role}"))
+        conn.execute(sa.text(f"GRANT CREATE ON SCHEMA public TO {role}"))
+    try:
+        refused = outbox_cmd(url, "migrate")
+        assert refused.exit_code == 2
+        assert "lets PUBLIC, " + role + " create objects in it" in refused.output
+        assert "outbox migrate --fix" in refused.output
+        assert len(refused.output.strip().splitlines()) == 1
+        as_json = outbox_cmd(url, "migrate", "--json")
+        assert as_json.exit_code == 2
+        assert json.loads(as_json.output)["error"]["kind"] == "schema_unsafe"
+        assert migrate.current(engine) is None  # nothing was made
+
+        fixed = outbox_cmd(url, "migrate", "--fix")
+        assert fixed.exit_code == 0, fixed.output
+        assert f"revoked CREATE on the schema from PUBLIC, {role}" in fixed.output
+        assert migrate.current(engine) == HEAD
+        with engine.connect() as conn:
+            for who in ("public", role):
+                assert not conn.execute(
+                    sa.text("SELECT has_schema_privilege(:r, 'public', 'CREATE')"), {"r": who}
+                ).scalar_one()
+        again = outbox_cmd(url, "migrate")  # and it stays fixed
+        assert again.exit_code == 0, again.output
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"REVOKE ALL ON SCHEMA public FROM {role}"))
+            conn.execute(sa.text(f"DROP ROLE {role}"))

@@ -16,6 +16,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -36,7 +37,6 @@ AS $$ SELECT ROW(function_name, region)::aws_commons._lambda_function_arn_1 $$;
 
 CREATE SCHEMA aws_lambda;
 CREATE SEQUENCE aws_lambda.calls;
-CREATE TABLE aws_lambda.invoked (function_name text, region text, payload json, invocation_type text);
 CREATE TABLE aws_lambda.behaviour (raises boolean NOT NULL);
 INSERT INTO aws_lambda.behaviour VALUES (false);
 CREATE FUNCTION aws_lambda.invoke(
@@ -54,8 +54,13 @@ BEGIN
     IF (SELECT raises FROM aws_lambda.behaviour) THEN
         RAISE EXCEPTION 'Lambda API returned error: 403 AccessDeniedException' USING ERRCODE = 'XX000';
     END IF;
-    INSERT INTO aws_lambda.invoked
-    VALUES ((function_name).function_name, (function_name).region, invoke.payload, invocation_type);
+    -- The real Invoke is not transactional: say what was sent at once (a
+    -- notice), where a rollback of the caller's block cannot take it back.
+    RAISE NOTICE 'aws_lambda.invoke %', json_build_object(
+        'function_name', (function_name).function_name, 'region', (function_name).region,
+        'payload', invoke.payload, 'invocation_type', invocation_type,
+        'request_timeout_ms', current_setting('aws_lambda.request_timeout_ms', true),
+        'connect_timeout_ms', current_setting('aws_lambda.connect_timeout_ms', true));
     status_code := 202;
 END
 $$;
@@ -88,7 +93,7 @@ def wake_db(server_url: str) -> Iterator[sa.Engine]:
 def db(wake_db: sa.Engine) -> sa.Engine:
     """The wake database, configured with a long interval, no call counted yet."""
     with wake_db.begin() as conn:
-        conn.execute(sa.text("TRUNCATE outbox_message, outbox_dedupe, aws_lambda.invoked CASCADE"))
+        conn.execute(sa.text("TRUNCATE outbox_message, outbox_dedupe CASCADE"))
         conn.execute(sa.text("UPDATE aws_lambda.behaviour SET raises = false"))
         conn.execute(sa.text("SELECT setval('aws_lambda.calls', 1, false)"))
         conn.execute(sa.text("SELECT setval('outbox_wake_last_nudge_ms', 0)"))
@@ -114,20 +119,66 @@ def enqueue_sql(conn: sa.Connection, n: int = 1) -> None:
         )
 
 
+def invoked(conn: sa.Connection) -> list[dict[str, Any]]:
+    """What the stand-in was asked to send on this connection (its notices)."""
+    dbapi = conn.connection.dbapi_connection
+    assert dbapi is not None
+    notices = [n[b"M"].decode() for n in dbapi.notices]  # type: ignore[attr-defined]
+    prefix = "aws_lambda.invoke "
+    return [json.loads(n[len(prefix) :]) for n in notices if n.startswith(prefix)]
+
+
 def test_it_invokes_the_dispatcher_once_after_a_committed_batch(db: sa.Engine) -> None:
-    with db.begin() as conn:
+    with db.connect() as conn:
         enqueue_sql(conn, 50)
         conn.execute(
             sa.text("INSERT INTO outbox_message (channel, payload) VALUES ('email', :p)"),
             {"p": EMAIL_JSON},
         )
         assert calls(db) == 0  # deferred to the commit
+        conn.commit()
+        (sent,) = invoked(conn)
     assert calls(db) == 1
-    with db.connect() as conn:
-        invoked = conn.execute(sa.text("SELECT * FROM aws_lambda.invoked")).one()
-    assert invoked.function_name == ARN and invoked.region == "eu-west-1"
-    assert invoked.invocation_type == "Event"
-    assert invoked.payload == {"version": 1, "source": "outbox.nudge"}
+    assert sent["function_name"] == ARN and sent["region"] == "eu-west-1"
+    assert sent["invocation_type"] == "Event"
+    assert sent["payload"] == {"version": 1, "source": "outbox.nudge"}
+    # a hung Lambda endpoint holds the producer's COMMIT for seconds, not for ever
+    assert (sent["connect_timeout_ms"], sent["request_timeout_ms"]) == ("1000", "2000")
+
+
+def test_a_long_transaction_that_nudged_early_stops_no_other_producer(db: sa.Engine) -> None:
+    """A transaction that fires the trigger at once (SET CONSTRAINTS ALL
+    IMMEDIATE) and stays open holds nothing the next producer's nudge needs."""
+    with db.begin() as conn:
+        conn.execute(sa.text("SELECT outbox_wake_configure(:arn, interval '0')"), {"arn": ARN})
+    with db.connect() as long_one:
+        long_one.execute(sa.text("SET CONSTRAINTS ALL IMMEDIATE"))
+        enqueue_sql(long_one)
+        assert calls(db) == 1  # fired at the insert
+        for _ in range(3):
+            with db.begin() as conn:
+                conn.execute(sa.text("SET LOCAL lock_timeout = '1ms'"))
+                enqueue_sql(conn)
+        assert calls(db) == 4
+        long_one.rollback()
+
+
+def test_a_role_without_grants_cannot_hold_the_decision(db: sa.Engine, database_url: str) -> None:
+    """The coalescing lock is outbox_wake's row: a role with no grant on it
+    cannot lock it (an advisory lock anyone could take)."""
+    from sqlalchemy.engine import make_url
+
+    role = f"stranger_{uuid.uuid4().hex[:8]}"
+    with db.begin() as conn:
+        conn.execute(sa.text(f"CREATE ROLE {role} LOGIN"))
+    stranger = sa.create_engine(make_url(str(db.url)).set(username=role, password="x"))
+    try:
+        with pytest.raises(sa.exc.DBAPIError, match="permission denied"), stranger.connect() as c:
+            c.execute(sa.text("SELECT * FROM outbox_wake FOR UPDATE"))
+    finally:
+        stranger.dispose()
+        with db.begin() as conn:
+            conn.execute(sa.text(f"DROP ROLE {role}"))
 
 
 def test_a_rolled_back_transaction_invokes_nothing(db: sa.Engine) -> None:
@@ -159,7 +210,7 @@ def test_a_producer_never_waits_for_another_that_is_nudging(db: sa.Engine) -> No
     """While one transaction holds the decision (its COMMIT is invoking), the
     others commit at once and leave the nudge to it."""
     with db.connect() as holder:
-        holder.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('outbox_wake_nudge'))"))
+        holder.execute(sa.text("SELECT * FROM outbox_wake FOR UPDATE"))
         with db.begin() as conn:
             conn.execute(sa.text("SET LOCAL lock_timeout = '1ms'"))  # a wait would error
             enqueue_sql(conn)

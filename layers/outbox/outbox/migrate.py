@@ -25,6 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from .errors import ValidationError
+from .migrations.builtins import qualify_installed_functions
 
 VERSION_TABLE = "outbox_alembic_version"
 # Where releases before 0.1.0 kept the relay's revision: Alembic's default.
@@ -114,11 +115,67 @@ def _adopt_legacy_version_row(connection: sa.Connection) -> None:
         connection.execute(sa.text("DROP TABLE alembic_version"))
 
 
+class UnsafeSchema(Exception):
+    """Roles other than the schema's owner and the migrator may create in the
+    relay's schema (PUBLIC may, on ``public``, up to PostgreSQL 14)."""
+
+    def __init__(self, schema: str, creators: list[str]) -> None:
+        self.schema = schema
+        self.creators = creators
+        who = ", ".join(creators)
+        super().__init__(
+            f"schema {schema} lets {who} create objects in it: any of them could plant a "
+            "function the relay's own would call. Revoke it (REVOKE CREATE ON SCHEMA "
+            f"{schema} FROM {who}) or run `outbox migrate --fix`, which does"
+        )
+
+
+# Who may create in the current schema but its owner and the migrator: the
+# grantees of CREATE in its ACL (grantee 0 is PUBLIC).
+_OTHER_CREATORS = """
+    SELECT n.nspname AS schema,
+           CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                ELSE pg_catalog.quote_ident(r.rolname) END AS creator
+    FROM pg_catalog.pg_namespace AS n
+    CROSS JOIN LATERAL pg_catalog.aclexplode(n.nspacl) AS a
+    LEFT JOIN pg_catalog.pg_roles AS r ON r.oid = a.grantee
+    WHERE n.oid = pg_catalog.current_schema()::pg_catalog.regnamespace
+      AND a.privilege_type = 'CREATE'
+      AND a.grantee NOT IN (n.nspowner, (SELECT oid FROM pg_catalog.pg_roles
+                                         WHERE rolname = current_user))
+    ORDER BY a.grantee <> 0, r.rolname
+"""
+
+
+def check_schema_creators(connection: sa.Connection, *, fix: bool = False) -> list[str]:
+    """Refuse (``UnsafeSchema``) a relay schema that a role other than its
+    owner and the migrator may create in; with ``fix``, revoke that CREATE
+    instead and return whom it was revoked from. The relay's functions name
+    every built-in ``pg_catalog.*``, so a planted overload cannot stand in for
+    one; this shuts the door on planting anything at all."""
+    rows = connection.execute(sa.text(_OTHER_CREATORS)).all()
+    if not rows:
+        return []
+    schema = pg_quote_ident(rows[0].schema)
+    creators = [row.creator for row in rows]
+    if not fix:
+        raise UnsafeSchema(schema, creators)
+    for creator in creators:
+        connection.execute(sa.text(f"REVOKE CREATE ON SCHEMA {schema} FROM {creator}"))
+    return creators
+
+
+def pg_quote_ident(name: str) -> str:
+    return name if re.fullmatch(r"[a-z_][a-z0-9_]*", name) else '"' + name.replace('"', '""') + '"'
+
+
 def upgrade(
     engine: sa.Engine, revision: str = "head", *, delivered_events: bool | None = None
 ) -> str | None:
     """Bring the schema to ``revision``; returns the revision now applied.
 
+    First refuses a schema that roles other than its owner and the migrator
+    may create in (``check_schema_creators``).
     Then turns the ``delivered`` outcome event on or off as
     ``delivered_events`` says (by default ``OUTCOME_EVENTS_DELIVERED``): it is
     a trigger, and only the schema's owner, who migrates, may switch it."""
@@ -131,8 +188,12 @@ def upgrade(
         delivered_events = OutcomeEventSettings.from_env().include_delivered
     with engine.begin() as connection:
         connection.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
+        check_schema_creators(connection)
         _adopt_legacy_version_row(connection)
         command.upgrade(_config(connection), revision)
+        if revision == "head":
+            # (a schema made by a printed script missed this step: see 0014)
+            qualify_installed_functions(connection)
         store.set_delivered_outcome_events(connection, delivered_events)
         return _current(connection)
 

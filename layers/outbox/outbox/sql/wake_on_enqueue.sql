@@ -24,9 +24,18 @@
 --     dispatcher lingers a few seconds for rows not yet visible.)
 --   * coalesced: at most one transaction per min_interval (all producers
 --     together) pays for an Invoke; the others skip without waiting. The last
---     nudge's time is kept in a sequence and the check is guarded by a
---     try-lock: neither is transactional, so nothing waits on a lock and no
---     SERIALIZABLE producer can fail because another one nudged.
+--     nudge's time is kept in a sequence (not transactional, so no
+--     SERIALIZABLE producer can fail because another one nudged) and the check
+--     is guarded by a try-lock of outbox_wake's one row (FOR UPDATE SKIP
+--     LOCKED): only a role that may update that table (the relay's owner) can
+--     hold it, so no other role can stop every producer's nudges by holding
+--     it, as a session-wide advisory lock could be held by anyone.
+--   * bounded: the Invoke's connect and request timeouts are set for the call
+--     (aws_lambda.connect_timeout_ms, aws_lambda.request_timeout_ms), so a hung
+--     Lambda endpoint holds the producer's COMMIT for about 3 seconds at most.
+--   * every built-in named pg_catalog.*: the function runs with its owner's
+--     rights, and a better-matching overload planted in the outbox's schema
+--     must not stand in for a built-in.
 --   * never fails the producer's transaction: any error (no extension, no
 --     role, no network, throttled, no such function) becomes a WARNING.
 --     A lost nudge costs latency only: the dispatcher's schedule is the
@@ -72,7 +81,7 @@ BEGIN
     VALUES (
         function_arn,
         -- the ARN's region; a bare name is the database's own region
-        NULLIF(split_part(function_arn, ':', 4), ''),
+        NULLIF(pg_catalog.split_part(function_arn, ':', 4), ''),
         min_interval
     )
     ON CONFLICT (one_row) DO UPDATE
@@ -92,33 +101,48 @@ DECLARE
     now_ms bigint;
 BEGIN
     -- The trigger fires once per inserted row; the first one per transaction decides.
-    IF current_setting('outbox.wake_decided', true) = 'on' THEN
+    IF pg_catalog.current_setting('outbox.wake_decided', true) = 'on' THEN
         RETURN NULL;
     END IF;
-    PERFORM set_config('outbox.wake_decided', 'on', true);
+    PERFORM pg_catalog.set_config('outbox.wake_decided', 'on', true);
     BEGIN
         -- Another producer deciding right now nudges for both: skip, never wait.
-        IF NOT pg_try_advisory_xact_lock(hashtext('outbox_wake_nudge')) THEN
-            RETURN NULL;
+        -- (No row: installed, not configured yet.)
+        SELECT w.function_arn, w.region, w.min_interval INTO target
+        FROM outbox_wake AS w FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            now_ms := (extract(epoch FROM pg_catalog.clock_timestamp()) * 1000)::bigint;
+            -- nudged within the interval: that run will find this row
+            IF now_ms - pg_catalog.pg_sequence_last_value(
+                            'outbox_wake_last_nudge_ms'::pg_catalog.regclass)
+                    >= extract(epoch FROM target.min_interval) * 1000 THEN
+                PERFORM pg_catalog.setval('outbox_wake_last_nudge_ms'::pg_catalog.regclass,
+                                          now_ms);
+                BEGIN  -- an extension too old for them still nudges, unbounded
+                    PERFORM pg_catalog.set_config('aws_lambda.connect_timeout_ms', '1000', true);
+                    PERFORM pg_catalog.set_config('aws_lambda.request_timeout_ms', '2000', true);
+                EXCEPTION WHEN OTHERS THEN
+                    NULL;
+                END;
+                PERFORM aws_lambda.invoke(
+                    aws_commons.create_lambda_function_arn(target.function_arn, target.region),
+                    '{"version": 1, "source": "outbox.nudge"}'::json,
+                    'Event'
+                );
+            END IF;
         END IF;
-        SELECT w.function_arn, w.region, w.min_interval INTO target FROM outbox_wake AS w;
-        IF NOT FOUND THEN
-            RETURN NULL;  -- installed, not configured yet
-        END IF;
-        now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-        IF now_ms - pg_sequence_last_value('outbox_wake_last_nudge_ms')
-                < extract(epoch FROM target.min_interval) * 1000 THEN
-            RETURN NULL;  -- nudged within the interval: that run will find this row
-        END IF;
-        PERFORM setval('outbox_wake_last_nudge_ms', now_ms);
-        PERFORM aws_lambda.invoke(
-            aws_commons.create_lambda_function_arn(target.function_arn, target.region),
-            '{"version": 1, "source": "outbox.nudge"}'::json,
-            'Event'
-        );
-    EXCEPTION WHEN OTHERS THEN
-        RAISE WARNING 'outbox wake: the dispatcher was not nudged (%: %); the message '
-            'goes out on its schedule', SQLSTATE, SQLERRM;
+        -- Give the row lock back now, not at the producer's commit: a row lock
+        -- taken in a block goes when the block rolls back (the sequence and the
+        -- Invoke are not transactional, so they stay). Else a transaction that
+        -- fires this early (SET CONSTRAINTS ALL IMMEDIATE) and stays open would
+        -- make every other producer skip its nudge until it ends.
+        RAISE EXCEPTION USING ERRCODE = 'OW000', MESSAGE = 'outbox wake: decided';
+    EXCEPTION
+        WHEN SQLSTATE 'OW000' THEN
+            NULL;
+        WHEN OTHERS THEN
+            RAISE WARNING 'outbox wake: the dispatcher was not nudged (%: %); the message '
+                'goes out on its schedule', SQLSTATE, SQLERRM;
     END;
     RETURN NULL;
 END

@@ -19,15 +19,15 @@ CREATE FUNCTION public.outbox_addresses(channel text, payload jsonb) RETURNS SET
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
         SELECT DISTINCT public.outbox_normalize_address(channel, a)
-        FROM jsonb_array_elements_text(CASE channel
+        FROM pg_catalog.jsonb_array_elements_text(CASE channel
             WHEN 'email' THEN public.outbox_jsonb_list(payload -> 'to')
                               || public.outbox_jsonb_list(payload -> 'cc')
                               || public.outbox_jsonb_list(payload -> 'bcc')
-            WHEN 'sms' THEN jsonb_build_array(payload -> 'to')
-            WHEN 'push' THEN jsonb_build_array(payload -> 'endpoint_arn')
-            WHEN 'webhook' THEN jsonb_build_array(payload -> 'url')
-            WHEN 'eventbridge' THEN jsonb_build_array(COALESCE(payload -> 'event_bus', '""'))
-            WHEN 'sqs' THEN jsonb_build_array(payload -> 'queue_url')
+            WHEN 'sms' THEN pg_catalog.jsonb_build_array(payload -> 'to')
+            WHEN 'push' THEN pg_catalog.jsonb_build_array(payload -> 'endpoint_arn')
+            WHEN 'webhook' THEN pg_catalog.jsonb_build_array(payload -> 'url')
+            WHEN 'eventbridge' THEN pg_catalog.jsonb_build_array(COALESCE(payload -> 'event_bus', '""'))
+            WHEN 'sqs' THEN pg_catalog.jsonb_build_array(payload -> 'queue_url')
             ELSE '[]' END) AS a
         WHERE a IS NOT NULL
     $$;
@@ -42,17 +42,17 @@ CREATE FUNCTION public.outbox_cooldown_problem(cooldown interval, cooldown_key t
         (1, 'cooldown', CASE WHEN cooldown IS NULL AND cooldown_key IS NOT NULL
             THEN 'is required with cooldown_key'
             WHEN cooldown <= interval '0' OR cooldown > interval '366 days'
-                 OR NOT isfinite(cooldown)
+                 OR NOT pg_catalog.isfinite(cooldown)
             THEN 'must be more than 0 seconds and at most 366 days' END),
         (2, 'cooldown_key', CASE WHEN cooldown_key IS NULL AND cooldown IS NOT NULL
             THEN 'is required with cooldown'
-            WHEN NOT char_length(cooldown_key) BETWEEN 1 AND 255
+            WHEN NOT pg_catalog.char_length(cooldown_key) BETWEEN 1 AND 255
             THEN 'must be 1 to 255 characters'
             WHEN cooldown_key ~ '[\x01-\x1f\x7f-\x9f]'
             THEN 'must not contain control characters' END),
         (3, 'on_cooldown', CASE
             WHEN COALESCE(on_cooldown, 'wait') NOT IN ('wait', 'suppress')
-            THEN format('must be one of ''wait'', ''suppress'', got %s',
+            THEN pg_catalog.format('must be one of ''wait'', ''suppress'', got %s',
                         public.outbox_quote_text(on_cooldown))
             WHEN on_cooldown = 'suppress' AND cooldown IS NULL
             THEN 'only with cooldown and cooldown_key' END)
@@ -68,9 +68,9 @@ CREATE FUNCTION public.outbox_dedupe_identity(channel text, payload jsonb, addre
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
         SELECT CASE channel
-            WHEN 'eventbridge' THEN concat_ws(E'\n', COALESCE(payload ->> 'event_bus', ''),
+            WHEN 'eventbridge' THEN pg_catalog.concat_ws(E'\n', COALESCE(payload ->> 'event_bus', ''),
                                               payload ->> 'source', payload ->> 'detail_type')
-            ELSE array_to_string(addresses, E'\n') END
+            ELSE pg_catalog.array_to_string(addresses, E'\n') END
     $$;
 
 -- Name: outbox_destination_of(text, jsonb); Type: FUNCTION
@@ -80,7 +80,7 @@ CREATE FUNCTION public.outbox_destination_of(channel text, payload jsonb) RETURN
     SET search_path TO 'public', 'pg_temp'
     AS $$
             SELECT COALESCE(CASE channel
-                WHEN 'webhook' THEN lower(substring(payload ->> 'url' FROM '^[A-Za-z][A-Za-z0-9+.-]*://(?:[^@/?#]*@)?(\[[^]/?#]*\](?::[0-9]+)?|[^:/?#]*(?::[0-9]+)?)'))
+                WHEN 'webhook' THEN pg_catalog.lower(substring(payload ->> 'url' FROM '^[A-Za-z][A-Za-z0-9+.-]*://(?:[^@/?#]*@)?(\[[^]/?#]*\](?::[0-9]+)?|[^:/?#]*(?::[0-9]+)?)'))
                 WHEN 'sqs' THEN payload ->> 'queue_url'
                 WHEN 'eventbridge' THEN payload ->> 'event_bus'
                 END, '')
@@ -111,9 +111,9 @@ BEGIN
     -- The core draws a fresh id for every message it checked: the id it
     -- returns is that one when it wrote the message, an older one for a replay
     -- (which is left as it was).
-    IF p_cooldown IS NOT NULL AND new_id = currval('outbox_message_id_seq') THEN
+    IF p_cooldown IS NOT NULL AND new_id = pg_catalog.currval('outbox_message_id_seq') THEN
         UPDATE outbox_message AS m
-        SET cooldown_key = p_key, cooldown = make_interval(secs => EXTRACT(EPOCH FROM p_cooldown)),
+        SET cooldown_key = p_key, cooldown = pg_catalog.make_interval(secs => EXTRACT(EPOCH FROM p_cooldown)),
             on_cooldown = p_action
         WHERE m.id = new_id;
     END IF;
@@ -200,9 +200,9 @@ BEGIN
                 PERFORM outbox_enqueue_refuse('payload.' || f.field, 'is required');
             END IF;
         ELSIF f.kind IS NOT NULL AND NOT (
-            jsonb_typeof(p_payload -> f.field) = f.kind
-            OR (f.kind = 'integer' AND jsonb_typeof(p_payload -> f.field) = 'number'
-                AND scale(CAST(p_payload -> f.field AS numeric)) = 0)
+            pg_catalog.jsonb_typeof(p_payload -> f.field) = f.kind
+            OR (f.kind = 'integer' AND pg_catalog.jsonb_typeof(p_payload -> f.field) = 'number'
+                AND pg_catalog.scale(CAST(p_payload -> f.field AS numeric)) = 0)
         ) THEN
             PERFORM outbox_enqueue_refuse('payload.' || f.field, 'must be ' ||
                 CASE WHEN f.kind IN ('array', 'object', 'integer') THEN 'an ' ELSE 'a ' END
@@ -210,7 +210,7 @@ BEGIN
         END IF;
     END LOOP;
     IF builtin THEN
-        SELECT k INTO f FROM jsonb_object_keys(p_payload) AS k
+        SELECT k INTO f FROM pg_catalog.jsonb_object_keys(p_payload) AS k
         WHERE k NOT IN (SELECT b.field FROM outbox_enqueue_builtin_fields(p_channel) AS b)
         ORDER BY k LIMIT 1;
         IF FOUND THEN
@@ -226,10 +226,10 @@ BEGIN
     IF p_ordering IS NOT NULL THEN
         -- As outbox.enqueue: producers of one ordering key take turns until
         -- their commit, so the key's ids follow commit order.
-        PERFORM pg_advisory_xact_lock(hashtextextended('outbox-ordering-key:' || p_ordering, 0));
+        PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('outbox-ordering-key:' || p_ordering, 0));
     END IF;
     -- the id first, so that a dedupe key's entry can name its message
-    new_id := nextval('outbox_message_id_seq');
+    new_id := pg_catalog.nextval('outbox_message_id_seq');
     IF p_dedupe IS NOT NULL THEN
         held_id := outbox_take_dedupe_key(p_channel, p_dedupe, p_payload, new_id);
         IF held_id IS NOT NULL THEN
@@ -240,10 +240,10 @@ BEGIN
         (id, channel, payload, dedupe_key, ordering_key, priority, available_at, max_attempts,
          expires_at, on_predecessor_failure, recipient_fingerprints)
     OVERRIDING SYSTEM VALUE
-    VALUES (new_id, p_channel, p_payload, p_dedupe, p_ordering, p_priority, now() + p_delay,
+    VALUES (new_id, p_channel, p_payload, p_dedupe, p_ordering, p_priority, pg_catalog.now() + p_delay,
             p_max,
             -- a ttl counts from the time the message is first due
-            COALESCE(p_expires, now() + p_delay + p_ttl), p_on_failure,
+            COALESCE(p_expires, pg_catalog.now() + p_delay + p_ttl), p_on_failure,
             outbox_recipient_fingerprints(p_channel, p_payload));
     RETURN new_id;
 END
@@ -266,37 +266,37 @@ BEGIN
             p_expires_at, p_ttls, p_on_predecessor_failure);
         RETURN;
     END IF;
-    IF cardinality(p_cooldowns) IS DISTINCT FROM cardinality(p_channels)
-       OR cardinality(p_cooldown_keys) IS DISTINCT FROM cardinality(p_channels)
-       OR cardinality(p_on_cooldown) IS DISTINCT FROM cardinality(p_channels) THEN
+    IF pg_catalog.cardinality(p_cooldowns) IS DISTINCT FROM pg_catalog.cardinality(p_channels)
+       OR pg_catalog.cardinality(p_cooldown_keys) IS DISTINCT FROM pg_catalog.cardinality(p_channels)
+       OR pg_catalog.cardinality(p_on_cooldown) IS DISTINCT FROM pg_catalog.cardinality(p_channels) THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
             MESSAGE = 'cooldowns: give p_cooldowns, p_cooldown_keys and p_on_cooldown, '
                       'one per channel';
     END IF;
     SELECT c.ord, p.field, p.problem INTO bad
-    FROM ROWS FROM (unnest(p_cooldowns), unnest(p_cooldown_keys), unnest(p_on_cooldown))
+    FROM ROWS FROM (pg_catalog.unnest(p_cooldowns), pg_catalog.unnest(p_cooldown_keys), pg_catalog.unnest(p_on_cooldown))
         WITH ORDINALITY AS c(cooldown_s, cooldown_key, on_cooldown, ord)
-    CROSS JOIN LATERAL outbox_cooldown_problem(CASE WHEN c.cooldown_s BETWEEN -1e9 AND 1e9 THEN make_interval(secs => c.cooldown_s) WHEN c.cooldown_s IS NOT NULL THEN interval '367 days' END, c.cooldown_key, c.on_cooldown) AS p
+    CROSS JOIN LATERAL outbox_cooldown_problem(CASE WHEN c.cooldown_s BETWEEN -1e9 AND 1e9 THEN pg_catalog.make_interval(secs => c.cooldown_s) WHEN c.cooldown_s IS NOT NULL THEN interval '367 days' END, c.cooldown_key, c.on_cooldown) AS p
     ORDER BY c.ord LIMIT 1;
     IF FOUND THEN
         RETURN QUERY SELECT bad.ord, false, NULL::bigint, false, NULL::bigint, NULL::bigint,
                             bad.field, bad.problem;
         RETURN;
     END IF;
-    SELECT jsonb_agg(to_jsonb(r) ORDER BY r.ord) INTO result
+    SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r) ORDER BY r.ord) INTO result
     FROM outbox_enqueue_many_core(p_channels, p_payloads, p_dedupe_keys, p_ordering_keys,
         p_priorities, p_delays, p_max_attempts, p_expires_at, p_ttls,
         p_on_predecessor_failure) AS r;
     -- A new statement, so it sees the rows the core wrote; a replay is left as it was.
     UPDATE outbox_message AS m
-    SET cooldown_key = c.cooldown_key, cooldown = make_interval(secs => c.cooldown_s),
+    SET cooldown_key = c.cooldown_key, cooldown = pg_catalog.make_interval(secs => c.cooldown_s),
         on_cooldown = COALESCE(c.on_cooldown, 'wait')
-    FROM jsonb_to_recordset(result) AS r(ord bigint, conflict boolean, id bigint, created boolean, first_ord bigint,
+    FROM pg_catalog.jsonb_to_recordset(result) AS r(ord bigint, conflict boolean, id bigint, created boolean, first_ord bigint,
              held_id bigint, refused_field text, refused_problem text)
-    JOIN ROWS FROM (unnest(p_cooldowns), unnest(p_cooldown_keys), unnest(p_on_cooldown))
+    JOIN ROWS FROM (pg_catalog.unnest(p_cooldowns), pg_catalog.unnest(p_cooldown_keys), pg_catalog.unnest(p_on_cooldown))
         WITH ORDINALITY AS c(cooldown_s, cooldown_key, on_cooldown, ord) ON c.ord = r.ord
     WHERE r.created AND m.id = r.id AND c.cooldown_key IS NOT NULL;
-    RETURN QUERY SELECT r.* FROM jsonb_to_recordset(result) AS r(ord bigint, conflict boolean, id bigint, created boolean, first_ord bigint,
+    RETURN QUERY SELECT r.* FROM pg_catalog.jsonb_to_recordset(result) AS r(ord bigint, conflict boolean, id bigint, created boolean, first_ord bigint,
              held_id bigint, refused_field text, refused_problem text) ORDER BY r.ord;
 END
 $$;
@@ -313,8 +313,8 @@ DECLARE
     result jsonb;
     round integer;
 BEGIN
-    IF jsonb_typeof(p_payloads) IS DISTINCT FROM 'array'
-       OR jsonb_array_length(p_payloads) <> cardinality(p_channels) THEN
+    IF pg_catalog.jsonb_typeof(p_payloads) IS DISTINCT FROM 'array'
+       OR pg_catalog.jsonb_array_length(p_payloads) <> pg_catalog.cardinality(p_channels) THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
             MESSAGE = 'payloads: must be a JSON array, one per channel';
     END IF;
@@ -323,29 +323,29 @@ BEGIN
     SELECT i.*, p.field, p.problem INTO bad
     FROM (SELECT i.* FROM 
     ROWS FROM (
-        unnest(p_channels), jsonb_array_elements(p_payloads),
-        unnest(p_dedupe_keys), unnest(p_ordering_keys), unnest(p_priorities),
-        unnest(p_delays), unnest(p_max_attempts), unnest(p_expires_at), unnest(p_ttls),
-        unnest(p_on_predecessor_failure)
+        pg_catalog.unnest(p_channels), pg_catalog.jsonb_array_elements(p_payloads),
+        pg_catalog.unnest(p_dedupe_keys), pg_catalog.unnest(p_ordering_keys), pg_catalog.unnest(p_priorities),
+        pg_catalog.unnest(p_delays), pg_catalog.unnest(p_max_attempts), pg_catalog.unnest(p_expires_at), pg_catalog.unnest(p_ttls),
+        pg_catalog.unnest(p_on_predecessor_failure)
     ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
                            delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, ord)
 
           WHERE (i.channel ~ '^[a-z][a-z0-9_-]{0,63}$'
-                 AND jsonb_typeof(i.payload) = 'object'
-                 AND (i.dedupe_key IS NULL OR char_length(i.dedupe_key) BETWEEN 1 AND 255)
-                 AND (i.ordering_key IS NULL OR char_length(i.ordering_key) BETWEEN 1 AND 255)
+                 AND pg_catalog.jsonb_typeof(i.payload) = 'object'
+                 AND (i.dedupe_key IS NULL OR pg_catalog.char_length(i.dedupe_key) BETWEEN 1 AND 255)
+                 AND (i.ordering_key IS NULL OR pg_catalog.char_length(i.ordering_key) BETWEEN 1 AND 255)
                  AND COALESCE(i.priority, 0) BETWEEN -32768 AND 32767
                  AND COALESCE(i.delay_s, 0) BETWEEN 0 AND 365 * 86400
                  AND (i.max_attempts IS NULL OR i.max_attempts BETWEEN 1 AND 1000)
                  AND (i.ttl_s IS NULL
                       OR (i.expires_at IS NULL AND i.ttl_s > 0 AND i.ttl_s <= 366 * 86400))
-                 AND (i.expires_at IS NULL OR isfinite(i.expires_at))
+                 AND (i.expires_at IS NULL OR pg_catalog.isfinite(i.expires_at))
                  AND COALESCE(i.on_predecessor_failure, 'hold') IN ('hold', 'cancel')
-                 AND octet_length(CAST(i.payload AS text)) <= 262144) IS NOT TRUE
+                 AND pg_catalog.octet_length(CAST(i.payload AS text)) <= 262144) IS NOT TRUE
           ORDER BY i.ord LIMIT 1) AS i
     CROSS JOIN LATERAL outbox_enqueue_problem(i.channel, i.payload, i.dedupe_key,
-        i.ordering_key, i.priority, make_interval(secs => i.delay_s), i.max_attempts,
-        i.expires_at, make_interval(secs => i.ttl_s), i.on_predecessor_failure, true) AS p;
+        i.ordering_key, i.priority, pg_catalog.make_interval(secs => i.delay_s), i.max_attempts,
+        i.expires_at, pg_catalog.make_interval(secs => i.ttl_s), i.on_predecessor_failure, true) AS p;
     IF FOUND THEN
         RETURN QUERY SELECT bad.ord, false, NULL::bigint, false, NULL::bigint, NULL::bigint,
                             bad.field, bad.problem;
@@ -353,16 +353,16 @@ BEGIN
     END IF;
     -- Python checked these channels against its registry: SQL producers may use them too
     INSERT INTO outbox_channel (name)
-    SELECT DISTINCT c FROM unnest(p_channels) AS c
+    SELECT DISTINCT c FROM pg_catalog.unnest(p_channels) AS c
     WHERE NOT EXISTS (SELECT 1 FROM outbox_channel AS r WHERE r.name = c)
     ON CONFLICT DO NOTHING;
     -- producers of one ordering key take turns until their commit (in key
     -- order, so that two producers cannot deadlock on each other)
-    PERFORM count(pg_advisory_xact_lock(hashtextextended('outbox-ordering-key:' || k, 0)))
-    FROM (SELECT DISTINCT k FROM unnest(p_ordering_keys) AS u(k)
+    PERFORM pg_catalog.count(pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('outbox-ordering-key:' || k, 0)))
+    FROM (SELECT DISTINCT k FROM pg_catalog.unnest(p_ordering_keys) AS u(k)
           WHERE k IS NOT NULL ORDER BY k) AS keys;
 
-    IF NOT EXISTS (SELECT 1 FROM unnest(p_dedupe_keys) AS d WHERE d IS NOT NULL) THEN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(p_dedupe_keys) AS d WHERE d IS NOT NULL) THEN
         -- Identity values are drawn in the order the SELECT produces rows
         -- (ORDER BY ord), so the ids sorted ascending are the input order.
         RETURN QUERY
@@ -371,22 +371,22 @@ BEGIN
                                         max_attempts, expires_at, on_predecessor_failure,
                                         recipient_fingerprints)
             SELECT i.channel, i.payload, i.ordering_key, COALESCE(i.priority, 0),
-                   now() + make_interval(secs => COALESCE(i.delay_s, 0)), i.max_attempts,
-                   COALESCE(i.expires_at, now() + make_interval(secs => i.delay_s + i.ttl_s)), COALESCE(i.on_predecessor_failure, 'hold'),
+                   pg_catalog.now() + pg_catalog.make_interval(secs => COALESCE(i.delay_s, 0)), i.max_attempts,
+                   COALESCE(i.expires_at, pg_catalog.now() + pg_catalog.make_interval(secs => i.delay_s + i.ttl_s)), COALESCE(i.on_predecessor_failure, 'hold'),
                    ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a) FROM outbox_addresses(i.channel, i.payload) AS a ORDER BY a)
             FROM 
     ROWS FROM (
-        unnest(p_channels), jsonb_array_elements(p_payloads),
-        unnest(p_dedupe_keys), unnest(p_ordering_keys), unnest(p_priorities),
-        unnest(p_delays), unnest(p_max_attempts), unnest(p_expires_at), unnest(p_ttls),
-        unnest(p_on_predecessor_failure)
+        pg_catalog.unnest(p_channels), pg_catalog.jsonb_array_elements(p_payloads),
+        pg_catalog.unnest(p_dedupe_keys), pg_catalog.unnest(p_ordering_keys), pg_catalog.unnest(p_priorities),
+        pg_catalog.unnest(p_delays), pg_catalog.unnest(p_max_attempts), pg_catalog.unnest(p_expires_at), pg_catalog.unnest(p_ttls),
+        pg_catalog.unnest(p_on_predecessor_failure)
     ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
                            delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, ord)
  CROSS JOIN outbox_fingerprint_key AS k
             ORDER BY i.ord
             RETURNING outbox_message.id
         )
-        SELECT row_number() OVER (ORDER BY n.id), false, n.id, true, NULL::bigint,
+        SELECT pg_catalog.row_number() OVER (ORDER BY n.id), false, n.id, true, NULL::bigint,
                NULL::bigint, NULL::text, NULL::text
         FROM inserted AS n ORDER BY n.id;
         RETURN;
@@ -400,7 +400,7 @@ BEGIN
         WITH input AS (
             SELECT i.*,
                    -- ids are drawn first so that a key's entry can name its message
-                   nextval('outbox_message_id_seq') AS new_id,
+                   pg_catalog.nextval('outbox_message_id_seq') AS new_id,
                    ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a) FROM outbox_addresses(i.channel, i.payload) AS a ORDER BY a) AS recipient_fingerprints,
                    CASE WHEN i.dedupe_key IS NOT NULL THEN outbox_hmac(k.inner_pad, k.outer_pad,
                        outbox_dedupe_identity(i.channel, i.payload, ARRAY(SELECT a FROM outbox_addresses(i.channel, i.payload) AS a ORDER BY a))) END
@@ -409,10 +409,10 @@ BEGIN
                         THEN outbox_payload_digest(i.payload) END AS digest
             FROM 
     ROWS FROM (
-        unnest(p_channels), jsonb_array_elements(p_payloads),
-        unnest(p_dedupe_keys), unnest(p_ordering_keys), unnest(p_priorities),
-        unnest(p_delays), unnest(p_max_attempts), unnest(p_expires_at), unnest(p_ttls),
-        unnest(p_on_predecessor_failure)
+        pg_catalog.unnest(p_channels), pg_catalog.jsonb_array_elements(p_payloads),
+        pg_catalog.unnest(p_dedupe_keys), pg_catalog.unnest(p_ordering_keys), pg_catalog.unnest(p_priorities),
+        pg_catalog.unnest(p_delays), pg_catalog.unnest(p_max_attempts), pg_catalog.unnest(p_expires_at), pg_catalog.unnest(p_ttls),
+        pg_catalog.unnest(p_on_predecessor_failure)
     ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
                            delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, ord)
  CROSS JOIN outbox_fingerprint_key AS k
@@ -453,15 +453,15 @@ BEGIN
                                         on_predecessor_failure, recipient_fingerprints)
             OVERRIDING SYSTEM VALUE
             SELECT new_id, channel, payload, dedupe_key, ordering_key, COALESCE(priority, 0),
-                   now() + make_interval(secs => COALESCE(delay_s, 0)), max_attempts,
-                   COALESCE(i.expires_at, now() + make_interval(secs => i.delay_s + i.ttl_s)), COALESCE(on_predecessor_failure, 'hold'),
+                   pg_catalog.now() + pg_catalog.make_interval(secs => COALESCE(delay_s, 0)), max_attempts,
+                   COALESCE(i.expires_at, pg_catalog.now() + pg_catalog.make_interval(secs => i.delay_s + i.ttl_s)), COALESCE(on_predecessor_failure, 'hold'),
                    recipient_fingerprints
             FROM input AS i
             WHERE NOT EXISTS (SELECT 1 FROM conflicts)
               AND (dedupe_key IS NULL OR new_id IN (SELECT message_id FROM taken))
             ORDER BY ord
         )
-        SELECT jsonb_agg(jsonb_build_object(
+        SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
                    'ord', i.ord,
                    'conflict', i.ord IN (SELECT ord FROM conflicts),
                    'id', CASE WHEN i.dedupe_key IS NULL THEN i.new_id
@@ -476,16 +476,16 @@ BEGIN
                             AND k.fingerprint = i.fingerprint
         LEFT JOIN held AS h ON h.ord = k.ord;
 
-        IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(result) AS r
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.jsonb_array_elements(result) AS r
                        WHERE r -> 'id' = 'null' AND NOT (r ->> 'conflict')::boolean)
-           OR EXISTS (SELECT 1 FROM jsonb_array_elements(result) AS r
+           OR EXISTS (SELECT 1 FROM pg_catalog.jsonb_array_elements(result) AS r
                       WHERE (r ->> 'conflict')::boolean) THEN
             EXIT;
         END IF;
         -- take back what this round wrote (the keys by their primary key)
         WITH gone AS (
             DELETE FROM outbox_message AS m
-            WHERE m.id IN (SELECT (r ->> 'id')::bigint FROM jsonb_array_elements(result) AS r
+            WHERE m.id IN (SELECT (r ->> 'id')::bigint FROM pg_catalog.jsonb_array_elements(result) AS r
                            WHERE (r ->> 'created')::boolean)
             RETURNING m.id, m.channel, m.dedupe_key, m.payload
         )
@@ -496,7 +496,7 @@ BEGIN
     END LOOP;
     RETURN QUERY
     SELECT r.ord, r.conflict, r.id, r.created, r.first_ord, r.held_id, NULL::text, NULL::text
-    FROM jsonb_to_recordset(result) AS r(ord bigint, conflict boolean, id bigint,
+    FROM pg_catalog.jsonb_to_recordset(result) AS r(ord bigint, conflict boolean, id bigint,
                                          created boolean, first_ord bigint, held_id bigint)
     ORDER BY r.ord;
 END
@@ -513,31 +513,31 @@ CREATE FUNCTION public.outbox_enqueue_problem(channel text, payload jsonb, dedup
             WHEN channel !~ '^[a-z][a-z0-9_-]{0,63}$' THEN
                 'must be 1 to 64 lower-case letters, digits, _ or -, starting with a letter'
             WHEN NOT registered THEN 'is not a registered channel (outbox_channel)' END),
-        (2, 'dedupe_key', CASE WHEN NOT char_length(dedupe_key) BETWEEN 1 AND 255
+        (2, 'dedupe_key', CASE WHEN NOT pg_catalog.char_length(dedupe_key) BETWEEN 1 AND 255
             THEN 'must be 1 to 255 characters' END),
-        (3, 'ordering_key', CASE WHEN NOT char_length(ordering_key) BETWEEN 1 AND 255
+        (3, 'ordering_key', CASE WHEN NOT pg_catalog.char_length(ordering_key) BETWEEN 1 AND 255
             THEN 'must be 1 to 255 characters' END),
         (4, 'priority', CASE WHEN NOT COALESCE(priority, 0) BETWEEN -32768 AND 32767
-            THEN format('must be between -32768 and 32767, got %s', priority) END),
+            THEN pg_catalog.format('must be between -32768 and 32767, got %s', priority) END),
         (5, 'delay', CASE WHEN delay < interval '0' OR delay > interval '365 days'
-            OR NOT isfinite(delay) THEN 'must be between 0 and 365 days' END),
+            OR NOT pg_catalog.isfinite(delay) THEN 'must be between 0 and 365 days' END),
         (6, 'max_attempts', CASE WHEN NOT max_attempts BETWEEN 1 AND 1000
-            THEN format('must be between 1 and 1000, got %s', max_attempts) END),
+            THEN pg_catalog.format('must be between 1 and 1000, got %s', max_attempts) END),
         (7, 'ttl', CASE WHEN expires_at IS NOT NULL AND ttl IS NOT NULL
             THEN 'give expires_at or ttl, not both'
-            WHEN ttl <= interval '0' OR ttl > interval '366 days' OR NOT isfinite(ttl)
+            WHEN ttl <= interval '0' OR ttl > interval '366 days' OR NOT pg_catalog.isfinite(ttl)
             THEN 'must be more than 0 seconds and at most 366 days' END),
-        (8, 'expires_at', CASE WHEN NOT isfinite(expires_at) THEN 'must be a finite time' END),
+        (8, 'expires_at', CASE WHEN NOT pg_catalog.isfinite(expires_at) THEN 'must be a finite time' END),
         (9, 'on_predecessor_failure', CASE
             WHEN COALESCE(on_predecessor_failure, 'hold') NOT IN ('hold', 'cancel')
-            THEN format('must be one of ''hold'', ''cancel'', got %s',
+            THEN pg_catalog.format('must be one of ''hold'', ''cancel'', got %s',
                         public.outbox_quote_text(on_predecessor_failure)) END),
-        (10, 'payload', CASE WHEN payload IS NULL OR jsonb_typeof(payload) = 'null'
+        (10, 'payload', CASE WHEN payload IS NULL OR pg_catalog.jsonb_typeof(payload) = 'null'
             THEN 'is required'
-            WHEN jsonb_typeof(payload) <> 'object' THEN 'must be an object'
-            WHEN octet_length(CAST(payload AS text)) > 262144
-            THEN format('is %s bytes; the limit is 262144',
-                        octet_length(CAST(payload AS text))) END)
+            WHEN pg_catalog.jsonb_typeof(payload) <> 'object' THEN 'must be an object'
+            WHEN pg_catalog.octet_length(CAST(payload AS text)) > 262144
+            THEN pg_catalog.format('is %s bytes; the limit is 262144',
+                        pg_catalog.octet_length(CAST(payload AS text))) END)
     ) AS v(n, field, problem)
     WHERE v.problem IS NOT NULL
     ORDER BY v.n
@@ -570,7 +570,7 @@ CREATE FUNCTION public.outbox_fingerprint(message text) RETURNS bytea
 CREATE FUNCTION public.outbox_hmac(inner_pad bytea, outer_pad bytea, message text) RETURNS bytea
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
-        SELECT sha256(outer_pad || sha256(inner_pad || convert_to(message, 'UTF8')))
+        SELECT pg_catalog.sha256(outer_pad || pg_catalog.sha256(inner_pad || pg_catalog.convert_to(message, 'UTF8')))
     $$;
 
 -- Name: outbox_hmac_pad(bytea, integer); Type: FUNCTION
@@ -579,11 +579,11 @@ CREATE FUNCTION public.outbox_hmac_pad(key bytea, pad integer) RETURNS bytea
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     SET search_path TO 'public', 'pg_temp'
     AS $$
-        SELECT string_agg(
-                   set_byte(decode('00', 'hex'), 0,
-                            (CASE WHEN i < length(key) THEN get_byte(key, i) ELSE 0 END) # pad),
+        SELECT pg_catalog.string_agg(
+                   pg_catalog.set_byte(pg_catalog.decode('00', 'hex'), 0,
+                            (CASE WHEN i < pg_catalog.length(key) THEN pg_catalog.get_byte(key, i) ELSE 0 END) # pad),
                    ''::bytea ORDER BY i)
-        FROM generate_series(0, 63) AS i
+        FROM pg_catalog.generate_series(0, 63) AS i
     $$;
 
 -- Name: outbox_jsonb_list(jsonb); Type: FUNCTION
@@ -591,7 +591,7 @@ CREATE FUNCTION public.outbox_hmac_pad(key bytea, pad integer) RETURNS bytea
 CREATE FUNCTION public.outbox_jsonb_list(value jsonb) RETURNS jsonb
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
-        SELECT CASE WHEN jsonb_typeof(value) = 'array' THEN value ELSE '[]' END
+        SELECT CASE WHEN pg_catalog.jsonb_typeof(value) = 'array' THEN value ELSE '[]' END
     $$;
 
 -- Name: outbox_message_set_destination(); Type: FUNCTION
@@ -611,7 +611,7 @@ CREATE FUNCTION public.outbox_message_set_destination() RETURNS trigger
 CREATE FUNCTION public.outbox_normalize_address(channel text, address text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
-        SELECT CASE WHEN channel = 'email' THEN lower(btrim(address)) ELSE address END
+        SELECT CASE WHEN channel = 'email' THEN pg_catalog.lower(pg_catalog.btrim(address)) ELSE address END
     $$;
 
 -- Name: outbox_payload_digest(jsonb); Type: FUNCTION
@@ -619,7 +619,7 @@ CREATE FUNCTION public.outbox_normalize_address(channel text, address text) RETU
 CREATE FUNCTION public.outbox_payload_digest(payload jsonb) RETURNS bytea
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
-        SELECT sha256(convert_to(CAST(payload AS text), 'UTF8'))
+        SELECT pg_catalog.sha256(pg_catalog.convert_to(CAST(payload AS text), 'UTF8'))
     $$;
 
 -- Name: outbox_payload_field(text); Type: FUNCTION
@@ -638,7 +638,7 @@ CREATE FUNCTION public.outbox_quote_text(value text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     SET search_path TO 'public', 'pg_temp'
     AS $_$
-        SELECT CASE WHEN value ~ '^[ -~]{0,64}$' THEN quote_literal(value)
+        SELECT CASE WHEN value ~ '^[ -~]{0,64}$' THEN pg_catalog.quote_literal(value)
                     WHEN value IS NULL THEN 'NULL'
                     ELSE 'a value that cannot be shown' END
     $_$;
@@ -716,7 +716,7 @@ BEGIN
         IF FOUND THEN
             IF v_held_digest <> v_digest THEN
                 RAISE EXCEPTION USING ERRCODE = 'unique_violation',
-                    MESSAGE = format('dedupe_key: %L already names %s message %s for this '
+                    MESSAGE = pg_catalog.format('dedupe_key: %L already names %s message %s for this '
                                      'recipient, with a different payload',
                                      p_dedupe_key, p_channel, v_held_id);
             END IF;
