@@ -1038,8 +1038,15 @@ def limit_set(
 @limit.command("clear")
 @click.argument("channel")
 @_destination_option
+@click.option(
+    "--learned",
+    is_flag=True,
+    help="Also forget what the relay learned of it (its rate, pause and bucket): it is "
+    "asked at full speed again. The reaper forgets that by itself 15 minutes after the "
+    "last throttling answer.",
+)
 @json_option
-def limit_clear(channel: str, destination: str, as_json: bool) -> None:
+def limit_clear(channel: str, destination: str, learned: bool, as_json: bool) -> None:
     """Remove CHANNEL's (or its destination's) limit."""
     from outbox import store
 
@@ -1047,12 +1054,24 @@ def limit_clear(channel: str, destination: str, as_json: bool) -> None:
         try:
             destination = store.check_destination(channel, destination)
             cleared = store.clear_limit(conn, channel, destination)
+            forgotten = learned and store.forget_learned(conn, channel, destination)
         except ValueError as exc:
             fail(str(exc), 2)
     if as_json:
-        emit_json({"channel": channel, "destination": destination, "changed": cleared})
-    else:
-        click.echo("limit cleared" if cleared else "no limit was set")
+        emit_json(
+            {
+                "channel": channel,
+                "destination": destination,
+                "changed": cleared or forgotten,
+                "limit_cleared": cleared,
+                "learned_forgotten": forgotten,
+            }
+        )
+        return
+    said = ["limit cleared" if cleared else "no limit was set"]
+    if learned:
+        said.append("learned rate forgotten" if forgotten else "nothing was learned")
+    click.echo("; ".join(said))
 
 
 @limit.command("show")

@@ -52,6 +52,18 @@ def test_set_show_clear(run: Any, engine: sa.Engine) -> None:
     assert limits(engine) == [("webhook", "hooks.example.com", 10.0, 10.0)]
 
 
+def test_limit_clear_learned_forgets_a_throttled_destination(run: Any, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        store.record_throttling(conn, "webhook", {"hooks.example.com": store.Throttled(1, 1, 5)})
+    args = ("limit", "clear", "webhook", "--destination", "hooks.example.com")
+    # without --learned the row stays (it holds no limit)
+    assert run(*args).stdout.strip() == "no limit was set"
+    assert run(*args, "--learned").stdout.strip() == "no limit was set; learned rate forgotten"
+    with engine.connect() as conn:
+        assert store.destination_figures(conn) == []
+    assert json.loads(run(*args, "--learned", "--json").stdout)["changed"] is False
+
+
 @pytest.mark.parametrize(
     ("args", "problem"),
     [

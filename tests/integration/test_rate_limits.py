@@ -16,6 +16,7 @@ import outbox
 from outbox import sender, store
 from outbox.channels import Outcome
 from outbox.handoff import HandOff
+from outbox.store.delivery import BUCKETS_PER_CLAIM
 from outbox.worker import Worker
 from support import (
     ScriptedChannel,
@@ -781,3 +782,86 @@ def test_a_sleeping_relay_wakes_when_a_paused_destination_resumes(engine: sa.Eng
     assert wake.next_due is None  # the rows are due already
     assert wake.next_resume is not None and wake.earliest == wake.next_resume
     assert 25 < (wake.next_resume - wake.now).total_seconds() <= 30
+
+
+# --- idle buckets never keep the claim from the others (issue 31, item 1) ------
+
+
+def quiet_buckets(engine: sa.Engine, n: int, age_seconds: float = 3600) -> None:
+    """``n`` destinations that each answered 429 once, long ago, and then went
+    quiet: learned rates, full buckets, the oldest draw times, no rows due."""
+    with engine.begin() as conn:
+        store.record_throttling(
+            conn, "webhook", {f"quiet{i}.example": store.Throttled(1, 1, 1) for i in range(n)}
+        )
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_destination SET paused_until = now() - make_interval(secs => :age),"
+                " rate_at = now() - make_interval(secs => :age), tokens = 1,"
+                " tokens_at = now() - make_interval(secs => :age)"
+                " WHERE destination LIKE 'quiet%'"
+            ),
+            {"age": age_seconds},
+        )
+
+
+def test_idle_learned_buckets_never_keep_due_destinations_from_the_claim(
+    engine: sa.Engine,
+) -> None:
+    # Eight quiet destinations hold the oldest draw times: before, they took
+    # every one of the claim's bucket slots for ever, and a destination that
+    # throttled later, a limited one and the email channel's account (an SES
+    # limit) were never claimed again.
+    quiet_buckets(engine, BUCKETS_PER_CLAIM)
+    throttled = enqueue_hooks(engine, "throttled-later.example", 5)
+    limited = enqueue_hooks(engine, "limited.example", 5)
+    emails = enqueue(engine, 5, "email")
+    set_bucket(engine, "throttled-later.example", rate=50, tokens=10, burst=10)
+    with engine.begin() as conn:
+        store.set_limit(conn, "webhook", "limited.example", 50, 10)
+        store.set_limit(conn, "email", "", 50, 10)
+    claimed = {c.id for c in claim(engine)}
+    assert set(throttled) <= claimed
+    assert set(limited) <= claimed
+    assert set(emails) <= claimed
+
+
+def test_a_per_channel_claim_draws_only_its_channels_buckets(engine: sa.Engine) -> None:
+    # Other channels' buckets with due rows must not take a channel's slots.
+    for i in range(BUCKETS_PER_CLAIM):
+        enqueue_hooks(engine, f"busy{i}.example", 1)
+        set_bucket(engine, f"busy{i}.example", rate=50, tokens=10)
+    emails = enqueue(engine, 3, "email")
+    with engine.begin() as conn:
+        store.set_limit(conn, "email", "", 50, 10)
+    claimed = {c.id for c in claim(engine, channels=["email"])}
+    assert claimed == set(emails)
+
+
+def test_the_reaper_forgets_destinations_that_throttled_long_ago(engine: sa.Engine) -> None:
+    from outbox import reaper
+
+    quiet_buckets(engine, 3, age_seconds=3600)  # long ago: forgotten
+    with engine.begin() as conn:
+        store.record_throttling(conn, "webhook", {"recent.example": store.Throttled(1, 1, 1)})
+        store.set_limit(conn, "webhook", "quiet0.example", 5)  # a limit: kept
+    report = reaper.run(engine, settings(), lambda: 30.0)
+    with engine.connect() as conn:
+        left = {f.destination: f for f in store.destination_figures(conn)}
+    assert report.forgotten_destinations == 2
+    assert set(left) == {"quiet0.example", "recent.example"}
+    assert left["quiet0.example"].limit_rate == 5
+
+
+def test_an_operator_can_forget_what_was_learned(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        store.set_limit(conn, "webhook", "a.example", 10)
+        store.record_throttling(conn, "webhook", {"a.example": store.Throttled(1, 1, 5)})
+        store.record_throttling(conn, "webhook", {"b.example": store.Throttled(1, 1, 5)})
+        assert store.forget_learned(conn, "webhook", "b.example") is True
+        assert store.forget_learned(conn, "webhook", "b.example") is False
+        assert store.forget_learned(conn, "webhook", "a.example") is True
+        [left] = store.destination_figures(conn)
+    # the limit stays; what was learned (rate, pause, bucket) is gone
+    assert (left.destination, left.limit_rate, left.rate) == ("a.example", 10, None)
+    assert left.paused_until is None

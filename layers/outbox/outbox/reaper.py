@@ -49,6 +49,7 @@ class ReapReport:
     pruned_attempts: int = 0
     released_dedupe_keys: int = 0
     released_cooldowns: int = 0
+    forgotten_destinations: int = 0
     events_published: int = 0
     events_refused: int = 0
     events_dropped: int = 0
@@ -133,6 +134,14 @@ def run(
     # ended undelivered): kept exactly as long as they hold something.
     report.released_cooldowns = _prune(
         engine, lambda conn, _seconds, batch: store.prune_cooldowns(conn, batch), 0, time_left
+    )
+    # Destinations that throttled long ago and hold no limit: what was
+    # learned of them paces nothing any more (store.FORGET_AFTER_SECONDS).
+    report.forgotten_destinations = _prune(
+        engine,
+        lambda conn, _seconds, batch: store.forget_idle_destinations(conn, batch),
+        0,
+        time_left,
     )
     if not outcome_events.bus:
         # Publishing is off: nothing else removes the events the trigger writes.

@@ -119,6 +119,29 @@ class Held(Protocol):
 # How many throttled or limited destinations one claim draws from (each a
 # probe of the per-destination index); the others wait for the next claim.
 BUCKETS_PER_CLAIM = 8
+# How many of those, least recently drawn first, one claim looks at for a row
+# due (a probe each); those with none go to the back of the turn.
+BUCKET_CANDIDATES = 64
+# Whether due row ``m``'s destination is paused or has a bucket (its rows are
+# drawn from it, in the bucketed scan): a probe of the destinations' key for
+# each row the scan reads, not a hashed list of them all, so that the claim's
+# cost does not grow with the destinations that throttled. A scalar subquery,
+# which the planner keeps as it is written.
+_SKIPPED_DESTINATION = f"""COALESCE((
+                SELECT true FROM outbox_destination AS d
+                WHERE d.channel = m.channel AND d.destination = COALESCE(m.destination, '')
+                  AND (d.paused_until > now() OR {BUCKETED_SQL})), false)"""
+# Whether destination row ``d`` has a row due in the channels claimed. A
+# scalar subquery (LIMIT 1), not EXISTS: the planner may turn an EXISTS into a
+# join with every due row, aggregated (a read of the whole backlog a claim).
+# Ordered as the per-destination due index is, so that it is read (the first
+# due row of the destination), never the table.
+_BUCKET_HAS_DUE = """COALESCE((
+                SELECT true FROM outbox_message AS m
+                WHERE m.channel = d.channel AND m.destination = d.destination
+                  AND m.status = 'pending' AND m.available_at <= now() {channel_filter}
+                ORDER BY m.channel, m.destination, m.priority DESC, m.available_at, m.id
+                LIMIT 1), false)"""
 
 # What makes a pending row claimable now, whatever its destination (the
 # claim's two scans below share it).
@@ -155,21 +178,54 @@ _CLAIMABLE = f"""
 """
 
 _CLAIM = f"""
-    WITH bucket AS (
+    WITH bucket_turn AS (
         -- The destinations that throttled or have a limit, are not paused and
-        -- hold a token: the rows each may have now (its token bucket, refilled at
-        -- its limit or its learned rate, whichever is lower). Locked, so that
-        -- concurrent claimers draw from one bucket one after the other (a second
-        -- claimer reads the tokens the first left). At most BUCKETS_PER_CLAIM,
-        -- the least recently drawn first (so all take turns): the planner then
-        -- costs their probes below as that many, never as a guess at the table.
-        SELECT d.channel, d.destination, {TOKENS_NOW_SQL} AS tokens
+        -- hold a token, the least recently drawn first (so all take turns): at
+        -- most BUCKET_CANDIDATES, so that the claim's cost never grows with the
+        -- number of receivers that ever throttled.
+        SELECT d.channel, d.destination
         FROM outbox_destination AS d
         WHERE {BUCKETED_SQL} AND (d.paused_until IS NULL OR d.paused_until <= now())
           AND {TOKENS_NOW_SQL} >= 1 AND d.destination <> '{CHANNEL_WIDE}'
         ORDER BY d.tokens_at NULLS FIRST
+        LIMIT {BUCKET_CANDIDATES}
+    ),
+    due_turn AS MATERIALIZED (
+        -- Of those, the ones with a row due in the channels claimed (a probe of
+        -- the per-destination due index each).
+        SELECT t.channel, t.destination FROM bucket_turn AS t
+        JOIN outbox_destination AS d ON d.channel = t.channel AND d.destination = t.destination
+        WHERE {{bucket_has_due}}
+    ),
+    bucket AS (
+        -- Of those, the rows each may have now (its token bucket, refilled at
+        -- its limit or its learned rate, whichever is lower). Locked, so that
+        -- concurrent claimers draw from one bucket one after the other (a
+        -- second claimer reads the tokens the first left). At most
+        -- BUCKETS_PER_CLAIM: the planner then costs their probes below as that
+        -- many, never as a guess at the table.
+        SELECT d.channel, d.destination, {TOKENS_NOW_SQL} AS tokens
+        FROM outbox_destination AS d
+        WHERE (d.channel, d.destination) IN (SELECT channel, destination FROM due_turn)
+          AND {BUCKETED_SQL} AND (d.paused_until IS NULL OR d.paused_until <= now())
+          AND {TOKENS_NOW_SQL} >= 1
+        ORDER BY d.tokens_at NULLS FIRST
         LIMIT {BUCKETS_PER_CLAIM}
         FOR UPDATE
+    ),
+    idle_bucket AS (
+        -- The turn's destinations with nothing due go to the back of the turn
+        -- (their tokens as they are now, counted from now: the same bucket),
+        -- so that idle ones never keep the turn from those with work. Only
+        -- rows nobody holds: a claimer never waits here.
+        UPDATE outbox_destination AS d
+        SET tokens = {TOKENS_NOW_SQL}, tokens_at = now()
+        FROM (SELECT i.channel, i.destination FROM outbox_destination AS i
+              WHERE (i.channel, i.destination) IN (
+                    SELECT channel, destination FROM bucket_turn
+                    EXCEPT SELECT channel, destination FROM due_turn)
+              FOR UPDATE SKIP LOCKED) AS t
+        WHERE d.channel = t.channel AND d.destination = t.destination
     ),
     channel_bucket AS (
         -- The channels limited as a whole (destination '{CHANNEL_WIDE}': all their
@@ -190,9 +246,7 @@ _CLAIM = f"""
                COALESCE(m.destination, '') AS destination, m.cooldown_key
         FROM outbox_message AS m
         WHERE {{claimable}}
-          AND (m.channel, COALESCE(m.destination, '')) NOT IN (
-                SELECT d.channel, d.destination FROM outbox_destination AS d
-                WHERE d.paused_until > now() OR {BUCKETED_SQL})
+          AND NOT {{skipped_destination}}
           -- A channel limited as a whole has a scan of its own (channel_limited).
           AND m.channel NOT IN ({{channels_limited}})
         ORDER BY m.priority DESC, m.available_at, m.id
@@ -228,9 +282,7 @@ _CLAIM = f"""
                    COALESCE(m.destination, '') AS destination, m.cooldown_key
             FROM outbox_message AS m
             WHERE m.channel = cb.channel AND {{claimable}}
-              AND (m.channel, COALESCE(m.destination, '')) NOT IN (
-                    SELECT d.channel, d.destination FROM outbox_destination AS d
-                    WHERE d.paused_until > now() OR {BUCKETED_SQL})
+              AND NOT {{skipped_destination}}
             ORDER BY m.priority DESC, m.available_at, m.id
             LIMIT CAST(:batch_size AS int) * 2
             FOR UPDATE SKIP LOCKED
@@ -326,6 +378,8 @@ _CHANNELS_LIMITED = (
 def _claim_statement(channel_filter: str, received_at: str, returning: str, columns: str) -> Any:
     return statement(
         _CLAIM.format(
+            bucket_has_due=_BUCKET_HAS_DUE.format(channel_filter=channel_filter),
+            skipped_destination=_SKIPPED_DESTINATION,
             claimable=_CLAIMABLE.format(channel_filter=channel_filter),
             channels_limited=_CHANNELS_LIMITED,
             received_at=received_at,

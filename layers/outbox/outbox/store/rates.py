@@ -47,6 +47,8 @@ __all__ = [
     "apply_configured_limits",
     "clear_limit",
     "destination_figures",
+    "forget_idle_destinations",
+    "forget_learned",
     "next_resume",
     "record_throttling",
     "set_limit",
@@ -85,6 +87,11 @@ FAST_DECREASE = 0.5
 MIN_RATE = 0.1
 # No pause is longer than a day, whatever a provider answers.
 MAX_PAUSE_SECONDS = 86400.0
+# A destination's learned row is forgotten this long after its last cut and
+# its pause's end (the reaper): by then its learned rate has grown some
+# 20,000-fold past the plateau (the cube), so it paces nothing, and every idle
+# bucketed destination costs the claim's turn a probe.
+FORGET_AFTER_SECONDS = 900.0
 
 # The learned rate of destination row ``d`` now: the plateau (``d.rate /
 # RATE_DECREASE``) times the cube of the seconds since the cut (``d.rate_at``):
@@ -380,6 +387,64 @@ def clear_limit(conn: sa.Connection, channel: str, destination: str) -> bool:
     key = {"channel": channel, "destination": destination}
     dropped = conn.execute(_DROP_LIMITED, key).first() is not None
     return conn.execute(_CLEAR_LIMIT, key).first() is not None or dropped
+
+
+_FORGET_IDLE = statement(
+    f"""
+    DELETE FROM outbox_destination AS d
+    USING (
+        SELECT channel, destination FROM outbox_destination
+        WHERE limit_rate IS NULL
+          AND (paused_until IS NULL
+               OR paused_until < now() - make_interval(secs => {FORGET_AFTER_SECONDS!r}))
+          AND (rate_at IS NULL
+               OR rate_at < now() - make_interval(secs => {FORGET_AFTER_SECONDS!r}))
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    ) AS idle
+    WHERE d.channel = idle.channel AND d.destination = idle.destination
+    """
+)
+
+
+def forget_idle_destinations(conn: sa.Connection, batch_size: int) -> int:
+    """Remove up to ``batch_size`` destination rows that hold only what the
+    relay learned, FORGET_AFTER_SECONDS after their last throttling answer and
+    pause (a limit, whoever set it, stays until cleared)."""
+    return conn.execute(_FORGET_IDLE, {"batch_size": batch_size}).rowcount
+
+
+_FORGET_LEARNED = statement(
+    """
+    WITH learned AS (
+        SELECT channel, destination, limit_rate FROM outbox_destination
+        WHERE channel = :channel AND destination = :destination
+          AND (rate IS NOT NULL OR paused_until > now() OR tokens_at IS NOT NULL)
+        FOR UPDATE
+    ),
+    dropped AS (
+        DELETE FROM outbox_destination AS d USING learned AS l
+        WHERE d.channel = l.channel AND d.destination = l.destination AND l.limit_rate IS NULL
+    ),
+    cleared AS (
+        UPDATE outbox_destination AS d
+        SET rate = NULL, rate_at = NULL, paused_until = NULL, tokens = NULL, tokens_at = NULL,
+            throttled_minute = 0, minute_start = NULL
+        FROM learned AS l
+        WHERE d.channel = l.channel AND d.destination = l.destination
+          AND l.limit_rate IS NOT NULL
+    )
+    SELECT count(*) FROM learned
+    """
+)
+
+
+def forget_learned(conn: sa.Connection, channel: str, destination: str) -> bool:
+    """Forget what the relay learned of a destination (its rate, its pause,
+    its bucket), keeping a limit set on it; True if there was something."""
+    check_channels([channel])
+    key = {"channel": channel, "destination": destination}
+    return bool(conn.execute(_FORGET_LEARNED, key).scalar_one())
 
 
 # For a relay that sleeps until its next event (docs/how-to/pacing.md): the

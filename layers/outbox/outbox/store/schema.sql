@@ -983,6 +983,14 @@ CREATE INDEX outbox_cooldown_until ON public.outbox_cooldown USING btree (until)
 
 CREATE INDEX outbox_dedupe_created ON public.outbox_dedupe USING btree (created_at);
 
+-- Name: outbox_destination_channel_wide; Type: INDEX
+
+CREATE INDEX outbox_destination_channel_wide ON public.outbox_destination USING btree (channel) WHERE (destination = '*'::text);
+
+-- Name: outbox_destination_turn; Type: INDEX
+
+CREATE INDEX outbox_destination_turn ON public.outbox_destination USING btree (tokens_at NULLS FIRST) WHERE (((rate IS NOT NULL) OR (limit_rate IS NOT NULL)) AND (destination <> '*'::text));
+
 -- Name: outbox_message_due; Type: INDEX
 
 CREATE INDEX outbox_message_due ON public.outbox_message USING btree (priority DESC, available_at, id) WHERE (status = 'pending'::text);
