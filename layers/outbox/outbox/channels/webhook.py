@@ -14,9 +14,10 @@ never logged. The destination passes the SSRF guard (``outbox.netguard``):
 resolved once, checked, and connected to by address while TLS still verifies
 the certificate for the host name. Redirects are never followed and at most
 ``MAX_RESPONSE_BYTES`` of a response body are read. A connection whose
-answer was read in full, with nothing after it, is kept for the next call to the same checked
-address, port and name (``IdleConnections``), so a receiver is not made to
-accept a new connection, and a TLS handshake, for every message.
+answer was read in full, with nothing after it, is kept for the next call
+to the same checked address, port and name (``IdleConnections``), so a
+receiver is not made to accept a new connection, and a TLS handshake, for
+every message.
 """
 
 from __future__ import annotations
