@@ -14,9 +14,10 @@ never logged. The destination passes the SSRF guard (``outbox.netguard``):
 resolved once, checked, and connected to by address while TLS still verifies
 the certificate for the host name. Redirects are never followed and at most
 ``MAX_RESPONSE_BYTES`` of a response body are read. A connection whose
-answer was read in full is kept for the next call to the same checked
-address, port and name (``IdleConnections``), so a receiver is not made to
-accept a new connection, and a TLS handshake, for every message.
+answer was read in full, with nothing after it, is kept for the next call
+to the same checked address, port and name (``IdleConnections``), so a
+receiver is not made to accept a new connection, and a TLS handshake, for
+every message.
 """
 
 from __future__ import annotations
@@ -166,6 +167,23 @@ def _connection_outcome(exc: Exception, out_of_time: bool) -> Outcome:
     return Outcome.retry(f"connection failed ({type(exc).__name__})")
 
 
+def _nothing_unread(conn: Any) -> bool:
+    """Whether ``conn`` is open with nothing waiting to be read on it. Between
+    answers there is nothing to read: an EOF means the receiver closed it, and
+    anything else is an answer no request asked for, which the next request
+    on this connection would take as its own. TLS decrypts whole records and
+    keeps what the reader did not ask for inside the ``SSLSocket``, where
+    ``select`` does not see it: ``pending`` does."""
+    from urllib3.util.wait import wait_for_read
+
+    sock = conn.sock
+    if sock is None:
+        return False
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return False
+    return not wait_for_read(sock, timeout=0.0)
+
+
 class IdleConnections:
     """Connections that answered in full and may carry another request, by
     target: the scheme, the address the SSRF guard checked for this very
@@ -192,9 +210,9 @@ class IdleConnections:
             kept = self._idle.get(key) or []
             while kept and found is None:
                 since, conn = kept.pop()  # the most recent first
-                # is_connected: nothing to read while idle, so the server
-                # has not closed it (an EOF would be waiting).
-                if now - since < KEEP_ALIVE_SECONDS and conn.is_connected:
+                # Checked again here: an EOF or a stray answer may have
+                # come while it was idle.
+                if now - since < KEEP_ALIVE_SECONDS and _nothing_unread(conn):
                     found = conn
                 else:
                     stale.append(conn)
@@ -473,9 +491,17 @@ class WebhookChannel(SchemaChannel):
                 except Exception:  # noqa: S110 - the receiver's own problem, ignored
                     pass
                 finally:
-                    # Kept only when the answer was read to its end in time and
-                    # the receiver neither closed the connection nor said it would.
-                    keep = response.isclosed() and not watch.fired and not conn.is_closed
+                    # Kept only when the answer was read to its end in time, the
+                    # receiver neither closed the connection nor said it would, and
+                    # it sent nothing after the answer. An answer with neither a
+                    # length nor chunked coding ends only at the connection's end:
+                    # http.client closes the connection for it (conn.is_closed).
+                    keep = (
+                        response.isclosed()
+                        and not watch.fired
+                        and not conn.is_closed
+                        and _nothing_unread(conn)
+                    )
                     response.close()
                 return classify_status(response.status, response.headers)
         finally:
