@@ -1,8 +1,8 @@
 """What deleting or replacing the stack does to what it keeps: every resource
 that holds data or keys says so itself (``DeletionPolicy`` and
 ``UpdateReplacePolicy``, cfn-lint I3011), and a KMS key is retained, since
-what it encrypted (the SES feedback topic's notices, wherever a subscriber
-kept them) cannot be read once it is gone (issue 31, item 8)."""
+what it encrypted (the SES feedback topic's notices SNS still holds) cannot
+be read once it is gone (issue 31, item 8)."""
 
 from __future__ import annotations
 
