@@ -61,6 +61,8 @@ REAL_FORMS = [
     ),
     ("550 5.1.1 'ada.lovelace@example.com' unknown", "550 5.1.1 '<address>' unknown"),
     ("552 5.2.2 Mailbox full", "552 5.2.2 Mailbox full"),
+    ("error: timed out... retrying", "error: timed out... retrying"),
+    ("timeout... retrying", "timeout... retrying"),
     ("421 4.7.0 Try again later", "421 4.7.0 Try again later"),
 ]
 

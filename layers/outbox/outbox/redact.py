@@ -62,9 +62,10 @@ _NAMED_LOCAL = re.compile(
     rf"{_DISPLAY_NAME}?<\s*(?:mailto:)?(?!(?:{'|'.join(_PLACEHOLDERS)})>){_LOCAL}\s*>"
 )
 # Sendmail's "ada.lovelace... User unknown": the word before the ellipsis,
-# where an address stands, right after the SMTP codes (or a "smtp;").
+# where an address stands, right after the SMTP codes (or a "smtp;"; not
+# after any colon: "error: timed out... retrying" is no address).
 _SENDMAIL_LOCAL = re.compile(
-    rf"(?P<lead>(?:^|[;:]|\b[245]\d\d(?:[ -][245]\.\d{{1,3}}\.\d{{1,3}})?)\s*){_LOCAL}(?=\.\.\.)"
+    rf"(?P<lead>(?:;|\b[245]\d\d(?:[ -][245]\.\d{{1,3}}\.\d{{1,3}})?)\s*){_LOCAL}(?=\.\.\.)"
 )
 # A name in parentheses after an address: "ada@example.net (Ada Lovelace)".
 _COMMENT_NAME = re.compile(
