@@ -343,6 +343,32 @@ def test_a_message_bounces_only_when_every_recipient_did(engine: sa.Engine) -> N
     assert [e.status for e in outcome_events(engine)] == ["bounced"]
 
 
+def test_a_bounce_reason_keeps_no_local_part_or_name_of_its_recipient(engine: sa.Engine) -> None:
+    # issue 31, item 8: the diagnostic codes remote servers write, in the forms
+    # that kept the local part or the display name before
+    ada = "Ada.Lovelace@example.com"
+    codes = [
+        "smtp; 550 5.1.1 ada.lovelace... User unknown",
+        "smtp; 550 5.1.1 <ada.lovelace>: Recipient address rejected",
+        'smtp; 550 5.1.1 "Ada Lovelace" <ada.lovelace@example.com>: mailbox unavailable',
+        "smtp; 550 5.1.1 user ada.lovelace does not exist (Lovelace, Ada)",
+    ]
+    for n, code in enumerate(codes):
+        mid = delivered_email(engine, f"ses-ada-{n}", to=(ada,))
+        event = bounce_for(f"ses-ada-{n}", ada)
+        message = ses_message(event)
+        message["bounce"]["bouncedRecipients"][0]["diagnosticCode"] = code
+        assert feedback.handle(engine, with_ses_message(event, message)).moved == {"bounced": 1}
+        with engine.connect() as conn:
+            stored = [row(conn, mid).last_error, attempts(conn, mid)[-1].error]
+        for error in stored:
+            assert error.startswith("bounced: Permanent/General, 5.1.1 smtp; 550 5.1.1 ")
+            assert "ada" not in error.lower() and "lovelace" not in error.lower(), error
+    published = [e.last_error for e in outcome_events(engine)]
+    assert len(published) == len(codes)
+    assert not any("lovelace" in (e or "").lower() for e in published)
+
+
 def test_a_complaint_from_one_recipient_of_two_is_recorded_without_moving(
     engine: sa.Engine,
 ) -> None:

@@ -88,6 +88,10 @@ def cfn_lint_findings(templates: Path) -> dict[str, list[str]]:
         CFN_LINT,
         "--append-rules",
         "cfn_lint_serverless.rules",
+        # informational rules too: I3011 (a stateful resource without an
+        # explicit DeletionPolicy and UpdateReplacePolicy) is one of them
+        "--include-checks",
+        "I",
         "--format",
         "json",
         "--",

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from outbox.redact import scrub
+from outbox.redact import _SERVER_WORDS, scrub
 
 # The diagnostic codes of the trust review (issue 23, finding 6): five of
 # these eight kept a name or an address before.
@@ -32,7 +32,37 @@ REAL_FORMS = [
         "550 5.7.1 SMS gateway refused +44 20 7946 0958",
         "550 5.7.1 SMS gateway refused <number>",
     ),
+    # issue 31, item 8: a local part without its domain, and display names,
+    # were kept
+    (
+        "smtp; 550 5.1.1 ada.lovelace... User unknown",
+        "smtp; 550 5.1.1 <address>... User unknown",
+    ),
+    (
+        'smtp; 550 5.1.1 "ada.lovelace"... User unknown',
+        "smtp; 550 5.1.1 <address>... User unknown",
+    ),
+    (
+        "smtp; 550 5.1.1 <ada.lovelace>: Recipient address rejected",
+        "smtp; 550 5.1.1 <address>: Recipient address rejected",
+    ),
+    ("550 5.1.1 RCPT TO:<ada.lovelace> User unknown", "550 5.1.1 RCPT TO:<address> User unknown"),
+    (
+        '550 5.1.1 "Ada Lovelace" <ada.lovelace>: mailbox unavailable',
+        "550 5.1.1 <address>: mailbox unavailable",
+    ),
+    (
+        '550 5.1.1 "Lovelace, Ada" <ada.lovelace@example.com>: mailbox unavailable',
+        "550 5.1.1 <address>: mailbox unavailable",
+    ),
+    (
+        "550 5.1.1 ada.lovelace@example.com (Ada Lovelace): mailbox unavailable",
+        "550 5.1.1 <address>: mailbox unavailable",
+    ),
+    ("550 5.1.1 'ada.lovelace@example.com' unknown", "550 5.1.1 '<address>' unknown"),
     ("552 5.2.2 Mailbox full", "552 5.2.2 Mailbox full"),
+    ("error: timed out... retrying", "error: timed out... retrying"),
+    ("timeout... retrying", "timeout... retrying"),
     ("421 4.7.0 Try again later", "421 4.7.0 Try again later"),
 ]
 
@@ -159,3 +189,62 @@ def test_one_time_codes_do_not_survive(code: str, text: str) -> None:
 @given(text=TEXT)
 def test_the_providers_own_words_and_codes_are_kept(text: str) -> None:
     assert scrub(text) == " ".join(text.split())
+
+
+# --- the recipient a text is about (a bounce's diagnostic code) ---------------
+# issue 31, item 8: the feedback function knows the address a bounce is about,
+# so its local part and the name in it go in whatever form the remote server
+# wrote them, free text included.
+
+KNOWN_FORMS = [
+    (
+        "smtp; 550 5.1.1 user ada.lovelace does not exist",
+        "smtp; 550 5.1.1 user <address> does not exist",
+    ),
+    (
+        "smtp; 550 5.1.1 Mailbox ADA.LOVELACE unavailable",
+        "smtp; 550 5.1.1 Mailbox <address> unavailable",
+    ),
+    ("smtp; 550 5.1.1 Unknown user: Ada Lovelace", "smtp; 550 5.1.1 Unknown user: <name>"),
+    ("smtp; 550 5.1.1 lovelace, ada: no mailbox here", "smtp; 550 5.1.1 <name>: no mailbox here"),
+    ("smtp; 550 5.1.1 ada lovelace <ada.lovelace@example.com>", "smtp; 550 5.1.1 <name> <address>"),
+    ("smtp; 452 4.2.2 Mailbox full", "smtp; 452 4.2.2 Mailbox full"),
+]
+
+
+@pytest.mark.parametrize(("raw", "clean"), KNOWN_FORMS)
+def test_the_known_recipients_local_part_and_name_go_in_any_form(raw: str, clean: str) -> None:
+    assert scrub(raw, about=["Ada.Lovelace@Example.com"]) == clean
+
+
+def test_a_known_recipient_changes_nothing_in_a_text_that_does_not_name_them() -> None:
+    text = "smtp; 550 5.1.1 Recipient address rejected: User unknown in virtual mailbox table"
+    assert scrub(text, about=["bob@example.com", "not an address", "@example.com"]) == text
+    # a role's local part (one of the words servers answer with) is no
+    # person's: the diagnostic keeps the word
+    assert scrub(text, about=["user@example.com", "Recipient@example.com"]) == text
+    assert scrub(text, about=["rejected.ada@example.com"]) == text
+
+
+@given(
+    text=TEXT,
+    names=st.tuples(NAME, NAME),
+    separator=st.sampled_from([".", "_", "-", "+"]),
+    spelling=st.sampled_from(
+        ["{l}", "{l}...", "<{l}>", '"{l}"', "{n1} {n2}", "{n2}, {n1}", "{N1} {N2}", "{n1}"]
+    ),
+)
+def test_no_spelling_of_the_known_recipient_survives(
+    text: str, names: tuple[str, str], separator: str, spelling: str
+) -> None:
+    local = f"{names[0]}{separator}{names[1]}".lower()
+    assume(all(n.lower() not in f"{text} <address> <name>".lower() for n in names))
+    assume(not _SERVER_WORDS.intersection(n.lower() for n in names))  # a role's words stay
+    written = spelling.format(
+        l=local, n1=names[0], n2=names[1], N1=names[0].upper(), N2=names[1].upper()
+    )
+    cleaned = scrub(f"{text} {written} {text}", about=[f"{local}@example.com"]).lower()
+    assert not any(n.lower() in cleaned for n in names)
+    assert scrub(f"{text} {text}", about=[f"{local}@example.com"]) == " ".join(
+        f"{text} {text}".split()
+    )

@@ -201,7 +201,10 @@ def from_notification(notification: Any) -> list[store.Feedback] | None:
         ]
     delivery = notification["delivery"]
     response = delivery.get("smtpResponse")
-    reason = _clean(f"delivered: {response if isinstance(response, str) else 'accepted'}")
+    addresses = _recipients(delivery.get("recipients"), of=str)
+    reason = _clean(
+        f"delivered: {response if isinstance(response, str) else 'accepted'}", about=addresses
+    )
     return [
         store.Feedback(
             provider_message_id=message_id,
@@ -210,18 +213,22 @@ def from_notification(notification: Any) -> list[store.Feedback] | None:
             kind="delivery",
             reason=reason,
         )
-        for address in _recipients(delivery.get("recipients"), of=str)
+        for address in addresses
     ]
 
 
 def bounce_reason(kind: str, recipient: Mapping[str, Any]) -> str:
     """``bounced: Permanent/General, 5.1.1 smtp; 550 5.1.1 user unknown``: the
     bounce's type and subtype and this recipient's status and diagnostic code,
-    scrubbed."""
+    scrubbed, without this recipient's local part or name in any form."""
     detail = " ".join(
         recipient[k] for k in ("status", "diagnosticCode") if isinstance(recipient.get(k), str)
     )
-    return _clean(f"bounced: {kind}" + (f", {detail}" if detail else ""))
+    address = recipient.get("emailAddress")
+    return _clean(
+        f"bounced: {kind}" + (f", {detail}" if detail else ""),
+        about=[address] if isinstance(address, str) else [],
+    )
 
 
 def _bounce_kind(bounce: Mapping[str, Any]) -> str:
@@ -239,10 +246,11 @@ def _complaint_kind(complaint: Mapping[str, Any]) -> str:
     return _word(kind, "unknown")
 
 
-def _clean(text: str) -> str:
-    """The one scrubber (``outbox.redact``): no addresses or numbers, one line,
-    as long as any error the relay stores."""
-    return scrub(text)
+def _clean(text: str, about: list[str] | None = None) -> str:
+    """The one scrubber (``outbox.redact``): no addresses or numbers (nor the
+    local part or name of the recipients ``about``), one line, as long as any
+    error the relay stores."""
+    return scrub(text, about=about or ())
 
 
 def _word(value: Any, default: str) -> str:
