@@ -113,9 +113,12 @@ class ForgetsToReturn(ScriptedChannel):
 
 
 @pytest.mark.parametrize("concurrency", [1, 4])
-def test_a_send_that_returns_none_is_a_retry_and_holds_up_nobody(
+def test_a_send_that_returns_none_fails_its_row_at_once_and_holds_up_nobody(
     engine: sa.Engine, concurrency: int
 ) -> None:
+    # The channel really sent, then returned None: sending again would send
+    # again (before, up to max_attempts times). An answer the relay does not
+    # know is final: failed, naming the channel and what it returned.
     channel = install_channel(ForgetsToReturn())
     with engine.begin() as conn:
         ids = outbox.enqueue_many(conn, [{"channel": "forgetful", "payload": {"n": 1}}] * 5)
@@ -130,24 +133,52 @@ def test_a_send_that_returns_none_is_a_retry_and_holds_up_nobody(
         lambda: 30.0,
     )()
     assert sorted(channel.sent) == sorted(set(ids) - {ids[1]})  # the rows after it were sent
-    assert report.statuses == {"delivered": 4, "pending": 1}
+    assert report.statuses == {"delivered": 4, "failed": 1}
+    error = "channel 'forgetful' returned None, not an Outcome: delivery refused"
     with engine.connect() as conn:
         bad = support.row(conn, ids[1])
         (attempt,) = support.attempts(conn, ids[1])
-    assert (bad.status, bad.attempts, bad.last_error) == ("pending", 1, sender.RETURNED_NONE)
-    assert (attempt.outcome, attempt.error) == ("retry", sender.RETURNED_NONE)
+    assert (bad.status, bad.attempts, bad.last_error) == ("failed", 1, error)
+    assert (attempt.outcome, attempt.error) == ("failed", error)
+    # nothing claims it again: one provider call, whatever max_attempts says
+    with engine.begin() as conn:
+        assert store.claim(conn, 10, 120, ["forgetful"]) == []
 
 
-def test_a_send_that_returns_something_else_is_a_retry_too(engine: sa.Engine) -> None:
-    class ReturnsText(ScriptedChannel):
-        def send(self, message: Message, deadline: Deadline) -> Outcome:
-            return "ok"  # type: ignore[return-value]
+class SendsThenReturns(ScriptedChannel):
+    """Makes the provider call, then returns what it was given."""
 
-    channel = ReturnsText(name="texty")
-    message_id, _ = deliver(engine, "texty", {"n": 1}, channel=channel)
+    def __init__(self, name: str, answer: Any) -> None:
+        super().__init__(name=name)
+        self.answer = answer
+        self.calls = 0
+
+    def send(self, message: Message, deadline: Deadline) -> Outcome:
+        self.calls += 1
+        return self.answer  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (None, "returned None, not an Outcome"),
+        ("ok", "returned str, not an Outcome"),
+        ({"kind": "delivered"}, "returned dict, not an Outcome"),
+        (Outcome("sent"), "returned unknown outcome 'sent'"),
+    ],
+)
+def test_an_answer_the_relay_does_not_know_is_one_call_and_failed(
+    engine: sa.Engine, answer: Any, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    channel = SendsThenReturns("oddball", answer)
+    message_id, _ = deliver(engine, "oddball", {"n": 1}, channel=channel)
     row, _ = settled(engine, message_id)
-    assert (row.status, row.attempts) == ("pending", 1)
-    assert row.last_error == "channel returned str, not an Outcome"
+    assert (row.status, row.attempts) == ("failed", 1)
+    assert row.last_error == f"channel 'oddball' {said}: delivery refused"
+    assert channel.calls == 1
+    assert any(
+        r.levelname == "ERROR" and "programming error" in r.getMessage() for r in caplog.records
+    )
 
 
 # --- Retry-After, strictly ------------------------------------------------------

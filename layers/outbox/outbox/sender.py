@@ -47,9 +47,11 @@ DEADLINE_EXCEEDED = "provider call exceeded its deadline"
 STOPPING = "stopping: not started"
 STOP_GRACE_EXCEEDED = "stopping: provider call cut at the stop grace"
 # A channel's send must return an Outcome. Anything else is a bug in the
-# channel, so it is retried like an exception: an attempt is counted, and the
-# row ends dead if the bug stays.
-RETURNED_NONE = "channel returned None, not an Outcome"
+# channel, and the call may well have reached the provider (a channel that
+# sent, then forgot to return): sending again could send again, so the row
+# fails at once, as the workers this design came from refuse it ("delivery
+# refused"), logged as a programming error and counted (ChannelContractError).
+REFUSED = "delivery refused"
 _NOT_STARTED = Outcome(AttemptOutcome.NOT_STARTED, error=NOT_STARTED)
 _STOPPED = Outcome(AttemptOutcome.NOT_STARTED, error=STOPPING)
 DESTINATION_THROTTLED = "destination throttled: not started"
@@ -194,6 +196,21 @@ class SendReport:
     resumes_at: float | None = None
 
 
+def _refused(row: store.ClaimedMessage, answer: Any) -> Outcome:
+    """The final outcome of a send that returned what the relay does not know."""
+    if isinstance(answer, Outcome):
+        said = f"returned unknown outcome {answer.kind!r}"[:200]
+    else:
+        said = f"returned {'None' if answer is None else type(answer).__name__}, not an Outcome"
+    error = f"channel {row.channel!r} {said}: {REFUSED}"
+    log.error(
+        "programming error in a channel: send must return an Outcome",
+        extra={"message_id": row.id, "channel": row.channel, "error": error},
+    )
+    count("ChannelContractError", channel=row.channel)
+    return Outcome.failed(error)
+
+
 def _send_one(
     channel: Channel,
     row: store.ClaimedMessage,
@@ -231,16 +248,9 @@ def _send_one(
         return Outcome.failed(f"channel {row.channel!r} does not implement send"), None
     except Exception as exc:  # a channel bug or an unclassified provider error
         outcome = Outcome.retry(f"unexpected {type(exc).__name__}")
-    if not isinstance(outcome, Outcome):
-        error = (
-            RETURNED_NONE
-            if outcome is None
-            else f"channel returned {type(outcome).__name__}, not an Outcome"
-        )
-        outcome = Outcome.retry(error)
-    elif outcome.kind not in SEND_OUTCOMES:
-        outcome = Outcome.retry(f"channel returned unknown outcome {outcome.kind!r}")
-    elif limits is not None:
+    if not isinstance(outcome, Outcome) or outcome.kind not in SEND_OUTCOMES:
+        return _refused(row, outcome), int((time.monotonic() - started) * 1000)
+    if limits is not None:
         limits.note(row, outcome)
     return outcome, int((time.monotonic() - started) * 1000)
 
