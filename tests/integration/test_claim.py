@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 import outbox
@@ -248,3 +249,21 @@ def insert_due(conn: sa.Connection, rows: int, payload: str = "'{}'") -> None:
 
 def _plan_nodes(node: dict) -> list[dict]:
     return [node, *(n for child in node.get("Plans", []) for n in _plan_nodes(child))]
+
+
+@pytest.mark.parametrize("batch", [0, -1, 2.5, True, "10", None, 10**9])
+def test_a_bad_batch_size_is_refused_before_the_database(engine: sa.Engine, batch: Any) -> None:
+    enqueue(engine, 3)
+    with engine.begin() as conn:
+        with pytest.raises(ValueError, match="batch_size must be a whole number from 1 to"):
+            store.claim(conn, batch, 30)
+        with pytest.raises(ValueError, match="batch_size must be a whole number from 1 to"):
+            store.claim_and_receive(conn, batch, 30, 3)
+        with pytest.raises(ValueError, match="lease_seconds must be"):
+            store.claim(conn, 10, float("nan"))
+        assert (
+            conn.execute(
+                sa.text("SELECT count(*) FROM outbox_message WHERE status = 'claimed'")
+            ).scalar_one()
+            == 0
+        )

@@ -429,6 +429,32 @@ _CLAIM_AND_RECEIVE_CHANNELS = _claim_statement(
 )
 
 
+# The most rows one claim statement takes (settings.BATCH_SIZE's bound).
+MAX_BATCH_SIZE = 10_000
+
+
+def _claim_params(batch_size: Any, lease_seconds: Any) -> dict[str, Any]:
+    """The claim's numbers, checked before they reach Postgres (which would
+    take 0 rows for 0, fail obscurely for -1 and round 2.5)."""
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int)
+        or not 1 <= batch_size <= MAX_BATCH_SIZE
+    ):
+        raise ValueError(
+            f"batch_size must be a whole number from 1 to {MAX_BATCH_SIZE}, not {batch_size!r}"
+        )
+    if (
+        isinstance(lease_seconds, bool)
+        or not isinstance(lease_seconds, int | float)
+        or not 0 < lease_seconds <= 86_400
+    ):
+        raise ValueError(
+            f"lease_seconds must be a number of seconds in (0, 86400], not {lease_seconds!r}"
+        )
+    return {"batch_size": batch_size, "lease_seconds": float(lease_seconds)}
+
+
 def claim(
     conn: sa.Connection,
     batch_size: int,
@@ -441,8 +467,7 @@ def claim(
     ``default_ttl_seconds``: the deliver-by time of rows without their own
     (counted from when they were first due); None: no default."""
     params: dict[str, Any] = {
-        "batch_size": batch_size,
-        "lease_seconds": float(lease_seconds),
+        **_claim_params(batch_size, lease_seconds),
         "default_ttl": None if default_ttl_seconds is None else float(default_ttl_seconds),
     }
     statement = _CLAIM_ALL
@@ -464,8 +489,7 @@ def claim_and_receive(
     what it claims: the rows come back received, with their payloads (as text),
     ordered by id. Every write after it is fenced on the claim token as usual."""
     params: dict[str, Any] = {
-        "batch_size": batch_size,
-        "lease_seconds": float(lease_seconds),
+        **_claim_params(batch_size, lease_seconds),
         "default_ttl": None if default_ttl_seconds is None else float(default_ttl_seconds),
         "default_max": default_max_attempts,
     }
