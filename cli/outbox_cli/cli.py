@@ -264,7 +264,8 @@ def database(*, autocommit: bool = False) -> Iterator[sa.Engine]:
         fail(str(exc), 1, "schema_missing")
     except sa.exc.DBAPIError as exc:
         message = _db_message(exc)
-        sqlstate = error_sqlstate(exc)
+        fields = _server_fields(exc)
+        sqlstate = str(fields.get("C", "")) if fields else error_sqlstate(exc)
         # The server answered and refused the session: the network is fine,
         # the credentials or the database name are not.
         if sqlstate.startswith("28"):
@@ -292,9 +293,21 @@ def database(*, autocommit: bool = False) -> Iterator[sa.Engine]:
 def _server_fields(exc: sa.exc.DBAPIError) -> dict[str, Any] | None:
     """The fields of the server's error response (pg8000 passes them as its
     exception's argument: 'C' the SQLSTATE, 'M' the message), or None when the
-    error is the driver's own (no server answered)."""
-    args: tuple[Any, ...] = getattr(exc.orig, "args", ())
-    return args[0] if args and isinstance(args[0], dict) else None
+    error is the driver's own (no server answered).
+
+    The chain is searched: pg8000 closes a connection the server refused by
+    sending it Terminate, and on a unix socket (the embedded Postgres) the
+    server has hung up by then, so the error raised is "network error" from
+    a broken pipe, with the server's answer in its context."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc.orig
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        args: tuple[Any, ...] = cause.args
+        if args and isinstance(args[0], dict):
+            return args[0]
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _server_reported(exc: sa.exc.DBAPIError) -> bool:
