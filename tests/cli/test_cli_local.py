@@ -214,7 +214,7 @@ def test_keep_running_serves_the_worker_and_invoke_recipes(tmp_path: Path) -> No
                 printed.append(done.stdout)
             return "".join(printed)
 
-        assert "schema at revision" in run_as_written("quickstart-commands")
+        assert "already at revision" in run_as_written("quickstart-commands")  # the demo migrated
         enqueued = run_as_written("quickstart-run-script")
         assert enqueued.startswith("enqueued message "), enqueued
         assert run_as_written("quickstart-run-script") == enqueued  # a replay: the same id
