@@ -10,9 +10,12 @@ from __future__ import annotations
 import gc
 import ipaddress
 import os
+import shutil
 import socket
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -74,7 +77,7 @@ socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="session")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server_url() -> Iterator[str]:
     """A Postgres server we may create databases on: DATABASE_URL's, else the
     local one, else an embedded one (``OUTBOX_DEV_DB=embedded``, ``local`` or
     ``url`` forces one; the same switch as `make run`'s)."""
@@ -89,8 +92,15 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     elif forced == "local" or (forced == "" and devdb.answers(LOCAL_POSTGRES)):
         yield devdb.pg8000_url(LOCAL_POSTGRES)
     else:
-        with devdb.embedded(tmp_path_factory.mktemp("pgdata")) as url:
-            yield url
+        # Not under pytest's temporary root (/tmp/pytest-of-<user>): another
+        # pytest run on this machine prunes the older runs' folders there and
+        # resets the root's permissions, under a live server.
+        root = Path(tempfile.mkdtemp(prefix="outbox-test-pgdata-"))
+        try:
+            with devdb.embedded(root / "pgdata") as url:
+                yield url
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

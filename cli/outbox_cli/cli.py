@@ -25,11 +25,12 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -243,11 +244,19 @@ def _engine(autocommit: bool = False) -> sa.Engine:
     from outbox.db import create_engine
     from outbox.relay_settings import DatabaseSettings
 
+    env = _environment()
     try:
-        settings = DatabaseSettings.from_env(_environment())
+        settings = DatabaseSettings.from_env(env)
     except ConfigError as exc:
         fail(str(exc), 2, "config")
     try:
+        if settings.url and env.get("PGPASSWORD"):
+            # libpq's fallback, which users expect of a Postgres URL: the
+            # URL's own password wins.
+            url = sa.engine.make_url(settings.url)
+            if url.password is None:
+                url = url.set(password=env["PGPASSWORD"])
+                settings = replace(settings, url=url.render_as_string(hide_password=False))
         return create_engine(settings, pool_size=4, autocommit=autocommit)
     except sa.exc.ArgumentError as exc:
         fail(f"the database URL is not valid: {exc}", 2)
@@ -264,7 +273,8 @@ def database(*, autocommit: bool = False) -> Iterator[sa.Engine]:
         fail(str(exc), 1, "schema_missing")
     except sa.exc.DBAPIError as exc:
         message = _db_message(exc)
-        sqlstate = error_sqlstate(exc)
+        fields = _server_fields(exc)
+        sqlstate = str(fields.get("C", "")) if fields else error_sqlstate(exc)
         # The server answered and refused the session: the network is fine,
         # the credentials or the database name are not.
         if sqlstate.startswith("28"):
@@ -280,21 +290,73 @@ def database(*, autocommit: bool = False) -> Iterator[sa.Engine]:
             )
         if sqlstate in UNDEFINED_OBJECT_SQLSTATES:
             fail(str(SchemaMissing()), 1, "schema_missing")
+        if "no password was provided" in message:  # pg8000's words (and outbox.db's)
+            fail(
+                "the server asks for a password and DATABASE_URL has none "
+                "(set it in the URL or PGPASSWORD)",
+                2,
+                "database_password_missing",
+            )
         if isinstance(exc, sa.exc.InterfaceError) or (
             exc.connection_invalidated and not _server_reported(exc)
         ):
+            message = _unreachable(exc, engine.url) or message
             fail(f"cannot reach the database: {message}", 1, "database_unavailable")
         fail(f"database error: {message}", 1, "database")
     finally:
         engine.dispose()
 
 
+def _unreachable(exc: sa.exc.DBAPIError, url: sa.URL) -> str | None:
+    """Why no server answered, in a user's words (pg8000's say "Can't create a
+    connection to host ... (timeout is 30.0 and source_address is None)"), or
+    None when the driver's error names no reason we know."""
+    socket_path = url.query.get("unix_sock")
+    where = str(socket_path) if socket_path else f"{url.host or 'localhost'}:{url.port or 5432}"
+    for cause in _chain(exc.orig):
+        if isinstance(cause, ConnectionRefusedError | FileNotFoundError):
+            return f"nothing is listening at {where}"
+        if isinstance(cause, socket.gaierror):
+            return f"unknown host {url.host!r}"
+        if isinstance(cause, TimeoutError):
+            timeout = _connect_timeout()
+            within = f" within {timeout:g} s (DB_CONNECT_TIMEOUT)" if timeout else ""
+            return f"no answer from {where}{within}"
+    return None
+
+
+def _connect_timeout() -> float | None:
+    from outbox.relay_settings import DatabaseSettings
+
+    try:
+        return DatabaseSettings.from_env(_environment()).connect_timeout
+    except ConfigError:
+        return None
+
+
+def _chain(error: BaseException | None) -> Iterator[BaseException]:
+    """An error and the ones it was raised from or during, innermost last."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
 def _server_fields(exc: sa.exc.DBAPIError) -> dict[str, Any] | None:
     """The fields of the server's error response (pg8000 passes them as its
     exception's argument: 'C' the SQLSTATE, 'M' the message), or None when the
-    error is the driver's own (no server answered)."""
-    args: tuple[Any, ...] = getattr(exc.orig, "args", ())
-    return args[0] if args and isinstance(args[0], dict) else None
+    error is the driver's own (no server answered).
+
+    The chain is searched: pg8000 closes a connection the server refused by
+    sending it Terminate, and on a unix socket (the embedded Postgres) the
+    server has hung up by then, so the error raised is "network error" from
+    a broken pipe, with the server's answer in its context."""
+    for cause in _chain(exc.orig):
+        args: tuple[Any, ...] = cause.args
+        if args and isinstance(args[0], dict):
+            return args[0]
+    return None
 
 
 def _server_reported(exc: sa.exc.DBAPIError) -> bool:
@@ -445,10 +507,10 @@ def migrate(as_sql: bool, check: bool, fix: bool, as_json: bool) -> None:
                 if revoked:
                     click.echo(f"revoked CREATE on the schema from {', '.join(revoked)}", err=True)
             try:
-                revision = migrations.upgrade(engine)
+                previous, revision = migrations.upgrade_from(engine)
             except migrations.UnsafeSchema as exc:
                 fail(str(exc), 2, "schema_unsafe")
-        render_revision(revision, as_json)
+        render_revision(previous, revision, as_json)
         return
     with database() as engine:
         revision = migrations.current(engine)

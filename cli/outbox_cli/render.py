@@ -156,11 +156,16 @@ def render_error(kind: str, message: str, as_json: bool) -> None:
         click.echo(f"Error: {inert(message)}", err=True)
 
 
-def render_revision(revision: str | None, as_json: bool) -> None:
+def render_revision(previous: str | None, revision: str | None, as_json: bool) -> None:
+    """What ``outbox migrate`` did: ``previous`` the revision it found (None: no schema)."""
     if as_json:
-        emit_json({"revision": revision})
+        emit_json({"revision": revision, "previous": previous})
+    elif previous is None:
+        click.echo(f"schema created at revision {revision}")
+    elif previous == revision:
+        click.echo(f"already at revision {revision}")
     else:
-        click.echo(f"schema at revision {revision}")
+        click.echo(f"upgraded from {previous} to {revision}")
 
 
 def render_enqueued(message_id: int, channel: str, created: bool, as_json: bool) -> None:

@@ -195,6 +195,7 @@ def create_engine(
     )
     if settings.secret_arn or settings.iam_user:
         _mint_credentials_per_connection(engine, settings)
+    _connect_errors_as_driver_errors(engine)
     sa.event.listen(engine, "connect", _no_delay)
     sa.event.listen(engine, "connect", _execute_in_one_round_trip)
     sa.event.listen(engine, "handle_error", _invalidate_after_any_error)
@@ -421,6 +422,37 @@ def _no_delay(dbapi_connection: Any, connection_record: Any) -> None:
     sock = getattr(dbapi_connection, "_usock", None)
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+# What a connect without a password raises when the server asks for one (pg8000's
+# words for the cleartext and MD5 requests, and ours for SCRAM).
+NO_PASSWORD = "server requesting password authentication, but no password was provided"  # noqa: S105
+
+
+def _connect_errors_as_driver_errors(engine: sa.Engine) -> None:
+    """pg8000 (1.31) lets two failures of a connect escape as plain Python
+    errors, which SQLAlchemy passes on unwrapped and a caller handling
+    database errors never sees: a SCRAM request with no password is an
+    AttributeError (it decodes None), and a server that accepts the
+    connection and never answers a TimeoutError. Both become the driver's
+    InterfaceError, with pg8000's own words for the first. The dialect's
+    connect, not a do_connect listener: that would run before an
+    application's own listeners and take their place."""
+    import pg8000
+
+    connect = engine.dialect.connect
+
+    def connect_or_say_why(*cargs: Any, **cparams: Any) -> Any:
+        try:
+            return connect(*cargs, **cparams)
+        except AttributeError as exc:
+            if cparams.get("password") is not None:
+                raise
+            raise pg8000.InterfaceError(NO_PASSWORD) from exc
+        except TimeoutError as exc:
+            raise pg8000.InterfaceError("timeout") from exc
+
+    engine.dialect.connect = connect_or_say_why  # type: ignore[method-assign]
 
 
 def _mint_credentials_per_connection(engine: sa.Engine, settings: DatabaseSettings) -> None:

@@ -172,7 +172,16 @@ def pg_quote_ident(name: str) -> str:
 def upgrade(
     engine: sa.Engine, revision: str = "head", *, delivered_events: bool | None = None
 ) -> str | None:
-    """Bring the schema to ``revision``; returns the revision now applied.
+    """Bring the schema to ``revision``; returns the revision now applied
+    (``upgrade_from`` says from which)."""
+    return upgrade_from(engine, revision, delivered_events=delivered_events)[1]
+
+
+def upgrade_from(
+    engine: sa.Engine, revision: str = "head", *, delivered_events: bool | None = None
+) -> tuple[str | None, str | None]:
+    """Bring the schema to ``revision``; returns the revision it was at (None:
+    no schema) and the one now applied, both read under the migration lock.
 
     First refuses a schema that roles other than its owner and the migrator
     may create in (``check_schema_creators``).
@@ -190,12 +199,13 @@ def upgrade(
         connection.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
         check_schema_creators(connection)
         _adopt_legacy_version_row(connection)
+        before = _current(connection)
         command.upgrade(_config(connection), revision)
         if revision == "head":
             # (a schema made by a printed script missed this step: see 0014)
             qualify_installed_functions(connection)
         store.set_delivered_outcome_events(connection, delivered_events)
-        return _current(connection)
+        return before, _current(connection)
 
 
 def downgrade(engine: sa.Engine, revision: str) -> None:
