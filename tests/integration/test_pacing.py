@@ -504,3 +504,31 @@ def test_the_reaper_and_a_channel_function_hold_no_connection_between_invocation
     assert polling.engine.pool.checkedin() == 1
     assert still_open(engine, kept) == 1  # the check can see an open one
     polling.engine.dispose()
+
+
+def test_a_failed_reaping_step_is_logged_and_the_claim_still_runs(
+    engine: sa.Engine,
+    relay_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A fault in the reaping steps (a statement timeout, a lock timeout, a
+    # bug) used to fail the whole invocation: nothing was claimed.
+    from outbox import reaper as reaper_module
+
+    runtime, _ = sleep_runtime(relay_env)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise sa.exc.OperationalError(
+            "SELECT ...", {}, Exception("canceling statement due to statement timeout")
+        )
+
+    monkeypatch.setattr(reaper_module.store, "reap_expired", broken)
+    with engine.begin() as conn:
+        enqueue(conn)
+    result = runtime.dispatch({"version": 1, "source": "outbox.nudge"}, LambdaContext(60))
+    assert result["handed_off"] == 1
+    assert result["reaping_failed"] is True
+    assert any(
+        r.levelname == "ERROR" and "reaping steps failed" in r.getMessage() for r in caplog.records
+    )

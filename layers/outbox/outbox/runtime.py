@@ -21,7 +21,7 @@ from . import aws, coldstart_limits, dispatcher, pacing, reaper, sender, store
 from . import settings as declared
 from .errors import ConfigError, ValidationError
 from .handoff import Invoker, LambdaInvoker
-from .observability import logger
+from .observability import count, logger
 from .relay_settings import DatabaseSettings, OutcomeEventSettings, RelaySettings
 from .settings import read_all
 
@@ -127,10 +127,18 @@ class Runtime:
             def reap_time_left() -> float:
                 return remaining() - _EXIT_MARGIN_SECONDS
 
-            released = reaper.release_expired_leases(
-                self.engine, self.settings, reap_time_left, reaper.ReapReport()
-            )
-            reaper.expire_overdue_rows(self.engine, self.settings, reap_time_left, released)
+            released, reaping_failed = reaper.ReapReport(), False
+            try:
+                reaper.release_expired_leases(self.engine, self.settings, reap_time_left, released)
+                reaper.expire_overdue_rows(self.engine, self.settings, reap_time_left, released)
+            except Exception:
+                # A fault here (a statement or lock timeout, a lost connection)
+                # must not cost the claim: the scheduled reaper and the next
+                # wake-up do these steps again, and each batch is its own
+                # transaction, so what was done stays done.
+                reaping_failed = True
+                logger.exception("dispatcher: the reaping steps failed; claiming anyway")
+                count("ReapingFailed")
             reaper.count_released(released)
             self.apply_configured_limits()
             report = dispatcher.run(
@@ -150,6 +158,7 @@ class Runtime:
             **asdict(report),
             "released_leases": released.reclaimed + released.not_started,
             "expired": released.expired,
+            "reaping_failed": reaping_failed,
         }
         logger.info("dispatcher run", extra={**result, **arranged, "woken_by": source})
         return {**result, **arranged}
