@@ -422,3 +422,40 @@ def test_a_secret_id_outside_the_operators_list_signs_nothing(
     assert refused.kind == "failed" and "WEBHOOK_SECRET_ARNS" in (refused.error or "")
     assert (by_list.kind, by_default.kind) == ("delivered", "delivered")
     assert len(rx.requests) == 2
+
+
+def test_send_threads_fetch_a_cold_secret_once(signing_secret: tuple[str, str]) -> None:
+    # A cold batch's send threads all asked Secrets Manager for the same key
+    # at once (8 GetSecretValue calls for a batch of 10): one fetches, the
+    # others wait for its answer.
+    import threading
+
+    import boto3
+    from aws_lambda_powertools.utilities.parameters import SecretsProvider
+
+    arn, _ = signing_secret
+    client = boto3.client("secretsmanager")
+    calls: list[str] = []
+
+    def slow_and_counted(**kwargs: Any) -> None:
+        calls.append(kwargs["params"]["SecretId"])
+        threading.Event().wait(0.05)  # widen the window the threads race in
+
+    client.meta.events.register(
+        "provide-client-params.secrets-manager.GetSecretValue", slow_and_counted
+    )
+    channel = WebhookChannel(default_secret_id=arn, secrets=SecretsProvider(boto3_client=client))
+    start = threading.Barrier(8)
+    keys: list[list[bytes]] = []
+
+    def fetch() -> None:
+        start.wait()
+        keys.append(channel.signing_keys(arn))
+
+    threads = [threading.Thread(target=fetch) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [arn]
+    assert len(keys) == 8 and all(k == keys[0] for k in keys)

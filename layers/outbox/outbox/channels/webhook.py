@@ -298,6 +298,8 @@ class WebhookChannel(SchemaChannel):
         self.max_response_bytes = max_response_bytes
         self._ssl_context = ssl_context
         self._secrets = secrets
+        self._secret_locks: dict[str, threading.Lock] = {}
+        self._secret_locks_lock = threading.Lock()
         self._libraries_quiet = False
         self._idle = IdleConnections()
 
@@ -311,11 +313,12 @@ class WebhookChannel(SchemaChannel):
 
     @property
     def secrets(self) -> Any:
-        if self._secrets is None:
-            from aws_lambda_powertools.utilities.parameters import SecretsProvider
+        with self._secret_locks_lock:  # one provider (one cache) for every thread
+            if self._secrets is None:
+                from aws_lambda_powertools.utilities.parameters import SecretsProvider
 
-            self._secrets = SecretsProvider(boto3_client=aws.client("secretsmanager"))
-        return self._secrets
+                self._secrets = SecretsProvider(boto3_client=aws.client("secretsmanager"))
+            return self._secrets
 
     def check(self, payload: dict[str, Any]) -> None:
         try:
@@ -323,9 +326,17 @@ class WebhookChannel(SchemaChannel):
         except netguard.ForbiddenDestination as exc:
             raise ValidationError("payload.url", str(exc)) from None
 
+    def _secret_lock(self, secret_id: str) -> threading.Lock:
+        with self._secret_locks_lock:
+            return self._secret_locks.setdefault(secret_id, threading.Lock())
+
     def signing_keys(self, secret_id: str) -> list[bytes]:
         try:
-            value = self.secrets.get(secret_id, max_age=SECRET_MAX_AGE_SECONDS)
+            # Single flight: a cold batch's send threads all want the same
+            # key at once; one asks Secrets Manager, the others then read the
+            # provider's cache (each of them a GetSecretValue call before).
+            with self._secret_lock(secret_id):
+                value = self.secrets.get(secret_id, max_age=SECRET_MAX_AGE_SECONDS)
         except Exception as exc:
             # Powertools wraps the botocore error; classify the original.
             cause = exc.__cause__ or exc.__context__ or exc
