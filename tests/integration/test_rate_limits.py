@@ -865,3 +865,92 @@ def test_an_operator_can_forget_what_was_learned(engine: sa.Engine) -> None:
     # the limit stays; what was learned (rate, pause, bucket) is gone
     assert (left.destination, left.limit_rate, left.rate) == ("a.example", 10, None)
     assert left.paused_until is None
+
+
+# --- a receiver that never stops refusing (issue 31, item 3) ------------------
+
+
+class AlwaysRefusing(DestinationChannel):
+    """A receiver that answers every call with 503 and no Retry-After."""
+
+    def send(self, message: Any, deadline: Any) -> Outcome:
+        self.calls += 1
+        return Outcome.throttled("HTTP 503")
+
+
+def jump(engine: sa.Engine, seconds: float) -> None:
+    """Simulated time: every time the relay reads moves ``seconds`` into the past."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_destination SET"
+                " paused_until = paused_until - make_interval(secs => :s),"
+                " rate_at = rate_at - make_interval(secs => :s),"
+                " tokens_at = tokens_at - make_interval(secs => :s),"
+                " minute_start = minute_start - make_interval(secs => :s)"
+            ),
+            {"s": seconds},
+        )
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_message SET available_at = available_at - make_interval(secs => :s),"
+                " expires_at = expires_at - make_interval(secs => :s)"
+            ),
+            {"s": seconds},
+        )
+
+
+def test_a_receiver_that_always_refuses_backs_off_and_ends_dead(engine: sa.Engine) -> None:
+    """Before: a 503 without Retry-After paused the destination 1 s and gave one
+    token at its end, whatever the learned rate, counting nothing: about a
+    request a second for ever, never dead."""
+    channel = install_channel(AlwaysRefusing())
+    (message_id,) = enqueue(engine, 1, "scripted")
+    simulated, calls_in_first_hour, steps = 0.0, None, 0
+    while simulated < 6 * 3600 and steps < 200:  # (before: a step a second)
+        steps += 1
+        claims = claim(engine)
+        if claims:
+            run_sender(engine, claims)
+        with engine.connect() as conn:
+            status = conn.execute(
+                sa.text("SELECT status FROM outbox_message WHERE id = :id"), {"id": message_id}
+            ).scalar_one()
+            if status != "pending":
+                break
+            wake = conn.execute(
+                sa.text(
+                    # claimable once both its destination's pause ended and it is due
+                    "SELECT EXTRACT(EPOCH FROM GREATEST("
+                    "(SELECT min(paused_until) FROM outbox_destination),"
+                    "(SELECT available_at FROM outbox_message WHERE id = :id)) - now())"
+                ),
+                {"id": message_id},
+            ).scalar_one()
+        step = max(float(wake), 0.0) + 0.01
+        if calls_in_first_hour is None and simulated + step > 3600:
+            calls_in_first_hour = channel.calls
+        jump(engine, step)
+        simulated += step
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text("SELECT status, attempts, last_error FROM outbox_message WHERE id = :id"),
+            {"id": message_id},
+        ).one()
+        pauses = conn.execute(
+            sa.text("SELECT EXTRACT(EPOCH FROM paused_until - rate_at) FROM outbox_destination")
+        ).scalar_one()
+    if calls_in_first_hour is None and simulated <= 3600:
+        calls_in_first_hour = channel.calls  # (it ended within the hour)
+    assert calls_in_first_hour is not None and calls_in_first_hour <= 24, (
+        row,
+        simulated,
+        channel.calls,
+    )
+    assert row.status == "dead", (row, simulated, channel.calls)
+    assert row.attempts == settings().max_attempts
+    print(
+        f"simulated {simulated:.0f} s, {channel.calls} calls, {calls_in_first_hour} in the first hour"
+    )
+    assert "HTTP 503" in row.last_error and "refused every call" in row.last_error
+    assert float(pauses) <= store.MAX_BACKOFF_SECONDS

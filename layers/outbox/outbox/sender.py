@@ -170,6 +170,7 @@ class Limits:
                 len(pauses),
                 self.delivered[destination] / seconds or self.called_rate[destination],
                 now - self.last_throttled_at[destination],
+                self.delivered[destination],
             )
             for destination, pauses in self.throttled.items()
             if heeding is None or destination not in heeding.throttled
@@ -458,6 +459,14 @@ def send_then_settle(
         for row in rows
         for outcome, duration_ms in [results[row.id]]
     ]
+    # The rows whose own call a destination refused (a throttling answer),
+    # by destination: such a call counts an attempt once the destination has
+    # refused every call for long (store.REFUSING_AFTER_SECONDS).
+    refused_calls = {
+        row.id: row.destination
+        for row in rows
+        if results[row.id][0].pause == DESTINATION and results[row.id][1] is not None
+    }
     limits.heeding = None  # (the rows of a channel that sent none kept it)
     if last_round is not None:
         last_round.set()  # (a batch that sent nothing, or ended early)
@@ -465,12 +474,41 @@ def send_then_settle(
     def settle() -> SendReport:
         if settle_after is not None:
             settle_after()
-        return _settle(engine, channel_name, settlements, backoff, owned, report, throttled, quota)
+        return _settle(
+            engine,
+            channel_name,
+            settlements,
+            backoff,
+            owned,
+            report,
+            throttled,
+            quota,
+            refused_calls,
+        )
 
     if throttled or quota:
         settled = settle()
         return lambda: settled
     return settle
+
+
+def _count_refused_calls(
+    settlements: list[store.Settlement], refused_calls: dict[int, str], refusing: set[str]
+) -> list[store.Settlement]:
+    """The settlements with each call that a destination refusing every call
+    for long refused (``refused_calls``: row id -> destination) counted as an
+    attempt (a retry: backed off, dead after max_attempts), the reason said."""
+    minutes = int(store.REFUSING_AFTER_SECONDS // 60)
+    return [
+        s._replace(
+            outcome=AttemptOutcome.RETRY,
+            error=f"{s.error}; the destination refused every call for {minutes}+ min: "
+            "counted as an attempt",
+        )
+        if refused_calls.get(s.id) in refusing
+        else s
+        for s in settlements
+    ]
 
 
 def _settle(
@@ -482,13 +520,16 @@ def _settle(
     report: SendReport,
     throttled: dict[str, store.Throttled] | None = None,
     quota: tuple[str, float | None] | None = None,
+    refused_calls: dict[int, str] | None = None,
 ) -> SendReport:
     with engine.begin() as conn:
         if throttled or quota:
             # This comes first, in the same transaction, so that no claim can
             # take the rows the settle gives back before their destination or
             # channel is paused.
-            store.record_throttling(conn, channel_name, throttled or {}, quota)
+            refusing = store.record_throttling(conn, channel_name, throttled or {}, quota)
+            if refusing:
+                settlements = _count_refused_calls(settlements, refused_calls or {}, refusing)
         settled = store.settle_with_outcomes(conn, settlements, backoff)
     if throttled:
         count("Throttled", sum(t.answers for t in throttled.values()), channel=channel_name)

@@ -41,6 +41,8 @@ from ..limits import CONFIG, OPERATOR, PROVIDER, RateLimit, check_limit
 from ._sql import array_literal, check_channels, json_document, statement
 
 __all__ = [
+    "MAX_BACKOFF_SECONDS",
+    "REFUSING_AFTER_SECONDS",
     "AppliedLimits",
     "DestinationFigures",
     "Throttled",
@@ -87,6 +89,16 @@ FAST_DECREASE = 0.5
 MIN_RATE = 0.1
 # No pause is longer than a day, whatever a provider answers.
 MAX_PAUSE_SECONDS = 86400.0
+# A destination that refuses the first call after its pause (within
+# RESUMED_SECONDS of its end) is paused twice as long as the last time (the
+# learned rate then paces it, but one token comes at every pause's end), up
+# to this: a receiver that answers 503 for an hour costs some 15 calls.
+MAX_BACKOFF_SECONDS = 600.0
+# Once such a destination refused after a pause this long, the call that
+# heard the refusal counts an attempt: throttling ends somewhere, and a
+# receiver that never admits anything takes its messages to dead (after
+# MAX_ATTEMPTS such calls) rather than keeping them pending for ever.
+REFUSING_AFTER_SECONDS = 300.0
 # A destination's learned row is forgotten this long after its last cut and
 # its pause's end (the reaper): by then its learned rate has grown some
 # 20,000-fold past the plateau (the cube), so it paces nothing, and every idle
@@ -155,6 +167,9 @@ class Throttled:
     # bucket started to refill then, and every moment the relay waits beyond
     # the pause is capacity the provider had and nobody used.
     heard_seconds_ago: float = 0.0
+    # How many calls to it this sender had delivered (none: it refused every
+    # call, and a refusal at once after a pause doubles the pause).
+    delivered: int = 0
 
     def pause_left(self) -> float:
         """The seconds of the pause still to run, from now."""
@@ -189,16 +204,45 @@ FIRST_PAUSE_SQL = "(d.rate_at = d.minute_start AND d.throttled_total = d.throttl
 # long quiet spell the curve has grown far past anything the receiver ever
 # admitted, so the plateau is also held to the higher of the sender's
 # estimate and the last plateau.
+# Whether destination row ``d``'s throttling answer refused the first call
+# after its pause: the pause over, not RESUMED_SECONDS ago.
+_REFUSED_AT_ONCE_SQL = (
+    "(d.paused_until <= now() AND now() < d.paused_until "
+    f"+ make_interval(secs => {RESUMED_SECONDS!r}))"
+)
+
 _THROTTLED = statement(
     f"""
+    WITH t AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:throttled AS jsonb))
+            AS t(destination text, pause_s float8, answers int, asked_rate float8,
+                 delivered int)
+    ),
+    refused AS (
+        -- Read before the upsert below changes them: the destinations that
+        -- refused the first call after their pause, this sender having had
+        -- nothing through since (a receiver that admits a rate refuses after
+        -- some calls went through), and their last pause (cut to end).
+        SELECT d.destination, EXTRACT(EPOCH FROM d.paused_until - d.rate_at) AS last_pause_s
+        FROM outbox_destination AS d JOIN t ON t.destination = d.destination
+        WHERE d.channel = :channel AND t.delivered = 0 AND {_REFUSED_AT_ONCE_SQL}
+    ),
+    paused AS (
+        -- Such a destination is paused twice as long as the last time (at
+        -- most MAX_BACKOFF_SECONDS), or as long as it asked if that is longer.
+        SELECT t.*, CASE WHEN r.destination IS NULL THEN t.pause_s
+                         ELSE GREATEST(t.pause_s, LEAST({MAX_BACKOFF_SECONDS!r},
+                                                        2 * r.last_pause_s)) END AS pause_for
+        FROM t LEFT JOIN refused AS r ON r.destination = t.destination
+    ),
+    written AS (
     INSERT INTO outbox_destination AS d
         (channel, destination, paused_until, rate, rate_at, tokens, tokens_at,
          throttled_total, throttled_minute, minute_start)
-    SELECT :channel, t.destination, now() + make_interval(secs => t.pause_s),
+    SELECT :channel, t.destination, now() + make_interval(secs => t.pause_for),
            GREATEST({MIN_RATE}, t.asked_rate * {RATE_DECREASE}), now(),
-           1, now() + make_interval(secs => t.pause_s), t.answers, t.answers, now()
-    FROM jsonb_to_recordset(CAST(:throttled AS jsonb))
-        AS t(destination text, pause_s float8, answers int, asked_rate float8)
+           1, now() + make_interval(secs => t.pause_for), t.answers, t.answers, now()
+    FROM paused AS t
     ON CONFLICT (channel, destination) DO UPDATE SET
         paused_until = GREATEST(d.paused_until, EXCLUDED.paused_until),
         rate = CASE WHEN d.paused_until > now() AND d.rate IS NOT NULL
@@ -224,6 +268,9 @@ _THROTTLED = statement(
                                 ELSE EXCLUDED.throttled_minute END,
         minute_start = CASE WHEN d.minute_start > now() - interval '1 minute'
                             THEN d.minute_start ELSE now() END
+    )
+    SELECT destination FROM refused
+    WHERE last_pause_s >= {REFUSING_AFTER_SECONDS!r}
     """
 )
 
@@ -248,12 +295,15 @@ def record_throttling(
     channel: str,
     throttled: Mapping[str, Throttled],
     quota: tuple[str, float | None] | None = None,
-) -> None:
+) -> set[str]:
     """Pause each throttled destination of ``channel`` and cut its rate, and
     with ``quota`` (reason, seconds) pause the channel: in the caller's
     transaction, before the settle gives the rows back, so no claim between
-    the two can take them."""
+    the two can take them. Returns the destinations that refused every call
+    for long enough that the calls they refused count attempts
+    (REFUSING_AFTER_SECONDS)."""
     check_channels([channel])
+    refusing: set[str] = set()
     if throttled:
         rows = [
             {
@@ -261,10 +311,15 @@ def record_throttling(
                 "pause_s": t.pause_left(),
                 "answers": t.answers,
                 "asked_rate": max(float(t.asked_rate), MIN_RATE),
+                "delivered": t.delivered,
             }
             for destination, t in throttled.items()
         ]
-        conn.execute(_THROTTLED, {"channel": channel, "throttled": json_document(rows)})
+        refusing = set(
+            conn.execute(
+                _THROTTLED, {"channel": channel, "throttled": json_document(rows)}
+            ).scalars()
+        )
     if quota is not None:
         reason, seconds = quota
         conn.execute(
@@ -275,6 +330,7 @@ def record_throttling(
                 "pause_s": bounded_pause(seconds, QUOTA_PAUSE_SECONDS),
             },
         )
+    return refusing
 
 
 @dataclass(frozen=True)
