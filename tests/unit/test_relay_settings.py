@@ -221,3 +221,20 @@ def test_a_hand_off_keeps_its_tokens_as_canonical_text_whatever_the_spelling() -
     assert claim.claim_token == str(token)
     with pytest.raises(ValidationError, match="claim_token"):
         HandOff.from_event({**event, "messages": [{"id": 7, "claim_token": 42, "attempt": 1}]})
+
+
+@pytest.mark.parametrize(
+    ("url", "sslmode"),
+    [
+        ("postgresql://u@db.example.com/x", "verify-full"),
+        ("postgresql://u@10.0.0.5:5432/x", "verify-full"),
+        ("postgresql://u@127.0.0.1/x", "disable"),
+        ("postgresql://u@localhost/x", "disable"),
+        ("postgresql://u@[::1]/x", "disable"),
+        ("postgresql://u@/x?unix_sock=/tmp/.s.PGSQL.5432", "disable"),
+    ],
+)
+def test_a_remote_url_without_sslmode_is_verified_not_plaintext(url: str, sslmode: str) -> None:
+    # Before: every DATABASE_URL without sslmode connected without TLS, a
+    # remote one included, without a word. (No connection is made here.)
+    assert DatabaseSettings.from_env({"DATABASE_URL": url}).sslmode == sslmode

@@ -19,6 +19,8 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from sqlalchemy.engine import make_url
+
 from . import settings as declared
 from .errors import ConfigError
 from .limits import RateLimit
@@ -79,13 +81,35 @@ class DatabaseSettings:
         url = values["url"]
         if values["iam_user"] and not values["host"]:
             raise ConfigError("DB_HOST", "required with DB_IAM_USER")
-        if not declared.DB_SSLMODE.is_set(env) and url:
-            values["sslmode"] = "disable"  # a local URL's default: no TLS
+        if not declared.DB_SSLMODE.is_set(env) and url and _is_local(url):
+            # A URL to this machine: no TLS by default. Any other host keeps
+            # the setting's default, verified TLS (a remote URL without
+            # sslmode used to connect in plaintext without a word); the URL's
+            # own sslmode, when it has one, decides either way.
+            values["sslmode"] = "disable"
         if values["sslmode"] == "disable" and not url:
             raise ConfigError("DB_SSLMODE", "TLS can only be disabled for a local DATABASE_URL")
         if url:
             _check_database_url(url)
         return cls(**values)
+
+
+def _is_local(url: str) -> bool:
+    """Whether a DATABASE_URL names this machine: a unix socket, localhost or
+    a loopback address (a URL that does not parse is checked later)."""
+    import ipaddress
+
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return True
+    host = parsed.host
+    if not host or "unix_sock" in parsed.query or host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
