@@ -27,15 +27,21 @@ from . import common
 # The claim as the relay runs it: with the production default deliver-by time.
 DEFAULT_TTL = float(RelaySettings().default_ttl_seconds)
 
+# Settled rows as the relay leaves them: claimed, received, settled, and the
+# deliver-by time the claim wrote down (now past). Without that last one the
+# table's statistics hid the plan flip history caused (issue 30).
 _INSERT = (
     "INSERT INTO outbox_message (channel, payload, status, available_at, created_at, "
-    "claimed_at, settled_at, attempts, provider_message_id) "
+    "claimed_at, received_at, settled_at, attempts, provider_message_id, expires_at) "
     "SELECT :channel, {payload}, :status, now() - interval '1 day' + g * interval '50 ms', "
     "now() - interval '1 day' + g * interval '50 ms', "
     "CASE WHEN :status = 'delivered' THEN now() - interval '1 day' + g * interval '51 ms' END, "
+    "CASE WHEN :status = 'delivered' THEN now() - interval '1 day' + g * interval '51 ms' END, "
     "CASE WHEN :status = 'delivered' THEN now() - interval '1 day' + g * interval '52 ms' END, "
     "CASE WHEN :status = 'delivered' THEN 1 ELSE 0 END, "
-    "CASE WHEN :status = 'delivered' THEN 'p-' || g END "
+    "CASE WHEN :status = 'delivered' THEN 'p-' || g END, "
+    "CASE WHEN :status = 'delivered' THEN now() - interval '1 day' + g * interval '50 ms' "
+    "+ interval '1 second' END "
     "FROM generate_series(1, :rows) AS g"
 )
 
