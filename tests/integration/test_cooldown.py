@@ -469,3 +469,17 @@ def test_enqueue_many_in_sql_takes_and_checks_the_cooldown_arrays(engine: sa.Eng
         (None, None),
         (None, None),
     ]
+
+
+def test_a_suppressed_message_is_in_the_send_log(engine: sa.Engine) -> None:
+    # Issue 31, item 10: "did someone@example.net get it?" must show the
+    # message the cooldown suppressed, not leave it out.
+    (first,) = enqueue(engine, cooldown=HOUR, cooldown_key="k")
+    settle(engine, claim(engine))
+    (later,) = enqueue(engine, cooldown=HOUR, cooldown_key="k", on_cooldown="suppress")
+    assert claim(engine) == []
+    with engine.connect() as conn:
+        history = store.recipient_history(conn, EMAIL["to"][0], ["email"])
+    by_message = {(h.message_id, h.outcome) for h in history}
+    assert (first, "delivered") in by_message
+    assert (later, "suppressed") in by_message

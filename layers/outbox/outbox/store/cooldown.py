@@ -89,6 +89,16 @@ CLAIM_GATE = f"""
         FROM due JOIN cooldown AS c
           ON c.channel = due.channel AND c.cooldown_key = due.cooldown_key
         WHERE m.id = due.id AND due.id <> c.message_id AND (m.status = 'pending') IS TRUE
+        RETURNING m.id, m.status, m.attempts, m.last_error, m.channel, m.recipient_fingerprints
+    ),
+    suppressed_log AS (
+        -- A suppressed message ends without a call, but in the send log all the
+        -- same, with its recipients: "did X get it?" shows it, suppressed.
+        INSERT INTO outbox_attempt
+            (message_id, attempt, outcome, error, claimed_at, channel, recipient_fingerprints)
+        SELECT s.id, s.attempts, 'suppressed', s.last_error, now(), s.channel,
+               s.recipient_fingerprints
+        FROM cooled AS s WHERE s.status = 'suppressed'
     ),
 """
 # The claim's condition on ``due``: a row without a key, or the key's holder.
