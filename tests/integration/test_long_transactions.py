@@ -140,9 +140,7 @@ def test_a_prepared_transaction_counts_from_when_it_was_prepared(engine: sa.Engi
 
 def emf_records(text: str) -> list[dict[str, Any]]:
     return [
-        json.loads(line)
-        for line in text.splitlines()
-        if line.startswith("{") and '"_aws"' in line
+        json.loads(line) for line in text.splitlines() if line.startswith("{") and '"_aws"' in line
     ]
 
 
@@ -152,9 +150,7 @@ def reap_and_read_metrics(
     observability.flush_metrics()
     capsys.readouterr()
     observability.log_metrics(
-        lambda e, c: reaper.run(
-            engine, settings(), lambda: 30.0, quiet_when_idle=quiet_when_idle
-        )
+        lambda e, c: reaper.run(engine, settings(), lambda: 30.0, quiet_when_idle=quiet_when_idle)
     )({}, None)
     relay_wide = [r for r in emf_records(capsys.readouterr().out) if "channel" not in r]
     return {k: v for r in relay_wide for k, v in r.items()}
