@@ -652,7 +652,8 @@ def enqueue(
 def status(as_json: bool) -> None:
     """Messages per channel and status, oldest due age, claims past their lease,
     pending messages held behind a failed row of their ordering key, paused
-    channels, and the destinations that throttled (rate, pauses)."""
+    channels, the destinations that throttled (rate, pauses), and the oldest
+    snapshot that holds back vacuum in the database."""
     from outbox import store
 
     with database() as engine, engine.connect() as conn:
@@ -660,7 +661,8 @@ def status(as_json: bool) -> None:
         backlog = store.backlog(conn)
         paused = store.paused_channels(conn)
         destinations = store.destination_figures(conn)
-    render_status(groups, backlog, STATUSES, as_json, paused, destinations)
+        snapshot = store.oldest_snapshot(conn)
+    render_status(groups, backlog, STATUSES, as_json, paused, destinations, snapshot)
 
 
 @cli.command("list")

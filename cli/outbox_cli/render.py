@@ -183,6 +183,7 @@ def render_status(
     as_json: bool,
     paused: Sequence[Any] = (),
     destinations: Sequence[Any] = (),
+    snapshot: Any = None,
 ) -> None:
     if as_json:
         emit_json(
@@ -214,6 +215,16 @@ def render_status(
                     for p in paused
                 ],
                 "destinations": [destination_json(d) for d in destinations],
+                "oldest_snapshot": None
+                if snapshot is None
+                else {
+                    "age_seconds": round(snapshot.age_seconds, 3),
+                    "xid_age": snapshot.xid_age,
+                    "sessions": snapshot.sessions,
+                    "hidden_sessions": snapshot.hidden_sessions,
+                    "prepared": snapshot.prepared,
+                    "slots": snapshot.slots,
+                },
             }
         )
         return
@@ -241,6 +252,21 @@ def render_status(
         click.echo(
             f"held {backlog.held}: pending behind a failed, dead or expired message of their "
             "ordering key; redrive or cancel that message to let them go"
+        )
+    if snapshot is not None:
+        render_snapshot(snapshot)
+
+
+def render_snapshot(s: Any) -> None:
+    """The oldest snapshot holding back vacuum (``store.OldestSnapshot``)."""
+    held = f"{s.sessions} sessions, {s.prepared} prepared transactions, {s.slots} slots"
+    click.echo(
+        f"oldest snapshot {s.age_seconds:.1f}s ({s.xid_age} transactions old; {held} hold one)"
+    )
+    if s.hidden_sessions:
+        click.echo(
+            f"{s.hidden_sessions} sessions of other roles hide their start: their age is not "
+            "in the seconds (GRANT pg_monitor to the relay's role to see it)"
         )
 
 

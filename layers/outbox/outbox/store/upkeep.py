@@ -1,5 +1,6 @@
 """The reaper's statements: expired leases, deliver-by times, held rows,
-retention, and the backlog figures (docs/design.md, invariants 5 and 6)."""
+retention, the backlog figures (docs/design.md, invariants 5 and 6), and the
+oldest snapshot that holds vacuum back in the relay's database."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ __all__ = [
     "NOT_STARTED_ERROR",
     "Backlog",
     "ChannelBacklog",
+    "OldestSnapshot",
     "Reaped",
     "backlog",
     "cancel_held",
     "channel_backlog",
     "expire_overdue",
     "held_count",
+    "oldest_snapshot",
     "prune",
     "prune_attempts",
     "prune_dedupe_keys",
@@ -391,3 +394,77 @@ def channel_backlog(conn: sa.Connection) -> list[ChannelBacklog]:
         ChannelBacklog._of(r, dead=r.dead, channel=r.channel, paused=r.paused)
         for r in conn.execute(_CHANNEL_BACKLOG).all()
     ]
+
+
+@dataclass(frozen=True)
+class OldestSnapshot:
+    """What holds back vacuum of the relay's tables (``oldest_snapshot``).
+
+    ``age_seconds``: the oldest transaction that holds a snapshot or a
+    transaction id, from its start (a session's ``xact_start``, an upper
+    bound for a read-committed one; a prepared transaction's ``prepared``),
+    over those whose start Postgres shows. ``xid_age``: the same horizon in
+    transaction ids (``age()``), over everything: sessions whose start is
+    hidden, standbys' feedback and replication slots have no time.
+    ``hidden_sessions``: sessions of other roles whose start Postgres hides
+    from a role without pg_read_all_stats (pg_monitor includes it)."""
+
+    age_seconds: float
+    xid_age: int
+    sessions: int
+    hidden_sessions: int
+    prepared: int
+    slots: int
+
+
+# Horizons are per database since PostgreSQL 14: only this database's
+# sessions and prepared transactions hold back its tables, and standbys'
+# feedback (walsenders, no database) and slots' xmin hold back every
+# database. A slot's catalog_xmin holds back only the catalogs: not counted.
+# Autovacuum's own xmin holds nothing back (vacuum ignores vacuums).
+# pg_stat_activity shows every role's datname, backend_xmin and backend_xid,
+# but another role's xact_start, state and backend_type only to
+# pg_read_all_stats: hidden, an autovacuum worker counts as a session (its
+# xid age only) and a standby's walsender is not seen (its slot is).
+_OLDEST_SNAPSHOT = statement(
+    """
+    WITH held AS (
+        SELECT CASE WHEN backend_type = 'walsender' THEN 'standby' ELSE 'session' END
+                   AS source,
+               xact_start AS since,
+               greatest(age(backend_xmin), age(backend_xid)) AS xids
+        FROM pg_stat_activity
+        WHERE pid <> pg_backend_pid()
+          AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+          AND (datname = current_database() OR backend_type = 'walsender')
+          AND backend_type IS DISTINCT FROM 'autovacuum worker'  -- NULL when hidden
+        UNION ALL
+        SELECT 'prepared', prepared, age(transaction)
+        FROM pg_prepared_xacts WHERE database = current_database()
+        UNION ALL
+        SELECT 'slot', NULL, age(xmin) FROM pg_replication_slots WHERE xmin IS NOT NULL
+    )
+    SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(since)), 0)::float8 AS age_seconds,
+           COALESCE(max(xids), 0) AS xid_age,
+           count(*) FILTER (WHERE source = 'session') AS sessions,
+           count(*) FILTER (WHERE source = 'session' AND since IS NULL) AS hidden_sessions,
+           count(*) FILTER (WHERE source = 'prepared') AS prepared,
+           count(*) FILTER (WHERE source = 'slot') AS slots
+    FROM held
+    """
+)
+
+
+def oldest_snapshot(conn: sa.Connection) -> OldestSnapshot:
+    """The oldest snapshot holding back vacuum in the relay's database, this
+    session's own excluded. Readable by the relay's role: what Postgres hides
+    from it counts in ``xid_age`` and ``hidden_sessions`` only."""
+    r = conn.execute(_OLDEST_SNAPSHOT).one()
+    return OldestSnapshot(
+        age_seconds=max(0.0, float(r.age_seconds)),
+        xid_age=int(r.xid_age),
+        sessions=r.sessions,
+        hidden_sessions=r.hidden_sessions,
+        prepared=r.prepared,
+        slots=r.slots,
+    )
