@@ -324,6 +324,31 @@ def test_a_message_past_its_deliver_by_time_publishes_expired(engine: sa.Engine,
     assert (event["detail"]["id"], event["detail"]["status"]) == (late, "expired")
 
 
+def test_a_message_the_cooldown_suppressed_publishes_suppressed(
+    engine: sa.Engine, bus: Bus
+) -> None:
+    # Issue 31, item 10: suppressed was the one final outcome never published.
+    with engine.begin() as conn:
+        first = outbox.enqueue(conn, "email", EMAIL, cooldown_key="k", cooldown=3600)
+    with engine.begin() as conn:
+        (claimed,) = store.claim(conn, 10, 120)
+        store.settle(
+            conn, [store.Settlement(claimed.id, claimed.claim_token, "delivered")], BACKOFF
+        )
+    with engine.begin() as conn:
+        later = outbox.enqueue(
+            conn, "email", EMAIL, cooldown_key="k", cooldown=3600, on_cooldown="suppress"
+        )
+    with engine.begin() as conn:
+        assert store.claim(conn, 10, 120) == []
+    report = reap(engine)
+    assert report.events_published == 1
+    (event,) = bus.received()
+    assert event["detail-type"] == "Outbox Message Suppressed"
+    assert (event["detail"]["id"], event["detail"]["status"]) == (later, "suppressed")
+    assert first != later
+
+
 # --- no free text or producer keys on the bus (issue 23, finding 6) -----------
 
 

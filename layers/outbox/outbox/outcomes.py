@@ -42,6 +42,7 @@ DETAIL_TYPES = {
     "expired": "Outbox Message Expired",
     "bounced": "Outbox Message Bounced",
     "complained": "Outbox Message Complained",
+    "suppressed": "Outbox Message Suppressed",
     "delivered": "Outbox Message Delivered",
 }
 # The detail's shape; 2 since the error is scrubbed and the keys opt-in (CHANGELOG).

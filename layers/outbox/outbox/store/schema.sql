@@ -1039,7 +1039,7 @@ CREATE TRIGGER outbox_message_destination BEFORE INSERT ON public.outbox_message
 
 -- Name: outbox_message outbox_message_outcome_event; Type: TRIGGER
 
-CREATE TRIGGER outbox_message_outcome_event AFTER UPDATE OF status ON public.outbox_message FOR EACH ROW WHEN (((new.status IS DISTINCT FROM old.status) AND (new.status = ANY (ARRAY['failed'::text, 'dead'::text, 'expired'::text, 'bounced'::text, 'complained'::text])))) EXECUTE FUNCTION public.outbox_record_outcome_event();
+CREATE TRIGGER outbox_message_outcome_event AFTER UPDATE OF status ON public.outbox_message FOR EACH ROW WHEN (((new.status IS DISTINCT FROM old.status) AND (new.status = ANY (ARRAY['failed'::text, 'dead'::text, 'expired'::text, 'bounced'::text, 'complained'::text, 'suppressed'::text])))) EXECUTE FUNCTION public.outbox_record_outcome_event();
 
 -- Name: FUNCTION outbox_cooldown_problem(cooldown interval, cooldown_key text, on_cooldown text); Type: ACL
 
