@@ -187,3 +187,34 @@ def test_the_batch_door_checks_what_it_is_given(
     assert problem in rows[0].refused_problem
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM outbox_message")).scalar_one() == 0
+
+
+def _many(conn: sa.Connection, channels: str, payloads: str, delays: str, ttls: str) -> Any:
+    return conn.execute(
+        sa.text(
+            "SELECT * FROM public.outbox_enqueue_many(CAST(:c AS text[]), CAST(:p AS jsonb), "
+            "'{NULL}', '{NULL}', '{0}', CAST(:d AS float8[]), '{NULL}', '{NULL}', "
+            "CAST(:t AS float8[]), '{hold}')"
+        ),
+        {"c": channels, "p": payloads, "d": delays, "t": ttls},
+    ).all()
+
+
+def test_the_batch_door_keeps_a_ttl_without_delays(engine: sa.Engine) -> None:
+    # Issue 31, item 6: a NULL delay made now() + delay + ttl NULL: the ttl
+    # was dropped and the message had no deliver-by time at all.
+    with engine.begin() as conn:
+        [r] = _many(
+            conn,
+            "{webhook}",
+            '[{"url": "https://a.example/", "event_type": "t", "body": {}}]',
+            "{NULL}",
+            "{60}",
+        )
+        left = conn.execute(
+            sa.text(
+                "SELECT EXTRACT(EPOCH FROM expires_at - now()) FROM outbox_message WHERE id = :i"
+            ),
+            {"i": r.id},
+        ).scalar_one()
+    assert left is not None and 0 < float(left) <= 60

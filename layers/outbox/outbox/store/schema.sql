@@ -372,7 +372,7 @@ BEGIN
                                         recipient_fingerprints)
             SELECT i.channel, i.payload, i.ordering_key, COALESCE(i.priority, 0),
                    pg_catalog.now() + pg_catalog.make_interval(secs => COALESCE(i.delay_s, 0)), i.max_attempts,
-                   COALESCE(i.expires_at, pg_catalog.now() + pg_catalog.make_interval(secs => i.delay_s + i.ttl_s)), COALESCE(i.on_predecessor_failure, 'hold'),
+                   COALESCE(i.expires_at, pg_catalog.now() + pg_catalog.make_interval(secs => COALESCE(i.delay_s, 0) + i.ttl_s)), COALESCE(i.on_predecessor_failure, 'hold'),
                    ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a) FROM outbox_addresses(i.channel, i.payload) AS a ORDER BY a)
             FROM 
     ROWS FROM (
@@ -454,7 +454,7 @@ BEGIN
             OVERRIDING SYSTEM VALUE
             SELECT new_id, channel, payload, dedupe_key, ordering_key, COALESCE(priority, 0),
                    pg_catalog.now() + pg_catalog.make_interval(secs => COALESCE(delay_s, 0)), max_attempts,
-                   COALESCE(i.expires_at, pg_catalog.now() + pg_catalog.make_interval(secs => i.delay_s + i.ttl_s)), COALESCE(on_predecessor_failure, 'hold'),
+                   COALESCE(i.expires_at, pg_catalog.now() + pg_catalog.make_interval(secs => COALESCE(i.delay_s, 0) + i.ttl_s)), COALESCE(on_predecessor_failure, 'hold'),
                    recipient_fingerprints
             FROM input AS i
             WHERE NOT EXISTS (SELECT 1 FROM conflicts)
