@@ -129,7 +129,10 @@ def test_sslmode_maps_to_pg8000s_tls(tmp_path: Any) -> None:
 
     ca = make_ca(tmp_path, names=("db.internal",))
     base = "postgresql://app@db.internal:5432/orders"
-    assert ssl_context_for(base) is None  # a local URL's default: no TLS
+    # a remote URL without sslmode: verified TLS (it used to be none)
+    default = ssl_context_for(base)
+    assert default is not None and default.verify_mode == ssl.CERT_REQUIRED
+    assert ssl_context_for("postgresql://app@127.0.0.1:5432/orders") is None  # local: none
     assert ssl_context_for(f"{base}?sslmode=disable") is None
     require = ssl_context_for(f"{base}?sslmode=require")
     assert (require.verify_mode, require.check_hostname) == (ssl.CERT_NONE, False)

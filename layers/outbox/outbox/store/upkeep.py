@@ -428,9 +428,11 @@ class OldestSnapshot:
 # xid age only) and a standby's walsender is not seen (its slot is).
 _OLDEST_SNAPSHOT = statement(
     """
+    -- source: 1 a session, 2 a standby's walsender, 3 a prepared
+    -- transaction, 4 a replication slot (numbers, not words: the store's
+    -- quoted words are statuses, tests/integration/test_states.py)
     WITH held AS (
-        SELECT CASE WHEN backend_type = 'walsender' THEN 'standby' ELSE 'session' END
-                   AS source,
+        SELECT CASE WHEN backend_type = 'walsender' THEN 2 ELSE 1 END AS source,
                xact_start AS since,
                greatest(age(backend_xmin), age(backend_xid)) AS xids
         FROM pg_stat_activity
@@ -439,17 +441,17 @@ _OLDEST_SNAPSHOT = statement(
           AND (datname = current_database() OR backend_type = 'walsender')
           AND backend_type IS DISTINCT FROM 'autovacuum worker'  -- NULL when hidden
         UNION ALL
-        SELECT 'prepared', prepared, age(transaction)
+        SELECT 3, prepared, age(transaction)
         FROM pg_prepared_xacts WHERE database = current_database()
         UNION ALL
-        SELECT 'slot', NULL, age(xmin) FROM pg_replication_slots WHERE xmin IS NOT NULL
+        SELECT 4, NULL, age(xmin) FROM pg_replication_slots WHERE xmin IS NOT NULL
     )
     SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(since)), 0)::float8 AS age_seconds,
            COALESCE(max(xids), 0) AS xid_age,
-           count(*) FILTER (WHERE source = 'session') AS sessions,
-           count(*) FILTER (WHERE source = 'session' AND since IS NULL) AS hidden_sessions,
-           count(*) FILTER (WHERE source = 'prepared') AS prepared,
-           count(*) FILTER (WHERE source = 'slot') AS slots
+           count(*) FILTER (WHERE source = 1) AS sessions,
+           count(*) FILTER (WHERE source = 1 AND since IS NULL) AS hidden_sessions,
+           count(*) FILTER (WHERE source = 3) AS prepared,
+           count(*) FILTER (WHERE source = 4) AS slots
     FROM held
     """
 )
