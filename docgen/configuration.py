@@ -192,7 +192,7 @@ def _used_by(template: dict[str, Any], param: str) -> str:
     reserved = [
         name
         for name, resource in template["Resources"].items()
-        if resource.get("Properties", {}).get("ReservedConcurrentExecutions") == {"Ref": param}
+        if _mentions(resource.get("Properties", {}).get("ReservedConcurrentExecutions"), param)
     ]
     if reserved:
         return "reserved concurrency of " + _code(reserved)

@@ -8,6 +8,7 @@ template.yaml in tests/template/test_template.py."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Iterable
 from typing import Any
@@ -121,6 +122,13 @@ def test_every_other_parameter_says_what_it_sets(template: dict[str, Any]) -> No
         for line in configuration.parameters_table(template).splitlines()[2:]
     }
     assert [name for name, meaning in rows.items() if not meaning] == []
-    assert rows["EmailConcurrency"] == "reserved concurrency of `EmailFunction`"
-    assert rows["LogRetentionDays"] == "used by `RelayLogGroup`"
+    assert rows["EmailConcurrency"].startswith("Reserved concurrency of the email channel")
+    assert rows["LogRetentionDays"] == "Days the relay's log group keeps its logs."
+    # Every parameter has a Description (tests/template/test_quick_path.py);
+    # without one, the table says where the parameter is used.
+    bare = copy.deepcopy(template)
+    del bare["Parameters"]["LogRetentionDays"]["Description"]
+    assert "| `LogRetentionDays` | `30` | used by `RelayLogGroup` |" in (
+        configuration.parameters_table(bare)
+    )
     assert "BatchSize" not in rows  # a variable's value: in the settings table

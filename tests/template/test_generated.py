@@ -70,7 +70,13 @@ def test_one_declaration_adds_a_channel_everywhere_the_stack_names_one(
     email = template["Resources"]["EmailFunction"]
     assert function["Metadata"] == email["Metadata"]
     assert props["CodeUri"] == "functions/slack/"
-    assert props["ReservedConcurrentExecutions"] == {"Ref": "SlackConcurrency"}
+    # Reserved unless its parameter is 0.
+    assert props["ReservedConcurrentExecutions"] == {
+        "Fn::If": ["ReservesSlack", {"Ref": "SlackConcurrency"}, {"Ref": "AWS::NoValue"}]
+    }
+    assert with_slack["Conditions"]["ReservesSlack"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "SlackConcurrency"}, 0]}]
+    }
     assert props["EventInvokeConfig"] == email["Properties"]["EventInvokeConfig"]
     assert props["Environment"] == {
         "Variables": {"SLACK_TOKEN_SECRET_ARN": {"Ref": "SlackTokenSecretArn"}}
@@ -84,7 +90,7 @@ def test_one_declaration_adds_a_channel_everywhere_the_stack_names_one(
         for g in with_slack["Metadata"]["AWS::CloudFormation::Interface"]["ParameterGroups"]
     }
     assert groups["Channels"][-1] == "SlackTokenSecretArn"
-    assert groups["Reserved concurrency"][-2:] == ["SlackConcurrency", "FeedbackConcurrency"]
+    assert groups["Reserved concurrency"][-3:-1] == ["SlackConcurrency", "FeedbackConcurrency"]
 
     dispatcher = resources["DispatcherFunction"]["Properties"]
     variables = dispatcher["Environment"]["Variables"]

@@ -243,6 +243,27 @@ def secret_violations(template: dict[str, Any]) -> list[str]:
     return found
 
 
+def reserved_parameter(template: dict[str, Any], props: dict[str, Any]) -> str | None:
+    """The parameter a function's ReservedConcurrentExecutions comes from: a
+    !Ref of it, or !If [a condition that it is not 0, !Ref it, AWS::NoValue]
+    (0 reserves none). None for anything else."""
+    node = props.get("ReservedConcurrentExecutions")
+    if isinstance(node, dict) and node.get("Ref") in template["Parameters"]:
+        return str(node["Ref"])
+    if not (isinstance(node, dict) and set(node) == {"Fn::If"}):
+        return None
+    condition, reserved, otherwise = node["Fn::If"]
+    name = reserved.get("Ref") if isinstance(reserved, dict) else None
+    not_zero = {"Fn::Not": [{"Fn::Equals": [{"Ref": name}, 0]}]}
+    if (
+        name in template["Parameters"]
+        and template.get("Conditions", {}).get(condition) == not_zero
+        and otherwise == {"Ref": "AWS::NoValue"}
+    ):
+        return str(name)
+    return None
+
+
 def invoke_violations(template: dict[str, Any]) -> list[str]:
     found = []
     params = template["Parameters"]
@@ -266,8 +287,7 @@ def invoke_violations(template: dict[str, Any]) -> list[str]:
         age = default(template, config.get("MaximumEventAgeInSeconds"))
         if not isinstance(age, int) or age + sender_timeout >= lease:
             found.append(f"{name}: MaximumEventAgeInSeconds {age} + timeout not below the lease")
-        concurrency = props.get("ReservedConcurrentExecutions")
-        if not (isinstance(concurrency, dict) and concurrency.get("Ref") in params):
+        if reserved_parameter(template, props) is None:
             found.append(f"{name}: ReservedConcurrentExecutions is not a parameter")
         if "DeadLetterQueue" in props:
             found.append(f"{name}: a Lambda DLQ alongside the OnFailure destination")
@@ -658,7 +678,7 @@ def test_the_settings_check_catches_a_template_out_of_step(template: dict[str, A
     params["OutcomeEventsDelivered"]["AllowedValues"] = ["true", "false", "yes"]
     params["OutcomeEventBusName"]["Default"] = ""  # the table says deployed stacks publish
     params["UnresolvedRetentionDays"]["AllowedPattern"] = "^(never|[1-9][0-9]{0,3})$"
-    params["EmailConcurrency"]["Default"] = 0  # CHANNEL_CONCURRENCY refuses it
+    params["EmailConcurrency"]["Default"] = -1  # CHANNEL_CONCURRENCY refuses it
     assert setting_violations(bad, SETTINGS) == [
         "parameter BatchSize: default '101' is not BATCH_SIZE's '100'",
         "parameter LeaseSeconds: MinValue/MaxValue 61/86400, not LEASE_SECONDS's 66/86400",
@@ -673,7 +693,7 @@ def test_the_settings_check_catches_a_template_out_of_step(template: dict[str, A
         "not OUTCOME_EVENTS_DELIVERED's ('true', 'false')",
         "Globals: BATCH_SIZ is not a declared setting",
         "DispatcherFunction: CHANNEL_CONCURRENCY from its Sub with the parameters' defaults is "
-        "refused (configuration CHANNEL_CONCURRENCY: 'email' must be a whole number from 1 to "
+        "refused (configuration CHANNEL_CONCURRENCY: 'email' must be a whole number from 0 to "
         "10000)",
         "WebhookFunction: WEBHOOK_ALLOW_INSECURE is declared as one the template never sets",
         "DEDUPE_WINDOW_DAYS: declared as set by the template, which never sets it",
@@ -757,8 +777,8 @@ def capacity_violations(template: dict[str, Any]) -> list[str]:
     raw = variables["CHANNEL_CONCURRENCY"]["Fn::Sub"]
     concurrency = json.loads(re.sub(r"\$\{([A-Za-z0-9]+)\}", r'"\1"', raw))
     for channel, function in sorted(_channel_map(template).items()):
-        reserved = functions(template).get(function, {}).get("ReservedConcurrentExecutions")
-        if not isinstance(reserved, dict) or concurrency.get(channel) != reserved.get("Ref"):
+        reserved = reserved_parameter(template, functions(template).get(function, {}))
+        if reserved is None or concurrency.get(channel) != reserved:
             found.append(
                 f"CHANNEL_CONCURRENCY[{channel!r}] is not {function}'s reserved concurrency"
             )

@@ -37,7 +37,8 @@ BASE = {"DATABASE_URL": "postgresql://postgres@127.0.0.1/test"}
         ({**BASE, "CHANNEL_FUNCTIONS": "{nope"}, "CHANNEL_FUNCTIONS"),
         ({**BASE, "CHANNEL_FUNCTIONS": '{"email": ""}'}, "CHANNEL_FUNCTIONS"),
         ({**BASE, "CHANNEL_CONCURRENCY": "10"}, "CHANNEL_CONCURRENCY"),
-        ({**BASE, "CHANNEL_CONCURRENCY": '{"email": 0}'}, "CHANNEL_CONCURRENCY"),
+        ({**BASE, "CHANNEL_CONCURRENCY": '{"email": -1}'}, "CHANNEL_CONCURRENCY"),
+        ({**BASE, "UNRESERVED_CHANNEL_CONCURRENCY": "0"}, "UNRESERVED_CHANNEL_CONCURRENCY"),
         ({**BASE, "CHANNEL_CONCURRENCY": '{"email": "10"}'}, "CHANNEL_CONCURRENCY"),
         ({**BASE, "CHANNEL_CONCURRENCY": '{"email": true}'}, "CHANNEL_CONCURRENCY"),
         ({**BASE, "CHANNEL_MAX_IN_FLIGHT": "{nope"}, "CHANNEL_MAX_IN_FLIGHT"),
@@ -88,6 +89,18 @@ def test_in_flight_budget_from_reserved_concurrency_chunk_timeout_and_event_age(
         "push": 7,
     }
     assert RelaySettings.from_env(BASE).in_flight_budgets() == {}  # no budget: batch-bound
+
+
+def test_an_unreserved_channel_is_budgeted_from_the_assumed_concurrency() -> None:
+    # 0: the function reserves nothing (a new account's quota leaves no room
+    # for a reservation), so the budget assumes UNRESERVED_CHANNEL_CONCURRENCY
+    # (default 2) invocations at once instead: 2 * 32 * (1 + 60 // 30).
+    env = {**BASE, "CHANNEL_CONCURRENCY": '{"email": 0, "sms": 5}'}
+    assert RelaySettings.from_env(env).in_flight_budgets() == {"email": 192, "sms": 480}
+    wider = {**env, "UNRESERVED_CHANNEL_CONCURRENCY": "4"}
+    assert RelaySettings.from_env(wider).in_flight_budgets() == {"email": 384, "sms": 480}
+    override = {**env, "CHANNEL_MAX_IN_FLIGHT": '{"email": 50}'}
+    assert RelaySettings.from_env(override).in_flight_budgets() == {"email": 50, "sms": 480}
 
 
 def test_issue_9_settings_are_read_with_production_defaults() -> None:

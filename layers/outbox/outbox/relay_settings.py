@@ -148,6 +148,8 @@ class RelaySettings:
     # from the <Channel>Concurrency parameters), and explicit in-flight budgets
     # that override the derived one: see in_flight_budgets().
     channel_concurrency: dict[str, int] = from_setting(declared.CHANNEL_CONCURRENCY)  # noqa: RUF009
+    # What an entry of 0 (no reservation) counts as.
+    unreserved_channel_concurrency: int = from_setting(declared.UNRESERVED_CHANNEL_CONCURRENCY)
     channel_max_in_flight: dict[str, int] = from_setting(declared.CHANNEL_MAX_IN_FLIGHT)  # noqa: RUF009
     # Applied to the database at cold start by whatever claims (the
     # dispatcher, `outbox worker`): docs/how-to/rate-limits.md.
@@ -188,13 +190,17 @@ class RelaySettings:
 
         (defaults: 10 * 32 * (1 + 60 // 30) = 960 email rows in flight). Rows
         claimed beyond it would only wait in Lambda's queue until they are
-        dropped. CHANNEL_MAX_IN_FLIGHT replaces the formula for a channel; a
+        dropped. A function that reserves nothing (C = 0) has no such bound:
+        C is then UNRESERVED_CHANNEL_CONCURRENCY, an assumption.
+        CHANNEL_MAX_IN_FLIGHT replaces the formula for a channel; a
         channel with neither setting has no budget (the batch size bounds it).
         """
         window = min(self.max_event_age_seconds, self.lease_seconds - self.sender_timeout_seconds)
         waves = 1 + max(0, window) // self.sender_timeout_seconds
         budgets = {
-            channel: concurrency * self.handoff_chunk_size * waves
+            channel: (concurrency or self.unreserved_channel_concurrency)
+            * self.handoff_chunk_size
+            * waves
             for channel, concurrency in self.channel_concurrency.items()
         }
         budgets.update(self.channel_max_in_flight)

@@ -517,9 +517,24 @@ CHANNEL_FUNCTIONS = ChannelMap(
 )
 CHANNEL_CONCURRENCY = ChannelMap(
     name="CHANNEL_CONCURRENCY",
-    low=1,
+    low=0,
     high=10_000,
-    meaning="dispatcher: JSON map channel to its function's reserved concurrency",
+    meaning=(
+        "dispatcher: JSON map channel to its function's reserved concurrency; "
+        "0: none reserved, the budget assumes UNRESERVED_CHANNEL_CONCURRENCY"
+    ),
+)
+# A function that reserves nothing may run as many times at once as the
+# account's unreserved pool allows, or as few as none: the budget assumes this.
+UNRESERVED_CHANNEL_CONCURRENCY = Int(
+    name="UNRESERVED_CHANNEL_CONCURRENCY",
+    default=2,
+    low=1,
+    high=1_000,
+    meaning=(
+        "dispatcher: the concurrency a channel's in-flight budget assumes when its "
+        "function reserves none (CHANNEL_CONCURRENCY 0)"
+    ),
 )
 CHANNEL_MAX_IN_FLIGHT = ChannelMap(
     name="CHANNEL_MAX_IN_FLIGHT",
