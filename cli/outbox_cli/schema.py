@@ -43,6 +43,8 @@ _HEADER = """\
 -- created and upgraded by `outbox migrate`).
 -- Roles are shown with their default names (the settings OUTBOX_*_ROLE),
 -- the objects in the schema public (the migrator's first on its search_path).
+-- The history's day partitions (outbox_message_resolved_pYYYYMMDD, one a
+-- UTC day) are left out: the relay makes them as days pass.
 -- Rendered by pg_dump {major}.
 """
 
@@ -105,7 +107,14 @@ def libpq_environment(database_url: str) -> dict[str, str]:
 def dump(database_url: str) -> str:
     """The database's schema as pg_dump writes it: no owners, no data."""
     result = subprocess.run(
-        ["pg_dump", "--schema-only", "--no-owner", f"--exclude-table={_EXCLUDED_TABLE}"],
+        [
+            "pg_dump",
+            "--schema-only",
+            "--no-owner",
+            f"--exclude-table={_EXCLUDED_TABLE}",
+            # the history's day partitions: made by the relay as days pass
+            "--exclude-table=outbox_message_resolved_p*",
+        ],
         env={**os.environ, **libpq_environment(database_url)},
         capture_output=True,
         text=True,

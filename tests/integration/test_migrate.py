@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 import outbox
-from outbox import migrate
+from outbox import migrate, store
 from outbox.db import create_engine
 from outbox.migrate import check_response_url
 from outbox.migrate import handle as migrate_handler
@@ -189,7 +189,11 @@ def test_relay_tables_are_exactly_the_tables_the_migrations_create(
     fresh_database: sa.Engine,
 ) -> None:
     migrate.upgrade(fresh_database)
-    assert tables(fresh_database) == migrate.RELAY_TABLES
+    made = tables(fresh_database)
+    days = {t for t in made if migrate.HISTORY_PARTITION.fullmatch(t)}
+    # today's history partition and the days ahead, named by their UTC day
+    assert len(days) == 1 + store.HISTORY_DAYS_AHEAD, days
+    assert made - days == migrate.RELAY_TABLES
 
 
 HEAD = migrate.head()

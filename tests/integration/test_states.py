@@ -21,7 +21,11 @@ _WRITTEN = re.compile(
 
 def _check_values(conn: sa.Connection, constraint: str) -> set[str]:
     definition = conn.execute(
-        sa.text("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = :name"),
+        # (a partitioned table's constraint is each partition's too: read the parent's)
+        sa.text(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conname = :name AND conislocal"
+        ),
         {"name": constraint},
     ).scalar_one()
     return set(re.findall(r"'([a-z_]+)'::text", definition))

@@ -441,7 +441,7 @@ def check(url: str, report: RunReport, default_max: int, poisoned: list[int] | N
             v.append(f"not terminal: {bad}")
         if bad := ids(
             "SELECT m.id, m.status, count(a.id) FROM outbox_message m LEFT JOIN outbox_attempt a "
-            "ON a.message_id = m.id AND a.outcome = 'delivered' GROUP BY m.id "
+            "ON a.message_id = m.id AND a.outcome = 'delivered' GROUP BY m.id, m.status "
             "HAVING count(a.id) <> CASE WHEN m.status = 'delivered' THEN 1 ELSE 0 END"
         ):
             v.append(f"delivered attempt rows != 1 per delivered message: {bad}")

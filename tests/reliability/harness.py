@@ -100,7 +100,9 @@ SCHEMA_SQL = [
         RETURN NEW;
     END $$ LANGUAGE plpgsql""",
     "DROP TRIGGER IF EXISTS rel_audit ON outbox_message",
-    """CREATE TRIGGER rel_audit AFTER UPDATE ON outbox_message
+    # BEFORE: a settle moves its row to the history's partitions, which
+    # Postgres runs as a delete and an insert, firing no AFTER UPDATE trigger
+    """CREATE TRIGGER rel_audit BEFORE UPDATE ON outbox_message
        FOR EACH ROW EXECUTE FUNCTION rel_audit()""",
 ]
 

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 from . import aws
-from .errors import ConfigError
+from .errors import ConfigError, moved_meanwhile
 from .relay_settings import DatabaseSettings
 
 _SECRET_MAX_AGE_SECONDS = 300
@@ -243,6 +243,10 @@ def _invalidate_after_any_error(context: sa.engine.ExceptionContext) -> None:
     if context.sqlalchemy_exception is not None:
         redact(context.sqlalchemy_exception)
     if context.is_disconnect or context.connection is None:
+        return
+    if moved_meanwhile(context.original_exception):
+        # a whole error answer the server sent (the driver read it to the
+        # end), which the store runs again in a savepoint (store._sql)
         return
     context.is_disconnect = True
     context.invalidate_pool_on_disconnect = False

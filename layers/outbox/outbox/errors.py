@@ -93,3 +93,15 @@ class DedupeConflict(ValidationError):
         self.index = index
         self.existing_id = existing_id
         self.first_index = first_index
+
+
+# Postgres's word for an UPDATE or a lock that waited on a row another
+# transaction moved to another partition meanwhile (a settle, a redrive: a
+# change of status between the live rows and the history), under READ
+# COMMITTED too: it cannot follow the row, so it refuses rather than re-check.
+_MOVED_MESSAGE = "moved to another partition"
+
+
+def moved_meanwhile(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is that refusal (the statement may simply run again)."""
+    return exc is not None and sqlstate(exc) == "40001" and _MOVED_MESSAGE in str(exc)

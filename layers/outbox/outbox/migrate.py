@@ -36,6 +36,10 @@ LEGACY_VERSION_TABLE = "alembic_version"
 RELAY_TABLES = frozenset(
     {
         "outbox_message",
+        "outbox_message_live",
+        "outbox_message_unresolved",
+        "outbox_message_resolved",
+        "outbox_message_resolved_default",
         "outbox_attempt",
         "outbox_dedupe",
         "outbox_fingerprint_key",
@@ -204,6 +208,7 @@ def upgrade_from(
         if revision == "head":
             # (a schema made by a printed script missed this step: see 0014)
             qualify_installed_functions(connection)
+            store.make_history_partitions(connection)
         store.set_delivered_outcome_events(connection, delivered_events)
         return before, _current(connection)
 
@@ -274,7 +279,17 @@ def include_object(
     """
     table = obj if type_ == "table" else getattr(obj, "table", None)
     table_name = getattr(table, "name", None) or (name if type_ == "table" else None)
-    return table_name not in RELAY_TABLES
+    return not is_relay_table(table_name)
+
+
+# The history's day partitions (and the one an upgrade to 0018 kept): made and
+# dropped by the relay as days pass, so known by their names' form.
+HISTORY_PARTITION = re.compile(r"outbox_message_resolved_(p[0-9]{8}|before_0018)")
+
+
+def is_relay_table(name: str | None) -> bool:
+    """A table the relay made: one of ``RELAY_TABLES``, or a history partition."""
+    return name is not None and (name in RELAY_TABLES or bool(HISTORY_PARTITION.fullmatch(name)))
 
 
 # --- the migrate function: a CloudFormation custom resource, or a plain invoke --

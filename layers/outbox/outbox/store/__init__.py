@@ -6,6 +6,7 @@
                     retention, backlog figures
     enqueue         the producer: ``outbox.enqueue`` and ``enqueue_many``
     operator        the ``outbox`` command: reads, redrive, cancel, prune, pause
+    history         the settled rows' day partitions: made ahead, dropped whole
     feedback        provider feedback (SES bounces and complaints)
     outcome_events  the transitions published to EventBridge
     pacing          the dispatcher's next wake-up when it goes to sleep
@@ -48,6 +49,7 @@ from .cooldown import *
 from .delivery import *
 from .enqueue import *
 from .feedback import *
+from .history import *
 from .operator import *
 from .outcome_events import *
 from .pacing import *

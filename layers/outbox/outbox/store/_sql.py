@@ -26,6 +26,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ..errors import moved_meanwhile
 from ..states import STATUSES, Status
 
 
@@ -103,3 +104,28 @@ def check_statuses(
     """The statuses as members of ``allowed``; ValueError naming the choices
     for the first that is not one (``Status.parse``)."""
     return [Status.parse(s, allowed, verb) for s in statuses or ()]
+
+
+_ATTEMPTS_AFTER_A_MOVE = 3
+
+
+def execute_fenced(conn: sa.Connection, stmt: Any, params: dict[str, Any]) -> list[sa.Row[Any]]:
+    """Run a fenced write (or lock), and again when a row it waited for was
+    moved meanwhile: the next run reads the row where it went, and the fence
+    decides (a settle finds its claim gone and writes nothing). On the
+    relay's autocommit connections the failed statement left nothing to undo;
+    inside a transaction it runs in a savepoint. The connection stays
+    (``outbox.db`` keeps it for this error alone: the server's whole answer
+    was read)."""
+    raw = conn.connection.dbapi_connection
+    in_transaction = not getattr(raw, "autocommit", False)
+    for attempt in range(1, _ATTEMPTS_AFTER_A_MOVE + 1):
+        try:
+            if not in_transaction:
+                return list(conn.execute(stmt, params).all())
+            with conn.begin_nested():
+                return list(conn.execute(stmt, params).all())
+        except sa.exc.DBAPIError as exc:
+            if attempt == _ATTEMPTS_AFTER_A_MOVE or not moved_meanwhile(exc.orig):
+                raise
+    raise AssertionError("unreachable")

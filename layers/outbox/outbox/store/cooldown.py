@@ -88,7 +88,8 @@ CLAIM_GATE = f"""
                               ELSE m.last_error END
         FROM due JOIN cooldown AS c
           ON c.channel = due.channel AND c.cooldown_key = due.cooldown_key
-        WHERE m.id = due.id AND due.id <> c.message_id AND (m.status = 'pending') IS TRUE
+        WHERE m.id = due.id AND due.id <> c.message_id
+          AND m.status IN ('pending', 'claimed') AND (m.status = 'pending') IS TRUE
         RETURNING m.id, m.status, m.attempts, m.last_error, m.channel, m.recipient_fingerprints
     ),
     suppressed_log AS (

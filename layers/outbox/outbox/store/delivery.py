@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from ..limits import CHANNEL_WIDE
 from ..payloads import MAX_STORED_BYTES
 from ..states import SETTLE_OUTCOMES
-from ._sql import array_literal, json_document, statement
+from ._sql import array_literal, execute_fenced, json_document, statement
 from .cooldown import CLAIM_GATE as COOLDOWN_GATE
 from .cooldown import CLAIM_PASSES as COOLDOWN_PASSES
 from .cooldown import SETTLE_WINDOW as COOLDOWN_WINDOW
@@ -352,8 +352,10 @@ _CLAIM = f"""
     -- as IS TRUE: a plain status = 'pending' lets the planner, when the
     -- statistics saw no pending row, walk every pending row through a partial
     -- index against the batch instead of looking each id up (150 ms a claim
-    -- after a burst of 10,000 rows on an idle table).
-    WHERE m.id = due.id AND (m.status = 'pending') IS TRUE
+    -- after a burst of 10,000 rows on an idle table). The IN before it names
+    -- the live rows' partition, which an IS TRUE alone cannot (every
+    -- partition would be probed for each id).
+    WHERE m.id = due.id AND m.status IN ('pending', 'claimed') AND (m.status = 'pending') IS TRUE
       AND {COOLDOWN_PASSES}
     RETURNING {{returning}}
     ),
@@ -558,6 +560,12 @@ def channel_load(conn: sa.Connection, channels: Sequence[str]) -> ChannelLoad:
     )
 
 
+# A claimed row, looked up by id: the IN names the live rows' partition (the
+# history's are never planned), the IS TRUE keeps the planner from the partial
+# lease index (every claimed row walked against the batch, where each id is
+# one probe of the key), as the claim does for its pending rows.
+_CLAIMED_ROW = "m.status IN ('pending', 'claimed') AND (m.status = 'claimed') IS TRUE"
+
 # Only a claim no sender started: a hand-off whose Invoke call timed out may
 # still have been queued by Lambda, and its sender may hold the receipt and be
 # calling the provider. Taking that claim back would refuse its settle and let
@@ -566,12 +574,12 @@ def channel_load(conn: sa.Connection, channels: Sequence[str]) -> ChannelLoad:
 # holder giving back rows it did not start (``outbox worker`` stopping, whose
 # claim is its receipt): ``own_receipt`` releases those, and only those.
 _RELEASE = statement(
-    """
+    f"""
     UPDATE outbox_message AS m
     SET status = 'pending', claim_token = NULL, lease_expires_at = NULL,
         available_at = now() + make_interval(secs => :delay_seconds), last_error = :reason
     FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
-    WHERE m.id = h.id AND m.claim_token = h.token AND m.status = 'claimed'
+    WHERE m.id = h.id AND m.claim_token = h.token AND {_CLAIMED_ROW}
       AND (m.received_at IS NOT NULL) = :own_receipt
     RETURNING m.id
     """
@@ -594,7 +602,8 @@ def release(
     held = list(claims)
     if not held:
         return set()
-    rows = conn.execute(
+    rows = execute_fenced(
+        conn,
         _RELEASE,
         {
             "ids": array_literal(c.id for c in held),
@@ -603,7 +612,7 @@ def release(
             "delay_seconds": float(delay_seconds),
             "own_receipt": own_receipt,
         },
-    ).all()
+    )
     return {r.id for r in rows}
 
 
@@ -635,7 +644,7 @@ _RECEIVE_CLAIMED = statement(
     SET received_at = now()
     FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS h(id, token)
     WHERE m.id = h.id AND m.claim_token = h.token
-      AND m.status = 'claimed' AND m.channel = :channel AND m.lease_expires_at > now()
+      AND {_CLAIMED_ROW} AND m.channel = :channel AND m.lease_expires_at > now()
       AND m.received_at IS NULL
     RETURNING {
         _received(
@@ -662,14 +671,11 @@ def receive_claimed(
     fence = _fence_arrays(claims)
     if fence is None:
         return []
-    rows = conn.execute(
+    rows = execute_fenced(
+        conn,
         _RECEIVE_CLAIMED,
-        {
-            **fence,
-            "channel": channel,
-            "default_max": default_max_attempts,
-        },
-    ).all()
+        {**fence, "channel": channel, "default_max": default_max_attempts},
+    )
     return _claimed_messages(rows)
 
 
@@ -772,7 +778,7 @@ _SETTLE = statement(
                          || COALESCE(i.error, 'deferred')
                     ELSE i.error END AS error,
                m.attempts, m.attempts_at_redrive, m.max_attempts, m.deferrals, m.expires_at
-        FROM input AS i JOIN outbox_message AS m ON m.id = i.id
+        FROM input AS i JOIN outbox_message AS m ON m.id = i.id AND {_CLAIMED_ROW}
     ),
     timed AS (
         SELECT m.*,
@@ -813,7 +819,7 @@ _SETTLE = statement(
             settled_at = CASE WHEN d.next_status = 'pending' THEN NULL ELSE now() END
         FROM decided AS d
         -- The fence: a sender whose lease was taken matches nothing here.
-        WHERE m.id = d.id AND m.claim_token = d.token AND m.status = 'claimed'
+        WHERE m.id = d.id AND m.claim_token = d.token AND {_CLAIMED_ROW}
         RETURNING m.id, m.status, m.claimed_at, m.last_error, m.channel,
                   m.recipient_fingerprints, d.outcome, d.attempts_after, d.error,
                   d.provider_id, d.duration_ms, m.cooldown_key, m.cooldown
@@ -863,7 +869,8 @@ def settle_with_outcomes(
     unknown = {s.outcome for s in settlements} - set(SETTLE_OUTCOMES)
     if unknown:
         raise ValueError(f"unknown outcome(s): {sorted(unknown)}")
-    rows = conn.execute(
+    rows = execute_fenced(
+        conn,
         _SETTLE,
         {
             "settlements": json_document(
@@ -884,5 +891,5 @@ def settle_with_outcomes(
             "max_deferrals": backoff.max_deferrals,
             **backoff.params(),
         },
-    ).all()
+    )
     return {r.id: Settled(r.status, r.outcome) for r in rows}

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from ..states import CANCELLABLE_STATUSES, REDRIVABLE_STATUSES, TERMINAL_STATUSES
 from ._sql import array_literal, check_channels, check_statuses, statement
+from .history import prunable_before, prune_before
 
 __all__ = [
     "ChannelStatusCount",
@@ -310,28 +311,11 @@ def matching_ids(
 # An operator's prune counts, confirms, then deletes against one cutoff taken
 # from the database clock, so it never deletes more than it counted.
 _PRUNE_CUTOFF = statement("SELECT now() - make_interval(secs => :older_than_seconds)")
-_PRUNABLE = statement(
-    """
-    SELECT count(*) FROM outbox_message
-    WHERE status = ANY(CAST(:statuses AS text[])) AND settled_at < :cutoff
-    """
-)
-_PRUNE_BEFORE = statement(
-    """
-    WITH doomed AS (
-        SELECT id FROM outbox_message
-        WHERE status = ANY(CAST(:statuses AS text[])) AND settled_at < :cutoff
-        LIMIT :batch_size
-        FOR UPDATE SKIP LOCKED
-    )
-    DELETE FROM outbox_message AS m USING doomed WHERE m.id = doomed.id
-    """
-)
 
 
-def _prunable(statuses: Sequence[str]) -> str:
-    """The statuses as a parameter, once each is known to be terminal."""
-    return array_literal(check_statuses(statuses, TERMINAL_STATUSES, "prune"))
+def _prunable(statuses: Sequence[str]) -> list[str]:
+    """The statuses, once each is known to be terminal."""
+    return list(check_statuses(statuses, TERMINAL_STATUSES, "prune"))
 
 
 def prune_cutoff(conn: sa.Connection, older_than_seconds: float) -> Any:
@@ -342,21 +326,19 @@ def prune_cutoff(conn: sa.Connection, older_than_seconds: float) -> Any:
 
 
 def count_prunable(conn: sa.Connection, cutoff: Any, statuses: Sequence[str]) -> int:
-    return int(
-        conn.execute(_PRUNABLE, {"statuses": _prunable(statuses), "cutoff": cutoff}).scalar_one()
-    )
+    """How many rows ``prune_settled_before`` would remove: every one settled
+    before ``cutoff``."""
+    return prunable_before(conn, cutoff, _prunable(statuses), exact=True)
 
 
 def prune_settled_before(
     conn: sa.Connection, cutoff: Any, batch_size: int, statuses: Sequence[str]
 ) -> int:
-    """Delete up to ``batch_size`` rows in ``statuses`` settled before ``cutoff``;
-    returns how many the DELETE removed (never a prior count)."""
-    result = conn.execute(
-        _PRUNE_BEFORE,
-        {"statuses": _prunable(statuses), "cutoff": cutoff, "batch_size": batch_size},
-    )
-    return result.rowcount
+    """Remove rows in ``statuses`` settled before ``cutoff``: the resolved rows'
+    day partitions that end by it dropped whole, up to ``batch_size`` rows of
+    the rest deleted (the cutoff's own day among them); returns how many went
+    (never a prior count)."""
+    return prune_before(conn, cutoff, batch_size, _prunable(statuses), exact=True)
 
 
 # --- the send log: attempts by recipient -------------------------------------

@@ -169,8 +169,10 @@ def outcome_event_backlog(conn: sa.Connection) -> tuple[int, float]:
 
 _DELIVERED_EVENTS_ENABLED = statement(
     """
-    SELECT tgenabled <> 'D' FROM pg_trigger
-    WHERE tgrelid = 'outbox_message'::regclass AND tgname = :name
+    SELECT tgrelid::regclass::text AS table_name, tgenabled <> 'D' AS enabled FROM pg_trigger
+    WHERE tgname = :name
+      -- on the history since 0018, on the one table before
+      AND tgrelid = COALESCE(to_regclass('outbox_message_resolved'), to_regclass('outbox_message'))
     """
 )
 
@@ -179,11 +181,13 @@ def set_delivered_outcome_events(conn: sa.Connection, enabled: bool) -> bool:
     """Turn the ``delivered`` outcome event on or off (the trigger that writes
     it); off, a delivery costs nothing extra. Needs the table's owner (the
     migrate function). Returns whether anything changed."""
-    current = conn.execute(_DELIVERED_EVENTS_ENABLED, {"name": _DELIVERED_EVENT_TRIGGER}).scalar()
-    if current is None or bool(current) == enabled:
+    current = conn.execute(_DELIVERED_EVENTS_ENABLED, {"name": _DELIVERED_EVENT_TRIGGER}).first()
+    if current is None or bool(current.enabled) == enabled:
         return False
+    if current.table_name not in ("outbox_message_resolved", "outbox_message"):
+        raise RuntimeError(f"the delivered event trigger is on {current.table_name!r}")
     action = "ENABLE" if enabled else "DISABLE"  # a closed choice, never input
     conn.execute(
-        statement(f"ALTER TABLE outbox_message {action} TRIGGER {_DELIVERED_EVENT_TRIGGER}")
+        statement(f"ALTER TABLE {current.table_name} {action} TRIGGER {_DELIVERED_EVENT_TRIGGER}")
     )
     return True

@@ -7,6 +7,8 @@
 -- created and upgraded by `outbox migrate`).
 -- Roles are shown with their default names (the settings OUTBOX_*_ROLE),
 -- the objects in the schema public (the migrator's first on its search_path).
+-- The history's day partitions (outbox_message_resolved_pYYYYMMDD, one a
+-- UTC day) are left out: the relay makes them as days pass.
 -- Rendered by pg_dump 15.
 
 -- The functions come in name order, some before the ones they call: their
@@ -85,6 +87,41 @@ CREATE FUNCTION public.outbox_destination_of(channel text, payload jsonb) RETURN
                 WHEN 'eventbridge' THEN payload ->> 'event_bus'
                 END, '')
         $$;
+
+-- Name: outbox_drop_history_before(timestamp with time zone, boolean); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_drop_history_before(p_before timestamp with time zone, p_dry_run boolean DEFAULT false) RETURNS TABLE(partition_name text, rows bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET lock_timeout TO '5s'
+    AS $$
+DECLARE
+    leaf record;
+BEGIN
+    IF p_before IS NULL OR NOT pg_catalog.isfinite(p_before) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'the cutoff must be a finite time, not ' || COALESCE(p_before::text, 'null');
+    END IF;
+    FOR leaf IN
+        SELECT b.name, b.upper_bound FROM outbox_history_partitions() AS b
+        WHERE b.upper_bound <= p_before
+        ORDER BY b.upper_bound
+    LOOP
+        BEGIN
+            EXECUTE 'SELECT pg_catalog.count(*) FROM ' || pg_catalog.quote_ident(leaf.name)
+                INTO rows;
+            IF NOT p_dry_run THEN
+                EXECUTE 'DROP TABLE ' || pg_catalog.quote_ident(leaf.name);
+            END IF;
+            partition_name := leaf.name;
+            RETURN NEXT;
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE WARNING USING MESSAGE = 'history partition ' || leaf.name
+                || ' not dropped: its table is busy';
+        END;
+    END LOOP;
+END
+$$;
 
 -- Name: outbox_enqueue(text, jsonb, text, text, integer, interval, integer, timestamp with time zone, interval, text, interval, text, text); Type: FUNCTION
 
@@ -565,6 +602,21 @@ CREATE FUNCTION public.outbox_fingerprint(message text) RETURNS bytea
         SELECT outbox_hmac(k.inner_pad, k.outer_pad, message) FROM outbox_fingerprint_key AS k
     $$;
 
+-- Name: outbox_history_partitions(); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_history_partitions() RETURNS TABLE(name text, upper_bound timestamp with time zone)
+    LANGUAGE sql STABLE
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT c.relname::text,
+           CAST(pg_catalog.substring(pg_catalog.pg_get_expr(c.relpartbound, c.oid),
+                                     'TO \(''([^'']*)''\)') AS timestamptz)
+    FROM pg_catalog.pg_inherits AS i
+    JOIN pg_catalog.pg_class AS c ON c.oid = i.inhrelid
+    WHERE i.inhparent = 'outbox_message_resolved'::pg_catalog.regclass
+      AND pg_catalog.pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'
+$$;
+
 -- Name: outbox_hmac(bytea, bytea, text); Type: FUNCTION
 
 CREATE FUNCTION public.outbox_hmac(inner_pad bytea, outer_pad bytea, message text) RETURNS bytea
@@ -593,6 +645,55 @@ CREATE FUNCTION public.outbox_jsonb_list(value jsonb) RETURNS jsonb
     AS $$
         SELECT CASE WHEN pg_catalog.jsonb_typeof(value) = 'array' THEN value ELSE '[]' END
     $$;
+
+-- Name: outbox_make_history_partitions(integer); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_make_history_partitions(p_days_ahead integer) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    SET lock_timeout TO '5s'
+    AS $$
+DECLARE
+    today date := (pg_catalog.now() AT TIME ZONE 'UTC')::date;
+    day date;
+    name text;
+    lower_bound timestamptz;
+    upper_bound timestamptz;
+    made integer := 0;
+BEGIN
+    IF p_days_ahead IS NULL OR p_days_ahead < 0 OR p_days_ahead > 31 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'days ahead must be 0 to 31, not ' || COALESCE(p_days_ahead::text, 'null');
+    END IF;
+    FOR i IN 0 .. p_days_ahead LOOP
+        day := today + i;
+        name := 'outbox_message_resolved_p' || pg_catalog.to_char(day, 'YYYYMMDD');
+        lower_bound := day::timestamp AT TIME ZONE 'UTC';
+        upper_bound := (day + 1)::timestamp AT TIME ZONE 'UTC';
+        CONTINUE WHEN pg_catalog.to_regclass(pg_catalog.quote_ident(name)) IS NOT NULL;
+        BEGIN
+            EXECUTE 'CREATE TABLE ' || pg_catalog.quote_ident(name)
+                || ' (LIKE outbox_message_resolved INCLUDING DEFAULTS INCLUDING CONSTRAINTS)';
+            EXECUTE 'WITH caught AS (DELETE FROM outbox_message_resolved_default '
+                || 'WHERE settled_at >= ' || pg_catalog.quote_literal(lower_bound)
+                || ' AND settled_at < ' || pg_catalog.quote_literal(upper_bound)
+                || ' RETURNING *) INSERT INTO ' || pg_catalog.quote_ident(name)
+                || ' SELECT * FROM caught';
+            EXECUTE 'ALTER TABLE outbox_message_resolved ATTACH PARTITION '
+                || pg_catalog.quote_ident(name) || ' FOR VALUES FROM ('
+                || pg_catalog.quote_literal(lower_bound) || ') TO ('
+                || pg_catalog.quote_literal(upper_bound) || ')';
+            made := made + 1;
+        EXCEPTION WHEN lock_not_available THEN
+            -- busy now: the next run makes it (the default partition holds
+            -- that day's settles meanwhile)
+            RAISE WARNING USING MESSAGE = 'history partition ' || name
+                || ' not made: its table is busy';
+        END;
+    END LOOP;
+    RETURN made;
+END
+$$;
 
 -- Name: outbox_message_set_destination(); Type: FUNCTION
 
@@ -872,7 +973,7 @@ CREATE TABLE public.outbox_message (
     CONSTRAINT outbox_message_settled_consistent CHECK (((status = ANY (ARRAY['pending'::text, 'claimed'::text])) = (settled_at IS NULL))),
     CONSTRAINT outbox_message_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'claimed'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'suppressed'::text, 'cancelled'::text, 'expired'::text, 'bounced'::text, 'complained'::text])))
 )
-WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='0', fillfactor='90');
+PARTITION BY LIST (status);
 
 -- Name: outbox_message_id_seq; Type: SEQUENCE
 
@@ -883,6 +984,176 @@ ALTER TABLE public.outbox_message ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTI
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
+);
+
+-- Name: outbox_message_live; Type: TABLE
+
+CREATE TABLE public.outbox_message_live (
+    id bigint NOT NULL,
+    channel text NOT NULL,
+    payload jsonb NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    available_at timestamp with time zone DEFAULT now() NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    claim_token uuid,
+    claimed_at timestamp with time zone,
+    lease_expires_at timestamp with time zone,
+    dedupe_key text,
+    ordering_key text,
+    provider_message_id text,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    settled_at timestamp with time zone,
+    received_at timestamp with time zone,
+    deferrals integer DEFAULT 0 NOT NULL,
+    expires_at timestamp with time zone,
+    on_predecessor_failure text DEFAULT 'hold'::text NOT NULL,
+    recipient_fingerprints bytea[] DEFAULT '{}'::bytea[] NOT NULL,
+    attempts_at_redrive integer DEFAULT 0 NOT NULL,
+    destination text,
+    cooldown_key text,
+    cooldown interval,
+    on_cooldown text,
+    CONSTRAINT outbox_message_attempts_at_redrive_check CHECK ((attempts_at_redrive >= 0)),
+    CONSTRAINT outbox_message_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT outbox_message_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text)),
+    CONSTRAINT outbox_message_claim_consistent CHECK (((status = 'claimed'::text) = ((claim_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT outbox_message_cooldown_check CHECK ((((cooldown_key IS NULL) = (cooldown IS NULL)) AND ((cooldown_key IS NULL) = (on_cooldown IS NULL)) AND ((on_cooldown IS NULL) OR (on_cooldown = ANY (ARRAY['wait'::text, 'suppress'::text]))) AND ((cooldown IS NULL) OR (cooldown > '00:00:00'::interval)))),
+    CONSTRAINT outbox_message_deferrals_check CHECK ((deferrals >= 0)),
+    CONSTRAINT outbox_message_max_attempts_check CHECK ((max_attempts > 0)),
+    CONSTRAINT outbox_message_on_predecessor_failure_check CHECK ((on_predecessor_failure = ANY (ARRAY['hold'::text, 'cancel'::text]))),
+    CONSTRAINT outbox_message_settled_consistent CHECK (((status = ANY (ARRAY['pending'::text, 'claimed'::text])) = (settled_at IS NULL))),
+    CONSTRAINT outbox_message_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'claimed'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'suppressed'::text, 'cancelled'::text, 'expired'::text, 'bounced'::text, 'complained'::text])))
+)
+WITH (fillfactor='90', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='0');
+
+-- Name: outbox_message_resolved; Type: TABLE
+
+CREATE TABLE public.outbox_message_resolved (
+    id bigint NOT NULL,
+    channel text NOT NULL,
+    payload jsonb NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    available_at timestamp with time zone DEFAULT now() NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    claim_token uuid,
+    claimed_at timestamp with time zone,
+    lease_expires_at timestamp with time zone,
+    dedupe_key text,
+    ordering_key text,
+    provider_message_id text,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    settled_at timestamp with time zone,
+    received_at timestamp with time zone,
+    deferrals integer DEFAULT 0 NOT NULL,
+    expires_at timestamp with time zone,
+    on_predecessor_failure text DEFAULT 'hold'::text NOT NULL,
+    recipient_fingerprints bytea[] DEFAULT '{}'::bytea[] NOT NULL,
+    attempts_at_redrive integer DEFAULT 0 NOT NULL,
+    destination text,
+    cooldown_key text,
+    cooldown interval,
+    on_cooldown text,
+    CONSTRAINT outbox_message_attempts_at_redrive_check CHECK ((attempts_at_redrive >= 0)),
+    CONSTRAINT outbox_message_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT outbox_message_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text)),
+    CONSTRAINT outbox_message_claim_consistent CHECK (((status = 'claimed'::text) = ((claim_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT outbox_message_cooldown_check CHECK ((((cooldown_key IS NULL) = (cooldown IS NULL)) AND ((cooldown_key IS NULL) = (on_cooldown IS NULL)) AND ((on_cooldown IS NULL) OR (on_cooldown = ANY (ARRAY['wait'::text, 'suppress'::text]))) AND ((cooldown IS NULL) OR (cooldown > '00:00:00'::interval)))),
+    CONSTRAINT outbox_message_deferrals_check CHECK ((deferrals >= 0)),
+    CONSTRAINT outbox_message_max_attempts_check CHECK ((max_attempts > 0)),
+    CONSTRAINT outbox_message_on_predecessor_failure_check CHECK ((on_predecessor_failure = ANY (ARRAY['hold'::text, 'cancel'::text]))),
+    CONSTRAINT outbox_message_settled_consistent CHECK (((status = ANY (ARRAY['pending'::text, 'claimed'::text])) = (settled_at IS NULL))),
+    CONSTRAINT outbox_message_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'claimed'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'suppressed'::text, 'cancelled'::text, 'expired'::text, 'bounced'::text, 'complained'::text])))
+)
+PARTITION BY RANGE (settled_at);
+
+-- Name: outbox_message_resolved_default; Type: TABLE
+
+CREATE TABLE public.outbox_message_resolved_default (
+    id bigint NOT NULL,
+    channel text NOT NULL,
+    payload jsonb NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    available_at timestamp with time zone DEFAULT now() NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    claim_token uuid,
+    claimed_at timestamp with time zone,
+    lease_expires_at timestamp with time zone,
+    dedupe_key text,
+    ordering_key text,
+    provider_message_id text,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    settled_at timestamp with time zone,
+    received_at timestamp with time zone,
+    deferrals integer DEFAULT 0 NOT NULL,
+    expires_at timestamp with time zone,
+    on_predecessor_failure text DEFAULT 'hold'::text NOT NULL,
+    recipient_fingerprints bytea[] DEFAULT '{}'::bytea[] NOT NULL,
+    attempts_at_redrive integer DEFAULT 0 NOT NULL,
+    destination text,
+    cooldown_key text,
+    cooldown interval,
+    on_cooldown text,
+    CONSTRAINT outbox_message_attempts_at_redrive_check CHECK ((attempts_at_redrive >= 0)),
+    CONSTRAINT outbox_message_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT outbox_message_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text)),
+    CONSTRAINT outbox_message_claim_consistent CHECK (((status = 'claimed'::text) = ((claim_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT outbox_message_cooldown_check CHECK ((((cooldown_key IS NULL) = (cooldown IS NULL)) AND ((cooldown_key IS NULL) = (on_cooldown IS NULL)) AND ((on_cooldown IS NULL) OR (on_cooldown = ANY (ARRAY['wait'::text, 'suppress'::text]))) AND ((cooldown IS NULL) OR (cooldown > '00:00:00'::interval)))),
+    CONSTRAINT outbox_message_deferrals_check CHECK ((deferrals >= 0)),
+    CONSTRAINT outbox_message_max_attempts_check CHECK ((max_attempts > 0)),
+    CONSTRAINT outbox_message_on_predecessor_failure_check CHECK ((on_predecessor_failure = ANY (ARRAY['hold'::text, 'cancel'::text]))),
+    CONSTRAINT outbox_message_settled_consistent CHECK (((status = ANY (ARRAY['pending'::text, 'claimed'::text])) = (settled_at IS NULL))),
+    CONSTRAINT outbox_message_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'claimed'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'suppressed'::text, 'cancelled'::text, 'expired'::text, 'bounced'::text, 'complained'::text])))
+);
+
+-- Name: outbox_message_unresolved; Type: TABLE
+
+CREATE TABLE public.outbox_message_unresolved (
+    id bigint NOT NULL,
+    channel text NOT NULL,
+    payload jsonb NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    available_at timestamp with time zone DEFAULT now() NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    claim_token uuid,
+    claimed_at timestamp with time zone,
+    lease_expires_at timestamp with time zone,
+    dedupe_key text,
+    ordering_key text,
+    provider_message_id text,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    settled_at timestamp with time zone,
+    received_at timestamp with time zone,
+    deferrals integer DEFAULT 0 NOT NULL,
+    expires_at timestamp with time zone,
+    on_predecessor_failure text DEFAULT 'hold'::text NOT NULL,
+    recipient_fingerprints bytea[] DEFAULT '{}'::bytea[] NOT NULL,
+    attempts_at_redrive integer DEFAULT 0 NOT NULL,
+    destination text,
+    cooldown_key text,
+    cooldown interval,
+    on_cooldown text,
+    CONSTRAINT outbox_message_attempts_at_redrive_check CHECK ((attempts_at_redrive >= 0)),
+    CONSTRAINT outbox_message_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT outbox_message_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text)),
+    CONSTRAINT outbox_message_claim_consistent CHECK (((status = 'claimed'::text) = ((claim_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT outbox_message_cooldown_check CHECK ((((cooldown_key IS NULL) = (cooldown IS NULL)) AND ((cooldown_key IS NULL) = (on_cooldown IS NULL)) AND ((on_cooldown IS NULL) OR (on_cooldown = ANY (ARRAY['wait'::text, 'suppress'::text]))) AND ((cooldown IS NULL) OR (cooldown > '00:00:00'::interval)))),
+    CONSTRAINT outbox_message_deferrals_check CHECK ((deferrals >= 0)),
+    CONSTRAINT outbox_message_max_attempts_check CHECK ((max_attempts > 0)),
+    CONSTRAINT outbox_message_on_predecessor_failure_check CHECK ((on_predecessor_failure = ANY (ARRAY['hold'::text, 'cancel'::text]))),
+    CONSTRAINT outbox_message_settled_consistent CHECK (((status = ANY (ARRAY['pending'::text, 'claimed'::text])) = (settled_at IS NULL))),
+    CONSTRAINT outbox_message_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'claimed'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'suppressed'::text, 'cancelled'::text, 'expired'::text, 'bounced'::text, 'complained'::text])))
 );
 
 -- Name: outbox_outcome_event; Type: TABLE
@@ -913,6 +1184,22 @@ ALTER TABLE public.outbox_outcome_event ALTER COLUMN id ADD GENERATED ALWAYS AS 
     NO MAXVALUE
     CACHE 1
 );
+
+-- Name: outbox_message_live; Type: TABLE ATTACH
+
+ALTER TABLE ONLY public.outbox_message ATTACH PARTITION public.outbox_message_live FOR VALUES IN ('pending', 'claimed');
+
+-- Name: outbox_message_resolved; Type: TABLE ATTACH
+
+ALTER TABLE ONLY public.outbox_message ATTACH PARTITION public.outbox_message_resolved FOR VALUES IN ('delivered', 'suppressed', 'cancelled', 'bounced', 'complained');
+
+-- Name: outbox_message_resolved_default; Type: TABLE ATTACH
+
+ALTER TABLE ONLY public.outbox_message_resolved ATTACH PARTITION public.outbox_message_resolved_default DEFAULT;
+
+-- Name: outbox_message_unresolved; Type: TABLE ATTACH
+
+ALTER TABLE ONLY public.outbox_message ATTACH PARTITION public.outbox_message_unresolved FOR VALUES IN ('failed', 'dead', 'expired');
 
 -- Name: outbox_attempt outbox_attempt_pkey; Type: CONSTRAINT
 
@@ -949,10 +1236,15 @@ ALTER TABLE ONLY public.outbox_destination
 ALTER TABLE ONLY public.outbox_fingerprint_key
     ADD CONSTRAINT outbox_fingerprint_key_pkey PRIMARY KEY (singleton);
 
--- Name: outbox_message outbox_message_pkey; Type: CONSTRAINT
+-- Name: outbox_message_live outbox_message_live_pkey; Type: CONSTRAINT
 
-ALTER TABLE ONLY public.outbox_message
-    ADD CONSTRAINT outbox_message_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY public.outbox_message_live
+    ADD CONSTRAINT outbox_message_live_pkey PRIMARY KEY (id);
+
+-- Name: outbox_message_unresolved outbox_message_unresolved_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_message_unresolved
+    ADD CONSTRAINT outbox_message_unresolved_pkey PRIMARY KEY (id);
 
 -- Name: outbox_outcome_event outbox_outcome_event_pkey; Type: CONSTRAINT
 
@@ -993,57 +1285,114 @@ CREATE INDEX outbox_destination_turn ON public.outbox_destination USING btree (t
 
 -- Name: outbox_message_due; Type: INDEX
 
-CREATE INDEX outbox_message_due ON public.outbox_message USING btree (priority DESC, available_at, id) WHERE (status = 'pending'::text);
+CREATE INDEX outbox_message_due ON public.outbox_message_live USING btree (priority DESC, available_at, id) WHERE (status = 'pending'::text);
 
 -- Name: outbox_message_due_by_channel; Type: INDEX
 
-CREATE INDEX outbox_message_due_by_channel ON public.outbox_message USING btree (channel, priority DESC, available_at, id) WHERE (status = 'pending'::text);
+CREATE INDEX outbox_message_due_by_channel ON public.outbox_message_live USING btree (channel, priority DESC, available_at, id) WHERE (status = 'pending'::text);
 
 -- Name: outbox_message_due_by_destination; Type: INDEX
 
-CREATE INDEX outbox_message_due_by_destination ON public.outbox_message USING btree (channel, destination, priority DESC, available_at, id) WHERE (status = 'pending'::text);
-
--- Name: outbox_message_email_provider_id; Type: INDEX
-
-CREATE INDEX outbox_message_email_provider_id ON public.outbox_message USING btree (provider_message_id) WHERE ((channel = 'email'::text) AND (provider_message_id IS NOT NULL));
+CREATE INDEX outbox_message_due_by_destination ON public.outbox_message_live USING btree (channel, destination, priority DESC, available_at, id) WHERE (status = 'pending'::text);
 
 -- Name: outbox_message_expiry; Type: INDEX
 
-CREATE INDEX outbox_message_expiry ON public.outbox_message USING btree (expires_at) WHERE ((status = 'pending'::text) AND (expires_at IS NOT NULL));
+CREATE INDEX outbox_message_expiry ON public.outbox_message_live USING btree (expires_at) WHERE ((status = 'pending'::text) AND (expires_at IS NOT NULL));
 
 -- Name: outbox_message_lease; Type: INDEX
 
-CREATE INDEX outbox_message_lease ON public.outbox_message USING btree (lease_expires_at) WHERE (status = 'claimed'::text);
+CREATE INDEX outbox_message_lease ON public.outbox_message_live USING btree (lease_expires_at) WHERE (status = 'claimed'::text);
 
--- Name: outbox_message_ordering; Type: INDEX
+-- Name: outbox_message_live_email_provider_id; Type: INDEX
 
-CREATE INDEX outbox_message_ordering ON public.outbox_message USING btree (ordering_key, id) WHERE ((ordering_key IS NOT NULL) AND (status = ANY (ARRAY['pending'::text, 'claimed'::text, 'failed'::text, 'dead'::text, 'expired'::text])));
+CREATE INDEX outbox_message_live_email_provider_id ON public.outbox_message_live USING btree (provider_message_id) WHERE ((channel = 'email'::text) AND (provider_message_id IS NOT NULL));
 
--- Name: outbox_message_settled; Type: INDEX
+-- Name: outbox_message_live_ordering; Type: INDEX
 
-CREATE INDEX outbox_message_settled ON public.outbox_message USING btree (status, settled_at) WHERE (settled_at IS NOT NULL);
+CREATE INDEX outbox_message_live_ordering ON public.outbox_message_live USING btree (ordering_key, id) WHERE (ordering_key IS NOT NULL);
+
+-- Name: outbox_message_resolved_id; Type: INDEX
+
+CREATE INDEX outbox_message_resolved_id ON ONLY public.outbox_message_resolved USING btree (id);
+
+-- Name: outbox_message_resolved_default_id_idx; Type: INDEX
+
+CREATE INDEX outbox_message_resolved_default_id_idx ON public.outbox_message_resolved_default USING btree (id);
+
+-- Name: outbox_message_resolved_email_provider_id; Type: INDEX
+
+CREATE INDEX outbox_message_resolved_email_provider_id ON ONLY public.outbox_message_resolved USING btree (provider_message_id) WHERE ((channel = 'email'::text) AND (provider_message_id IS NOT NULL));
+
+-- Name: outbox_message_resolved_default_provider_message_id_idx; Type: INDEX
+
+CREATE INDEX outbox_message_resolved_default_provider_message_id_idx ON public.outbox_message_resolved_default USING btree (provider_message_id) WHERE ((channel = 'email'::text) AND (provider_message_id IS NOT NULL));
+
+-- Name: outbox_message_resolved_settled; Type: INDEX
+
+CREATE INDEX outbox_message_resolved_settled ON ONLY public.outbox_message_resolved USING btree (status, settled_at);
+
+-- Name: outbox_message_resolved_default_status_settled_at_idx; Type: INDEX
+
+CREATE INDEX outbox_message_resolved_default_status_settled_at_idx ON public.outbox_message_resolved_default USING btree (status, settled_at);
+
+-- Name: outbox_message_unresolved_email_provider_id; Type: INDEX
+
+CREATE INDEX outbox_message_unresolved_email_provider_id ON public.outbox_message_unresolved USING btree (provider_message_id) WHERE ((channel = 'email'::text) AND (provider_message_id IS NOT NULL));
+
+-- Name: outbox_message_unresolved_ordering; Type: INDEX
+
+CREATE INDEX outbox_message_unresolved_ordering ON public.outbox_message_unresolved USING btree (ordering_key, id) WHERE (ordering_key IS NOT NULL);
+
+-- Name: outbox_message_unresolved_settled; Type: INDEX
+
+CREATE INDEX outbox_message_unresolved_settled ON public.outbox_message_unresolved USING btree (status, settled_at);
 
 -- Name: outbox_outcome_event_due; Type: INDEX
 
 CREATE INDEX outbox_outcome_event_due ON public.outbox_outcome_event USING btree (publish_after, id);
 
--- Name: outbox_message outbox_message_delivered_event; Type: TRIGGER
+-- Name: outbox_message_resolved_default_id_idx; Type: INDEX ATTACH
 
-CREATE TRIGGER outbox_message_delivered_event AFTER UPDATE OF status ON public.outbox_message FOR EACH ROW WHEN (((new.status = 'delivered'::text) AND (old.status IS DISTINCT FROM 'delivered'::text))) EXECUTE FUNCTION public.outbox_record_outcome_event();
+ALTER INDEX public.outbox_message_resolved_id ATTACH PARTITION public.outbox_message_resolved_default_id_idx;
 
-ALTER TABLE public.outbox_message DISABLE TRIGGER outbox_message_delivered_event;
+-- Name: outbox_message_resolved_default_provider_message_id_idx; Type: INDEX ATTACH
 
--- Name: outbox_message outbox_message_destination; Type: TRIGGER
+ALTER INDEX public.outbox_message_resolved_email_provider_id ATTACH PARTITION public.outbox_message_resolved_default_provider_message_id_idx;
 
-CREATE TRIGGER outbox_message_destination BEFORE INSERT ON public.outbox_message FOR EACH ROW EXECUTE FUNCTION public.outbox_message_set_destination();
+-- Name: outbox_message_resolved_default_status_settled_at_idx; Type: INDEX ATTACH
+
+ALTER INDEX public.outbox_message_resolved_settled ATTACH PARTITION public.outbox_message_resolved_default_status_settled_at_idx;
+
+-- Name: outbox_message_resolved outbox_message_delivered_event; Type: TRIGGER
+
+CREATE TRIGGER outbox_message_delivered_event AFTER INSERT ON public.outbox_message_resolved FOR EACH ROW WHEN ((new.status = 'delivered'::text)) EXECUTE FUNCTION public.outbox_record_outcome_event();
+
+ALTER TABLE public.outbox_message_resolved DISABLE TRIGGER outbox_message_delivered_event;
+
+-- Name: outbox_message_live outbox_message_destination; Type: TRIGGER
+
+CREATE TRIGGER outbox_message_destination BEFORE INSERT ON public.outbox_message_live FOR EACH ROW EXECUTE FUNCTION public.outbox_message_set_destination();
 
 -- Name: outbox_message outbox_message_outcome_event; Type: TRIGGER
 
 CREATE TRIGGER outbox_message_outcome_event AFTER UPDATE OF status ON public.outbox_message FOR EACH ROW WHEN (((new.status IS DISTINCT FROM old.status) AND (new.status = ANY (ARRAY['failed'::text, 'dead'::text, 'expired'::text, 'bounced'::text, 'complained'::text, 'suppressed'::text])))) EXECUTE FUNCTION public.outbox_record_outcome_event();
 
+-- Name: outbox_message_resolved outbox_message_settled_event; Type: TRIGGER
+
+CREATE TRIGGER outbox_message_settled_event AFTER INSERT ON public.outbox_message_resolved FOR EACH ROW WHEN ((new.status = ANY (ARRAY['bounced'::text, 'complained'::text, 'suppressed'::text]))) EXECUTE FUNCTION public.outbox_record_outcome_event();
+
+-- Name: outbox_message_unresolved outbox_message_settled_event; Type: TRIGGER
+
+CREATE TRIGGER outbox_message_settled_event AFTER INSERT ON public.outbox_message_unresolved FOR EACH ROW EXECUTE FUNCTION public.outbox_record_outcome_event();
+
 -- Name: FUNCTION outbox_cooldown_problem(cooldown interval, cooldown_key text, on_cooldown text); Type: ACL
 
 REVOKE ALL ON FUNCTION public.outbox_cooldown_problem(cooldown interval, cooldown_key text, on_cooldown text) FROM PUBLIC;
+
+-- Name: FUNCTION outbox_drop_history_before(p_before timestamp with time zone, p_dry_run boolean); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_drop_history_before(p_before timestamp with time zone, p_dry_run boolean) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_drop_history_before(p_before timestamp with time zone, p_dry_run boolean) TO outbox_relay;
 
 -- Name: FUNCTION outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text, cooldown interval, cooldown_key text, on_cooldown text); Type: ACL
 
@@ -1067,6 +1416,16 @@ REVOKE ALL ON FUNCTION public.outbox_enqueue_many_core(p_channels text[], p_payl
 
 REVOKE ALL ON FUNCTION public.outbox_fingerprint(message text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.outbox_fingerprint(message text) TO outbox_relay;
+
+-- Name: FUNCTION outbox_history_partitions(); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_history_partitions() FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_history_partitions() TO outbox_relay;
+
+-- Name: FUNCTION outbox_make_history_partitions(p_days_ahead integer); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_make_history_partitions(p_days_ahead integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_make_history_partitions(p_days_ahead integer) TO outbox_relay;
 
 -- Name: FUNCTION outbox_recipient_fingerprint(channel text, payload jsonb); Type: ACL
 
@@ -1111,6 +1470,10 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_destination TO outbox_r
 -- Name: TABLE outbox_message; Type: ACL
 
 GRANT SELECT,DELETE,UPDATE ON TABLE public.outbox_message TO outbox_relay;
+
+-- Name: TABLE outbox_message_resolved_default; Type: ACL
+
+GRANT SELECT,DELETE,UPDATE ON TABLE public.outbox_message_resolved_default TO outbox_relay;
 
 -- Name: TABLE outbox_outcome_event; Type: ACL
 

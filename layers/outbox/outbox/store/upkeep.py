@@ -11,7 +11,8 @@ from typing import Any, Self
 import sqlalchemy as sa
 
 from ..states import TERMINAL_STATUSES
-from ._sql import array_literal, check_statuses, statement
+from ._sql import check_statuses, statement
+from .history import prune_before
 from .policy import BACKOFF_SQL, EXHAUSTED_SQL, EXPIRED_PREFIX, Backoff
 
 __all__ = [
@@ -236,18 +237,7 @@ def cancel_held(conn: sa.Connection, batch_size: int) -> set[int]:
     return {r.id for r in conn.execute(_CANCEL_HELD, {"batch_size": batch_size}).all()}
 
 
-_PRUNE = statement(
-    """
-    WITH doomed AS (
-        SELECT id FROM outbox_message
-        WHERE status = ANY(CAST(:statuses AS text[]))
-          AND settled_at < now() - make_interval(secs => :older_than_seconds)
-        LIMIT :batch_size
-        FOR UPDATE SKIP LOCKED
-    )
-    DELETE FROM outbox_message AS m USING doomed WHERE m.id = doomed.id
-    """
-)
+_CUTOFF = statement("SELECT now() - make_interval(secs => :older_than_seconds)")
 
 
 def prune(
@@ -256,19 +246,14 @@ def prune(
     batch_size: int,
     statuses: Sequence[str] = TERMINAL_STATUSES,
 ) -> int:
-    """Delete up to ``batch_size`` terminal rows settled before the window.
+    """Remove terminal rows settled before the window (``history.prune_before``:
+    the resolved rows by whole day partitions, the rest up to ``batch_size``).
 
     Their attempt history stays (``prune_attempts`` has its own retention), and
     so do their dedupe keys (``prune_dedupe_keys``, the dedupe window)."""
-    result = conn.execute(
-        _PRUNE,
-        {
-            "statuses": array_literal(check_statuses(statuses, TERMINAL_STATUSES, "prune")),
-            "older_than_seconds": float(older_than_seconds),
-            "batch_size": batch_size,
-        },
-    )
-    return result.rowcount
+    wanted = check_statuses(statuses, TERMINAL_STATUSES, "prune")
+    cutoff = conn.execute(_CUTOFF, {"older_than_seconds": float(older_than_seconds)}).scalar_one()
+    return prune_before(conn, cutoff, batch_size, wanted)
 
 
 _PRUNE_ATTEMPTS = statement(
