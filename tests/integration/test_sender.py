@@ -240,8 +240,11 @@ def test_settle_is_one_statement_whatever_the_batch_size(engine: sa.Engine) -> N
     finally:
         sa.event.remove(engine, "before_cursor_execute", count)
     assert report.statuses == {"delivered": 200}
-    # the receipt (which reads its channel's pause too) and the settle
-    assert len([s for s in statements if s.strip()]) == 2
+    # the receipt (which reads its channel's pause too) and the settle; on
+    # this engine's transactions each in a savepoint (store._sql.execute_fenced:
+    # the relay's own autocommit connections send none)
+    work = [s for s in statements if s.strip() and "SAVEPOINT" not in s]
+    assert len(work) == 2, statements
 
 
 # --- a channel that cannot send fails its rows at once --------
