@@ -496,7 +496,9 @@ def claim(
     if channels is not None:
         statement, params["channels"] = _CLAIM_CHANNELS, array_literal(channels)
     # _CLAIMED's columns are Claim's fields, in order.
-    return sorted(map(Claim._make, conn.execute(statement, params)))
+    # (concurrent claimers that move rows, the cooldown's suppressed ones:
+    # a row one of them moved is read again where it went)
+    return sorted(map(Claim._make, execute_fenced(conn, statement, params)))
 
 
 def claim_and_receive(
@@ -518,7 +520,7 @@ def claim_and_receive(
     statement = _CLAIM_AND_RECEIVE_ALL
     if channels is not None:
         statement, params["channels"] = _CLAIM_AND_RECEIVE_CHANNELS, array_literal(channels)
-    return _claimed_messages(conn.execute(statement, params).all())
+    return _claimed_messages(execute_fenced(conn, statement, params))
 
 
 @dataclass(frozen=True)
