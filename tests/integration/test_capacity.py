@@ -80,7 +80,10 @@ def test_the_budget_costs_one_small_statement_per_pass(engine: sa.Engine) -> Non
     statements: list[str] = []
 
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        statements.append(statement)
+        # the claim's savepoint exists only on this test's transactional
+        # engine (store._sql.execute_fenced); the relay's autocommit sends none
+        if "SAVEPOINT" not in statement:
+            statements.append(statement)
 
     def count_pass(relay: Any) -> int:
         statements.clear()
