@@ -705,7 +705,8 @@ def test_a_bad_limit_is_refused_and_changes_nothing(
     [
         ("webhook", "Hooks.Example.com", "hooks.example.com"),
         ("webhook", "hooks.example.com:8443", "hooks.example.com:8443"),
-        ("webhook", "[2001:db8::1]:443", "[2001:db8::1]:443"),
+        ("webhook", "[2001:db8::1]:443", "[2001:db8::1]"),  # https's own port
+        ("webhook", "Hooks.Example.com.:0443", "hooks.example.com"),
         ("webhook", "10.0.0.1", "10.0.0.1"),
         ("webhook", "https://hooks.example.com/x", None),
         ("webhook", "hooks example", None),

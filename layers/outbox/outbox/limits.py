@@ -10,6 +10,7 @@ limit are ``store.rates``'s.
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any, NamedTuple
 
 # Limits are held to these, as the table is.
@@ -67,13 +68,40 @@ def _finite(name: str, value: Any) -> float:
     return number
 
 
-# A webhook destination: a host name, an IPv4 address or a bracketed IPv6
-# address, lower-case, then an optional port (what outbox_destination_of makes).
-_HOST_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+# A webhook destination once canonical: a host name (DNS allows "_") or a
+# bracketed IPv6 address, then an optional port (what outbox_destination_of
+# makes of a URL: migration 0019).
+_HOST_LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
 _WEBHOOK_DESTINATION = re.compile(
     rf"^(?:{_HOST_LABEL}(?:\.{_HOST_LABEL})*|\[[0-9a-f:.]+\])"
     r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?$"
 )
+_HOST_AND_PORT = re.compile(r"^(\[[^\]]*\]|[^:]*)(?::([0-9]+))?$")
+# The full stops IDNA reads as dots besides "." (ideographic, full-width, halfwidth).
+_IDNA_DOTS = str.maketrans("\u3002\uff0e\uff61", "...")
+
+
+def webhook_destination(host_and_port: str) -> str:
+    """A receiver's ``host[:port]`` as the relay keys it, the same as
+    ``outbox_destination_of`` makes of a URL: lower case, no trailing dot, a
+    host outside ASCII in its IDNA form (NFKC, each such label ``xn--`` and its
+    Punycode), the port without leading zeros and left out when it is 443
+    (webhooks are HTTPS). Spelled another way, one receiver would have several
+    keys, and a limit on one would not hold the others."""
+    match = _HOST_AND_PORT.match(host_and_port.strip())
+    if not match:
+        return host_and_port.strip().lower()
+    host = match.group(1).lower().rstrip(".")
+    if not host.isascii():
+        host = unicodedata.normalize("NFKC", host.translate(_IDNA_DOTS)).lower()
+        host = ".".join(
+            label if label.isascii() else "xn--" + label.encode("punycode").decode("ascii")
+            for label in host.split(".")
+        ).rstrip(".")
+    port = str(int(match.group(2))) if match.group(2) else ""
+    return host if port in ("", "443") else f"{host}:{port}"
+
+
 # Channels whose every message goes to one destination: the account ('').
 ACCOUNT_CHANNELS = ("email", "sms", "push")
 # The key of a limit on a whole channel, all its destinations together (no
@@ -87,7 +115,8 @@ MAX_DESTINATION_CHARS = 2048
 
 def check_destination(channel: str, destination: str) -> str:
     """``destination`` as ``channel``'s rows carry it, or ValueError saying
-    what it should be: a webhook's receiver ``host[:port]`` (lower-cased), ''
+    what it should be: a webhook's receiver ``host[:port]`` (canonical:
+    ``webhook_destination``), ''
     (the account) for email, SMS and push; for the others any key up to
     ``MAX_DESTINATION_CHARS`` without control characters ('' included).
 
@@ -99,7 +128,7 @@ def check_destination(channel: str, destination: str) -> str:
     if channel in NAMED_DESTINATION_CHANNELS and not destination.strip():
         return CHANNEL_WIDE
     if channel == "webhook":
-        key = destination.strip().lower()
+        key = webhook_destination(destination)
         if not _WEBHOOK_DESTINATION.match(key):
             raise ValueError(
                 "a webhook destination is the receiver's host[:port] "

@@ -37,6 +37,8 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
 # A host made only of numbers in C's inet_aton forms: 1 to 4 parts, each
 # decimal, octal (leading 0) or hex (0x).
+# A host name as resolvers take it (an IPv6 address comes without brackets).
+_HOST_NAME = re.compile(r"^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*$")
 _NUMERIC_PART = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$", re.IGNORECASE)
 _MAX_URL_LENGTH = 2048
 # Whitespace (``\s`` is str.isspace(): Unicode's too) and control characters.
@@ -142,6 +144,9 @@ def _split(url: str, allow_insecure: bool) -> tuple[SplitResult, str, int]:
     host = _ascii_host(parts.hostname or "").rstrip(".")
     if not host:
         raise ForbiddenDestination("must name a host")
+    if ":" not in host and not _HOST_NAME.match(host):
+        # "*" above all: the key of a channel-wide limit, never a receiver
+        raise ForbiddenDestination("must name a host: letters, digits, '-' and '_' between dots")
     if port == 0:
         raise ForbiddenDestination("must not use port 0")
     return parts, host, port or (443 if parts.scheme == "https" else 80)

@@ -81,12 +81,12 @@ CREATE FUNCTION public.outbox_destination_of(channel text, payload jsonb) RETURN
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     SET search_path TO 'public', 'pg_temp'
     AS $$
-            SELECT COALESCE(CASE channel
-                WHEN 'webhook' THEN pg_catalog.lower(substring(payload ->> 'url' FROM '^[A-Za-z][A-Za-z0-9+.-]*://(?:[^@/?#]*@)?(\[[^]/?#]*\](?::[0-9]+)?|[^:/?#]*(?::[0-9]+)?)'))
-                WHEN 'sqs' THEN payload ->> 'queue_url'
-                WHEN 'eventbridge' THEN payload ->> 'event_bus'
-                END, '')
-        $$;
+    SELECT COALESCE(CASE channel
+        WHEN 'webhook' THEN outbox_webhook_destination(payload ->> 'url')
+        WHEN 'sqs' THEN payload ->> 'queue_url'
+        WHEN 'eventbridge' THEN payload ->> 'event_bus'
+        END, '')
+$$;
 
 -- Name: outbox_drop_history_before(timestamp with time zone, boolean); Type: FUNCTION
 
@@ -638,6 +638,32 @@ CREATE FUNCTION public.outbox_hmac_pad(key bytea, pad integer) RETURNS bytea
         FROM pg_catalog.generate_series(0, 63) AS i
     $$;
 
+-- Name: outbox_idna_host(text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_idna_host(host text) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    labels text[];
+    label text;
+    result text[] := '{}';
+BEGIN
+    host := pg_catalog.lower(pg_catalog.normalize(
+        pg_catalog.translate(host, U&'\3002\FF0E\FF61', '...'), 'NFKC'));
+    labels := pg_catalog.string_to_array(host, '.');
+    FOREACH label IN ARRAY labels LOOP
+        IF pg_catalog.octet_length(label) <> pg_catalog.length(label) THEN
+            label := 'xn--' || outbox_punycode(label);
+        END IF;
+        result := result || label;
+    END LOOP;
+    RETURN pg_catalog.rtrim(pg_catalog.array_to_string(result, '.'), '.');
+EXCEPTION WHEN OTHERS THEN
+    RETURN NULL;
+END
+$$;
+
 -- Name: outbox_jsonb_list(jsonb); Type: FUNCTION
 
 CREATE FUNCTION public.outbox_jsonb_list(value jsonb) RETURNS jsonb
@@ -733,6 +759,87 @@ CREATE FUNCTION public.outbox_payload_field(key text) RETURNS text
                     ELSE 'payload[…]' END
     $_$;
 
+-- Name: outbox_punycode(text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_punycode(label text) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    points integer[] := ARRAY(
+        SELECT pg_catalog.ascii(c) FROM pg_catalog.regexp_split_to_table(label, '') AS c
+    );
+    total integer := pg_catalog.cardinality(points);
+    output text := '';
+    n integer := 128;
+    delta integer := 0;
+    bias integer := 72;
+    handled integer := 0;
+    basic integer;
+    m integer;
+    q integer;
+    k integer;
+    t integer;
+    point integer;
+BEGIN
+    FOREACH point IN ARRAY points LOOP
+        IF point < 128 THEN
+            output := output || pg_catalog.chr(point);
+        END IF;
+    END LOOP;
+    basic := pg_catalog.length(output);
+    handled := basic;
+    IF basic > 0 THEN
+        output := output || '-';
+    END IF;
+    WHILE handled < total LOOP
+        SELECT pg_catalog.min(p) INTO m FROM pg_catalog.unnest(points) AS p WHERE p >= n;
+        delta := delta + (m - n) * (handled + 1);
+        n := m;
+        FOREACH point IN ARRAY points LOOP
+            IF point < n THEN
+                delta := delta + 1;
+            ELSIF point = n THEN
+                q := delta;
+                k := 36;
+                LOOP
+                    t := CASE WHEN k <= bias THEN 1 WHEN k >= bias + 26 THEN 26 ELSE k - bias END;
+                    EXIT WHEN q < t;
+                    output := output || outbox_punycode_digit(t + pg_catalog.mod(q - t, 36 - t));
+                    q := pg_catalog.div(q - t, 36 - t)::integer;
+                    k := k + 36;
+                END LOOP;
+                output := output || outbox_punycode_digit(q);
+                -- adapt the bias (RFC 3492 section 6.1)
+                delta := CASE WHEN handled = basic THEN pg_catalog.div(delta, 700)::integer
+                              ELSE pg_catalog.div(delta, 2)::integer END;
+                delta := delta + pg_catalog.div(delta, handled + 1)::integer;
+                k := 0;
+                WHILE delta > 455 LOOP
+                    delta := pg_catalog.div(delta, 35)::integer;
+                    k := k + 36;
+                END LOOP;
+                bias := k + pg_catalog.div(36 * delta, delta + 38)::integer;
+                delta := 0;
+                handled := handled + 1;
+            END IF;
+        END LOOP;
+        delta := delta + 1;
+        n := n + 1;
+    END LOOP;
+    RETURN output;
+END
+$$;
+
+-- Name: outbox_punycode_digit(integer); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_punycode_digit(d integer) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT pg_catalog.chr(CASE WHEN d < 26 THEN 97 + d ELSE 22 + d END)
+$$;
+
 -- Name: outbox_quote_text(text); Type: FUNCTION
 
 CREATE FUNCTION public.outbox_quote_text(value text) RETURNS text
@@ -827,6 +934,32 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- Name: outbox_webhook_destination(text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_webhook_destination(url text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'public', 'pg_temp'
+    AS $_$
+    SELECT CASE WHEN h.host ~ '^([a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*|\[[0-9a-f:.]+\])$' THEN h.host || CASE
+            WHEN h.port IS NULL OR (h.scheme = 'https' AND h.port = '443')
+                OR (h.scheme = 'http' AND h.port = '80') THEN ''
+            ELSE ':' || h.port END
+        ELSE '' END
+    FROM (
+        SELECT CASE WHEN pg_catalog.octet_length(a.host) = pg_catalog.length(a.host)
+                    THEN a.host ELSE outbox_idna_host(a.host) END AS host,
+               a.scheme,
+               NULLIF(pg_catalog.ltrim(a.port, '0'), '') AS port
+        FROM (
+            SELECT pg_catalog.rtrim(pg_catalog.lower(
+                       pg_catalog.substring(u.authority, '^(\[[^]]*\]|[^:]*)')), '.') AS host,
+                   pg_catalog.substring(u.authority, ':([0-9]+)$') AS port,
+                   pg_catalog.lower(pg_catalog.substring(url, '^([A-Za-z][A-Za-z0-9+.-]*)://')) AS scheme
+            FROM (SELECT pg_catalog.substring(url, '^[A-Za-z][A-Za-z0-9+.-]*://(?:[^@/?#]*@)?(\[[^]/?#]*\](?::[0-9]+)?|[^:/?#]*(?::[0-9]+)?)') AS authority) AS u
+        ) AS a
+    ) AS h
+$_$;
 
 -- Name: outbox_attempt; Type: TABLE
 
