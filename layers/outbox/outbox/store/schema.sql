@@ -78,15 +78,40 @@ CREATE FUNCTION public.outbox_dedupe_identity(channel text, payload jsonb, addre
 -- Name: outbox_destination_of(text, jsonb); Type: FUNCTION
 
 CREATE FUNCTION public.outbox_destination_of(channel text, payload jsonb) RETURNS text
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
     SET search_path TO 'public', 'pg_temp'
-    AS $$
-    SELECT COALESCE(CASE channel
-        WHEN 'webhook' THEN outbox_webhook_destination(payload ->> 'url')
-        WHEN 'sqs' THEN payload ->> 'queue_url'
-        WHEN 'eventbridge' THEN payload ->> 'event_bus'
-        END, '')
-$$;
+    AS $_$
+DECLARE
+    parts text[];
+    host text;
+    port text;
+BEGIN
+    IF channel = 'webhook' THEN
+        parts := pg_catalog.regexp_match(payload ->> 'url', '^([A-Za-z][A-Za-z0-9+.-]*)://(?:[^@/?#]*@)?(\[[^]/?#]*\]|[^:/?#]*)(?::([0-9]+))?');
+        IF parts IS NULL THEN
+            RETURN '';
+        END IF;
+        host := pg_catalog.rtrim(pg_catalog.lower(parts[2]), '.');
+        IF pg_catalog.octet_length(host) <> pg_catalog.length(host) THEN
+            host := outbox_idna_host(host);
+        END IF;
+        IF host IS NULL OR host !~ '^([a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*|\[[0-9a-f:.]+\])$' THEN
+            RETURN '';  -- "*" above all: never the key of a channel-wide limit
+        END IF;
+        port := NULLIF(pg_catalog.ltrim(parts[3], '0'), '');
+        IF port IS NULL OR (port = '443' AND pg_catalog.lower(parts[1]) = 'https')
+                OR (port = '80' AND pg_catalog.lower(parts[1]) = 'http') THEN
+            RETURN host;
+        END IF;
+        RETURN host || ':' || port;
+    ELSIF channel = 'sqs' THEN
+        RETURN COALESCE(payload ->> 'queue_url', '');
+    ELSIF channel = 'eventbridge' THEN
+        RETURN COALESCE(payload ->> 'event_bus', '');
+    END IF;
+    RETURN '';
+END
+$_$;
 
 -- Name: outbox_drop_history_before(timestamp with time zone, boolean); Type: FUNCTION
 
@@ -934,32 +959,6 @@ BEGIN
     END LOOP;
 END
 $$;
-
--- Name: outbox_webhook_destination(text); Type: FUNCTION
-
-CREATE FUNCTION public.outbox_webhook_destination(url text) RETURNS text
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    SET search_path TO 'public', 'pg_temp'
-    AS $_$
-    SELECT CASE WHEN h.host ~ '^([a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*|\[[0-9a-f:.]+\])$' THEN h.host || CASE
-            WHEN h.port IS NULL OR (h.scheme = 'https' AND h.port = '443')
-                OR (h.scheme = 'http' AND h.port = '80') THEN ''
-            ELSE ':' || h.port END
-        ELSE '' END
-    FROM (
-        SELECT CASE WHEN pg_catalog.octet_length(a.host) = pg_catalog.length(a.host)
-                    THEN a.host ELSE outbox_idna_host(a.host) END AS host,
-               a.scheme,
-               NULLIF(pg_catalog.ltrim(a.port, '0'), '') AS port
-        FROM (
-            SELECT pg_catalog.rtrim(pg_catalog.lower(
-                       pg_catalog.substring(u.authority, '^(\[[^]]*\]|[^:]*)')), '.') AS host,
-                   pg_catalog.substring(u.authority, ':([0-9]+)$') AS port,
-                   pg_catalog.lower(pg_catalog.substring(url, '^([A-Za-z][A-Za-z0-9+.-]*)://')) AS scheme
-            FROM (SELECT pg_catalog.substring(url, '^[A-Za-z][A-Za-z0-9+.-]*://(?:[^@/?#]*@)?(\[[^]/?#]*\](?::[0-9]+)?|[^:/?#]*(?::[0-9]+)?)') AS authority) AS u
-        ) AS a
-    ) AS h
-$_$;
 
 -- Name: outbox_attempt; Type: TABLE
 
