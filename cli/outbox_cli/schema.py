@@ -165,7 +165,11 @@ def migrated_schema(server_url: str) -> str:
     with throwaway_database(server_url, "outbox_schema") as url:
         engine = create_engine(DatabaseSettings(url=url, sslmode="disable"))
         try:
-            migrate.upgrade(engine, delivered_events=settings.OUTCOME_EVENTS_DELIVERED.default)
+            migrate.upgrade(
+                engine,
+                delivered_events=settings.OUTCOME_EVENTS_DELIVERED.default,
+                retrying_events=settings.OUTCOME_EVENTS_RETRYING.default,
+            )
         finally:
             engine.dispose()
         return normalise(dump(url), role_defaults(os.environ))

@@ -160,6 +160,39 @@ def test_delivered_is_published_only_when_turned_on(engine: sa.Engine, bus: Bus)
     )
 
 
+def test_a_retry_is_published_only_when_turned_on_with_when_it_is_due(
+    engine: sa.Engine, bus: Bus
+) -> None:
+    enqueue(engine, 1)
+    settle_all(engine, "retry", "timed out")
+    assert waiting(engine) == []  # off by default: a retry costs no event row
+    with engine.begin() as conn:
+        assert store.set_retrying_outcome_events(conn, True) is True
+        assert store.set_retrying_outcome_events(conn, True) is False  # already on
+    (second,) = enqueue(engine, 1)
+    settle_all(engine, "retry", "timed out")  # the first message is not due yet
+    with engine.connect() as conn:
+        due = conn.execute(
+            sa.text("SELECT attempts, available_at FROM outbox_message WHERE id = :id"),
+            {"id": second},
+        ).one()
+    with engine.begin() as conn:
+        # a deferred send counts no attempt: no event
+        conn.execute(
+            sa.text("UPDATE outbox_message SET available_at = now() WHERE id = :id"),
+            {"id": second},
+        )
+        claims = store.claim(conn, 10, 60)
+        deferred = [store.Settlement(c.id, c.claim_token, "deferred") for c in claims]
+        assert store.settle(conn, deferred, BACKOFF) == {second: "pending"}
+    assert reap(engine).events_published == 1
+    (event,) = bus.received()
+    assert event["detail-type"] == "Outbox Message Retrying"
+    assert (event["detail"]["id"], event["detail"]["status"]) == (second, "retrying")
+    assert (event["detail"]["attempts"], event["detail"]["last_error"]) == (1, "timed out")
+    assert event["detail"]["retry_at"] == due.available_at.isoformat() and due.attempts == 1
+
+
 def test_migrate_switches_the_delivered_event_as_configured(
     migrated_engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -168,16 +201,23 @@ def test_migrate_switches_the_delivered_event_as_configured(
     query = sa.text(
         "SELECT tgenabled FROM pg_trigger WHERE tgname = 'outbox_message_delivered_event'"
     )
+    retrying = sa.text(
+        "SELECT tgenabled FROM pg_trigger WHERE tgname = 'outbox_message_retrying_event'"
+    )
     monkeypatch.setenv("OUTCOME_EVENTS_DELIVERED", "true")
+    monkeypatch.setenv("OUTCOME_EVENTS_RETRYING", "true")
     try:
         migrate.upgrade(migrated_engine)
         with migrated_engine.connect() as conn:
             assert conn.execute(query).scalar() == "O"  # enabled
+            assert conn.execute(retrying).scalar() == "O"
     finally:
         monkeypatch.delenv("OUTCOME_EVENTS_DELIVERED")
+        monkeypatch.delenv("OUTCOME_EVENTS_RETRYING")
         migrate.upgrade(migrated_engine)
     with migrated_engine.connect() as conn:
         assert conn.execute(query).scalar() == "D"
+        assert conn.execute(retrying).scalar() == "D"
 
 
 def test_a_transition_committed_late_is_still_published(engine: sa.Engine, bus: Bus) -> None:
@@ -299,6 +339,7 @@ def _no_leftover_trigger(migrated_engine: sa.Engine) -> Iterator[None]:
     yield
     with migrated_engine.begin() as conn:
         store.set_delivered_outcome_events(conn, False)
+        store.set_retrying_outcome_events(conn, False)
 
 
 def test_the_worker_publishes_them_too(engine: sa.Engine, bus: Bus) -> None:

@@ -86,6 +86,7 @@ def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
             "OUTBOX_DISPATCHER_FUNCTION": wake.dispatcher_function(os.environ),  # producers
             "OUTCOME_EVENT_BUS": events.bus,
             "OUTCOME_EVENTS_DELIVERED": events.include_delivered,
+            "OUTCOME_EVENTS_RETRYING": events.include_retrying,
             "OUTCOME_EVENTS_INCLUDE_KEYS": events.include_keys,
             "SES_CONFIGURATION_SET": email.configuration_set,
             "SES_SUPPRESSION_CHECK": email.check_suppression,
@@ -249,6 +250,7 @@ def test_booleans_are_true_or_false_in_any_case() -> None:
         "SES_SUPPRESSION_CHECK",
         "WEBHOOK_ALLOW_INSECURE",
         "OUTCOME_EVENTS_DELIVERED",
+        "OUTCOME_EVENTS_RETRYING",
         "OUTCOME_EVENTS_INCLUDE_KEYS",
     ):
         assert relay_reads({**BASE, variable: " TRUE "})[variable] is True

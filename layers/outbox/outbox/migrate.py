@@ -174,15 +174,25 @@ def pg_quote_ident(name: str) -> str:
 
 
 def upgrade(
-    engine: sa.Engine, revision: str = "head", *, delivered_events: bool | None = None
+    engine: sa.Engine,
+    revision: str = "head",
+    *,
+    delivered_events: bool | None = None,
+    retrying_events: bool | None = None,
 ) -> str | None:
     """Bring the schema to ``revision``; returns the revision now applied
     (``upgrade_from`` says from which)."""
-    return upgrade_from(engine, revision, delivered_events=delivered_events)[1]
+    return upgrade_from(
+        engine, revision, delivered_events=delivered_events, retrying_events=retrying_events
+    )[1]
 
 
 def upgrade_from(
-    engine: sa.Engine, revision: str = "head", *, delivered_events: bool | None = None
+    engine: sa.Engine,
+    revision: str = "head",
+    *,
+    delivered_events: bool | None = None,
+    retrying_events: bool | None = None,
 ) -> tuple[str | None, str | None]:
     """Bring the schema to ``revision``; returns the revision it was at (None:
     no schema) and the one now applied, both read under the migration lock.
@@ -190,15 +200,20 @@ def upgrade_from(
     First refuses a schema that roles other than its owner and the migrator
     may create in (``check_schema_creators``).
     Then turns the ``delivered`` outcome event on or off as
-    ``delivered_events`` says (by default ``OUTCOME_EVENTS_DELIVERED``): it is
-    a trigger, and only the schema's owner, who migrates, may switch it."""
+    ``delivered_events`` says (by default ``OUTCOME_EVENTS_DELIVERED``), and
+    the ``retrying`` one as ``retrying_events`` says (``OUTCOME_EVENTS_RETRYING``):
+    each is a trigger, and only the schema's owner, who migrates, may switch it."""
     from alembic import command
 
     from . import store
     from .relay_settings import OutcomeEventSettings
 
-    if delivered_events is None:
-        delivered_events = OutcomeEventSettings.from_env().include_delivered
+    if delivered_events is None or retrying_events is None:
+        from_env = OutcomeEventSettings.from_env()
+        delivered_events = (
+            from_env.include_delivered if delivered_events is None else delivered_events
+        )
+        retrying_events = from_env.include_retrying if retrying_events is None else retrying_events
     with engine.begin() as connection:
         connection.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
         check_schema_creators(connection)
@@ -210,6 +225,7 @@ def upgrade_from(
             qualify_installed_functions(connection)
             store.make_history_partitions(connection)
         store.set_delivered_outcome_events(connection, delivered_events)
+        store.set_retrying_outcome_events(connection, retrying_events)
         return before, _current(connection)
 
 

@@ -1,7 +1,8 @@
 """Outcome events: what became of a message, published for applications.
 
 Every transition to ``failed``, ``dead``, ``expired``, ``bounced`` or
-``complained`` (and ``delivered`` when OUTCOME_EVENTS_DELIVERED is on) leaves
+``complained`` (and ``delivered`` when OUTCOME_EVENTS_DELIVERED is on, every
+retry, ``retrying`` with its ``retry_at``, when OUTCOME_EVENTS_RETRYING is) leaves
 a row in ``outbox_outcome_event``, written by a trigger in the transition's own
 statement. The reaper publishes them here, after its recovery work, so a bus
 that is down or refuses events never holds up a delivery:
@@ -44,6 +45,7 @@ DETAIL_TYPES = {
     "complained": "Outbox Message Complained",
     "suppressed": "Outbox Message Suppressed",
     "delivered": "Outbox Message Delivered",
+    "retrying": "Outbox Message Retrying",
 }
 # The detail's shape; 2 since the error is scrubbed and the keys opt-in (CHANGELOG).
 DETAIL_VERSION = 2
@@ -85,6 +87,8 @@ def detail(event: store.OutcomeEvent, include_keys: bool = False) -> dict[str, A
         ),
         "occurred_at": event.occurred_at.isoformat(),
     }
+    if event.status == "retrying":  # will it be tried again: yes, at retry_at
+        body["retry_at"] = event.retry_at.isoformat() if event.retry_at else None
     if include_keys:
         body["dedupe_key"] = event.dedupe_key
         body["ordering_key"] = event.ordering_key

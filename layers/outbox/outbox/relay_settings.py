@@ -237,6 +237,7 @@ class OutcomeEventSettings:
 
     bus: str = from_setting(declared.OUTCOME_EVENT_BUS)
     include_delivered: bool = from_setting(declared.OUTCOME_EVENTS_DELIVERED)
+    include_retrying: bool = from_setting(declared.OUTCOME_EVENTS_RETRYING)
     include_keys: bool = from_setting(declared.OUTCOME_EVENTS_INCLUDE_KEYS)
     # How long a publisher holds the events it took: longer than the reaper
     # runs (60 s), so a live publisher never has them taken from it. A

@@ -579,6 +579,11 @@ OUTCOME_EVENTS_DELIVERED = Bool(
     default=False,
     meaning="also publish an outcome event per delivered message",
 )
+OUTCOME_EVENTS_RETRYING = Bool(
+    name="OUTCOME_EVENTS_RETRYING",
+    default=False,  # a retry storm would be as many events
+    meaning="also publish an outcome event per retry (when, and which attempt)",
+)
 OUTCOME_EVENTS_INCLUDE_KEYS = Bool(
     name="OUTCOME_EVENTS_INCLUDE_KEYS",
     default=False,  # producer-chosen keys may name a person; the bus is shared

@@ -17,6 +17,7 @@ __all__ = [
     "finish_outcome_events",
     "outcome_event_backlog",
     "set_delivered_outcome_events",
+    "set_retrying_outcome_events",
     "take_outcome_events",
 ]
 
@@ -28,6 +29,7 @@ __all__ = [
 # id, once the lease ends (at least once).
 
 _DELIVERED_EVENT_TRIGGER = "outbox_message_delivered_event"
+_RETRYING_EVENT_TRIGGER = "outbox_message_retrying_event"  # on the live rows (0020)
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class OutcomeEvent:
     dedupe_key: str | None
     ordering_key: str | None
     occurred_at: Any  # datetime, from the database clock
+    retry_at: Any = None  # a ``retrying`` event's next try (datetime)
 
 
 _TAKE_OUTCOME_EVENTS = statement(
@@ -59,7 +62,8 @@ _TAKE_OUTCOME_EVENTS = statement(
     FROM due
     WHERE e.id = due.id
     RETURNING e.id, e.message_id, e.channel, e.status, e.attempts, e.last_error,
-              e.provider_message_id, e.dedupe_key, e.ordering_key, e.occurred_at
+              e.provider_message_id, e.dedupe_key, e.ordering_key, e.occurred_at,
+              e.retry_at
     """
 )
 
@@ -86,6 +90,7 @@ def take_outcome_events(
             dedupe_key=r.dedupe_key,
             ordering_key=r.ordering_key,
             occurred_at=r.occurred_at,
+            retry_at=r.retry_at,
         )
         for r in rows
     ]
@@ -167,27 +172,46 @@ def outcome_event_backlog(conn: sa.Connection) -> tuple[int, float]:
     return int(row.waiting), float(row.oldest_age)
 
 
-_DELIVERED_EVENTS_ENABLED = statement(
+_EVENT_TRIGGER_ENABLED = statement(
     """
     SELECT tgrelid::regclass::text AS table_name, tgenabled <> 'D' AS enabled FROM pg_trigger
-    WHERE tgname = :name
-      -- on the history since 0018, on the one table before
-      AND tgrelid = COALESCE(to_regclass('outbox_message_resolved'), to_regclass('outbox_message'))
+    WHERE tgname = :name AND tgrelid = ANY(CAST(:tables AS regclass[]))
     """
 )
+# Where each switchable event's trigger is: "delivered" on the history since
+# 0018 (on the one table before), "retrying" on the live rows.
+_SWITCHABLE = {
+    _DELIVERED_EVENT_TRIGGER: ("outbox_message_resolved", "outbox_message"),
+    _RETRYING_EVENT_TRIGGER: ("outbox_message_live",),
+}
+
+
+def _switch_event_trigger(conn: sa.Connection, trigger: str, enabled: bool) -> bool:
+    tables = [
+        t
+        for t in _SWITCHABLE[trigger]
+        if conn.execute(sa.text("SELECT to_regclass(:t) IS NOT NULL"), {"t": t}).scalar_one()
+    ]
+    current = conn.execute(
+        _EVENT_TRIGGER_ENABLED, {"name": trigger, "tables": "{" + ",".join(tables) + "}"}
+    ).first()
+    if current is None or bool(current.enabled) == enabled:
+        return False
+    if current.table_name not in _SWITCHABLE[trigger]:
+        raise RuntimeError(f"the trigger {trigger} is on {current.table_name!r}")
+    action = "ENABLE" if enabled else "DISABLE"  # a closed choice, never input
+    conn.execute(statement(f"ALTER TABLE {current.table_name} {action} TRIGGER {trigger}"))
+    return True
 
 
 def set_delivered_outcome_events(conn: sa.Connection, enabled: bool) -> bool:
     """Turn the ``delivered`` outcome event on or off (the trigger that writes
     it); off, a delivery costs nothing extra. Needs the table's owner (the
     migrate function). Returns whether anything changed."""
-    current = conn.execute(_DELIVERED_EVENTS_ENABLED, {"name": _DELIVERED_EVENT_TRIGGER}).first()
-    if current is None or bool(current.enabled) == enabled:
-        return False
-    if current.table_name not in ("outbox_message_resolved", "outbox_message"):
-        raise RuntimeError(f"the delivered event trigger is on {current.table_name!r}")
-    action = "ENABLE" if enabled else "DISABLE"  # a closed choice, never input
-    conn.execute(
-        statement(f"ALTER TABLE {current.table_name} {action} TRIGGER {_DELIVERED_EVENT_TRIGGER}")
-    )
-    return True
+    return _switch_event_trigger(conn, _DELIVERED_EVENT_TRIGGER, enabled)
+
+
+def set_retrying_outcome_events(conn: sa.Connection, enabled: bool) -> bool:
+    """Turn the ``retrying`` outcome event on or off (a schema before 0020
+    has none: nothing changes). As ``set_delivered_outcome_events``."""
+    return _switch_event_trigger(conn, _RETRYING_EVENT_TRIGGER, enabled)

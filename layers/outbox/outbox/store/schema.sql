@@ -921,6 +921,21 @@ BEGIN
 END
 $$;
 
+-- Name: outbox_record_retrying_event(); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_record_retrying_event() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    INSERT INTO outbox_outcome_event (message_id, channel, status, attempts, last_error,
+                                      provider_message_id, dedupe_key, ordering_key, retry_at)
+    VALUES (NEW.id, NEW.channel, 'retrying', NEW.attempts, NEW.last_error,
+            NEW.provider_message_id, NEW.dedupe_key, NEW.ordering_key, NEW.available_at);
+    RETURN NULL;
+END
+$$;
+
 -- Name: outbox_take_dedupe_key(text, text, jsonb, bigint); Type: FUNCTION
 
 CREATE FUNCTION public.outbox_take_dedupe_key(p_channel text, p_dedupe_key text, p_payload jsonb, p_new_id bigint) RETURNS bigint
@@ -1303,7 +1318,8 @@ CREATE TABLE public.outbox_outcome_event (
     occurred_at timestamp with time zone DEFAULT now() NOT NULL,
     publish_after timestamp with time zone DEFAULT now() NOT NULL,
     publish_attempts integer DEFAULT 0 NOT NULL,
-    publish_error text
+    publish_error text,
+    retry_at timestamp with time zone
 );
 
 -- Name: outbox_outcome_event_id_seq; Type: SEQUENCE
@@ -1508,6 +1524,12 @@ CREATE TRIGGER outbox_message_destination BEFORE INSERT ON public.outbox_message
 -- Name: outbox_message outbox_message_outcome_event; Type: TRIGGER
 
 CREATE TRIGGER outbox_message_outcome_event AFTER UPDATE OF status ON public.outbox_message FOR EACH ROW WHEN (((new.status IS DISTINCT FROM old.status) AND (new.status = ANY (ARRAY['failed'::text, 'dead'::text, 'expired'::text, 'bounced'::text, 'complained'::text, 'suppressed'::text])))) EXECUTE FUNCTION public.outbox_record_outcome_event();
+
+-- Name: outbox_message_live outbox_message_retrying_event; Type: TRIGGER
+
+CREATE TRIGGER outbox_message_retrying_event AFTER UPDATE OF status ON public.outbox_message_live FOR EACH ROW WHEN (((old.status = 'claimed'::text) AND (new.status = 'pending'::text) AND (new.attempts > old.attempts))) EXECUTE FUNCTION public.outbox_record_retrying_event();
+
+ALTER TABLE public.outbox_message_live DISABLE TRIGGER outbox_message_retrying_event;
 
 -- Name: outbox_message_resolved outbox_message_settled_event; Type: TRIGGER
 
