@@ -218,3 +218,70 @@ def test_the_batch_door_keeps_a_ttl_without_delays(engine: sa.Engine) -> None:
             {"i": r.id},
         ).scalar_one()
     assert left is not None and 0 < float(left) <= 60
+
+
+_VALID_EMAIL = {"from": "a@example.com", "to": ["b@example.com"], "subject": "s", "text": "t"}
+
+
+def _bulk_refusal(engine: sa.Engine, channels_: list[str], payloads_: list[Any]) -> Any:
+    n = len(channels_)
+    nulls = "{" + ",".join(["NULL"] * n) + "}"
+    with engine.begin() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT * FROM public.outbox_enqueue_many(CAST(:c AS text[]), CAST(:p AS jsonb), "
+                f"'{nulls}', '{nulls}', NULL, NULL, '{nulls}', NULL, NULL, NULL)"
+            ),
+            {"c": "{" + ",".join(channels_) + "}", "p": json.dumps(payloads_)},
+        ).all()
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("channel", "payload"),
+    [
+        ("email", {"to": ["b@example.com"], "subject": "s", "text": "t"}),
+        ("email", {"from": "a@example.com", "to": ["b@example.com"], "subject": "s"}),
+        ("email", {**_VALID_EMAIL, "to": "b@example.com"}),
+        ("email", {**_VALID_EMAIL, "x_mailer": "planted"}),
+        ("sms", {"to": "+15550100", "message": 7}),
+        ("webhook", {"url": "https://a.example/", "event_type": "t"}),
+        ("sqs", {"queue_url": "https://q.example/1/q", "body": "b", "delay_seconds": 1.5}),
+    ],
+)
+def test_the_batch_door_checks_built_in_fields_as_the_single_door_does(
+    engine: sa.Engine, channel: str, payload: dict[str, Any]
+) -> None:
+    # Issue 31, item 6: called by hand, the bulk door stored an email without
+    # its `from` (the Python checks it trusted never ran).
+    single = sql_refusal(engine, channel, json.dumps(payload))
+    rows = _bulk_refusal(engine, ["email", channel], [_VALID_EMAIL, payload])
+    assert [(r.ord, f"{r.refused_field}: {r.refused_problem}") for r in rows] == [(2, single)]
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox_message")).scalar_one() == 0
+
+
+def test_the_batch_door_takes_a_built_in_message_the_single_door_takes(engine: sa.Engine) -> None:
+    rows = _bulk_refusal(engine, ["email"], [_VALID_EMAIL])
+    assert [(r.refused_field, r.created) for r in rows] == [(None, True)]
+
+
+def test_the_batch_door_registers_no_flood_of_invented_channels(engine: sa.Engine) -> None:
+    # Issue 31, item 6: one call by hand registered 2,000 invented channels.
+    with engine.connect() as conn:
+        before = conn.execute(sa.text("SELECT count(*) FROM outbox_channel")).scalar_one()
+    invented = [f"invented-{n}" for n in range(300)]
+    rows = _bulk_refusal(engine, invented, [{}] * len(invented))
+    assert [(r.ord, r.refused_field) for r in rows] == [(1, "channel")]
+    assert "INSERT INTO outbox_channel" in rows[0].refused_problem
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox_channel")).scalar_one() == before
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox_message")).scalar_one() == 0
+    # a few new ones, as a Python producer's custom channels, are registered as before
+    rows = _bulk_refusal(engine, ["fax", "pager"], [{}, {}])
+    assert [r.created for r in rows] == [True, True]
+    with engine.connect() as conn:
+        names = conn.execute(
+            sa.text("SELECT name FROM outbox_channel WHERE name IN ('fax', 'pager') ORDER BY name")
+        ).scalars()
+        assert list(names) == ["fax", "pager"]
