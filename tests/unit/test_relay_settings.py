@@ -251,3 +251,28 @@ def test_a_remote_url_without_sslmode_is_verified_not_plaintext(url: str, sslmod
     # Before: every DATABASE_URL without sslmode connected without TLS, a
     # remote one included, without a word. (No connection is made here.)
     assert DatabaseSettings.from_env({"DATABASE_URL": url}).sslmode == sslmode
+
+
+def test_the_secrets_database_holds_unless_db_name_is_set(aws: None) -> None:
+    # Issue 32, item 4: with DatabaseHost set (a proxy), DatabaseName's default
+    # `postgres` silently replaced the secret's dbname.
+    from outbox.db import create_engine
+
+    secret = {"username": "relay", "password": "pw", "host": "db.internal", "dbname": "app"}
+    arn = boto3.client("secretsmanager").create_secret(
+        Name="outbox/db-name", SecretString=json.dumps(secret)
+    )["ARN"]
+    proxy = {"DB_SECRET_ARN": arn, "DB_HOST": "proxy.internal"}
+
+    def database(env: dict[str, str]) -> str | None:
+        return create_engine(DatabaseSettings.from_env(env)).url.database
+
+    assert database(proxy) == "app"
+    assert database({**proxy, "DB_NAME": ""}) == "app"
+    assert database({**proxy, "DB_NAME": "other"}) == "other"
+    assert database({"DB_SECRET_ARN": arn, "DB_NAME": "other"}) == "other"
+    nameless = boto3.client("secretsmanager").create_secret(
+        Name="outbox/db-nameless", SecretString=json.dumps({**secret, "dbname": None})
+    )["ARN"]
+    assert database({"DB_SECRET_ARN": nameless}) == "postgres"
+    assert database({"DB_IAM_USER": "relay", "DB_HOST": "db.internal"}) == "postgres"

@@ -123,6 +123,11 @@ def _secret_credentials(secret_arn: str, force_fetch: bool = False) -> dict[str,
     return json.loads(raw) if isinstance(raw, str) else dict(raw)
 
 
+# The database a connection without a named one opens (RDS's default, and libpq's
+# for the user postgres).
+_DEFAULT_DATABASE = "postgres"
+
+
 def _base_url(settings: DatabaseSettings) -> URL:
     if settings.url:
         return parse_database_url(settings.url).url
@@ -133,14 +138,16 @@ def _base_url(settings: DatabaseSettings) -> URL:
             username=secret["username"],
             host=settings.host or secret["host"],
             port=int(settings.port if settings.host else secret.get("port", settings.port)),
-            database=settings.name if settings.host else secret.get("dbname", settings.name),
+            # DB_NAME wins only when set: a DatabaseHost (a proxy) leaves the
+            # secret's database as it is
+            database=settings.name or secret.get("dbname") or _DEFAULT_DATABASE,
         )
     return URL.create(
         "postgresql+pg8000",
         username=settings.iam_user,
         host=settings.host,
         port=settings.port,
-        database=settings.name,
+        database=settings.name or _DEFAULT_DATABASE,
     )
 
 

@@ -57,7 +57,7 @@ class DatabaseSettings:
     secret_arn: str | None = from_setting(declared.DB_SECRET_ARN)
     host: str | None = from_setting(declared.DB_HOST)
     port: int = from_setting(declared.DB_PORT)
-    name: str = from_setting(declared.DB_NAME)
+    name: str | None = from_setting(declared.DB_NAME)
     iam_user: str | None = from_setting(declared.DB_IAM_USER)
     # TLS: "verify-full" (the only choice in AWS), or "disable" for a local URL.
     sslmode: str = from_setting(declared.DB_SSLMODE)

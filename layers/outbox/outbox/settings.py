@@ -274,7 +274,11 @@ DB_HOST = Text[str | None](
     meaning="database or RDS Proxy endpoint (default: the secret's host)",
 )
 DB_PORT = Int(name="DB_PORT", default=5432, low=1, high=65535, meaning="database port")
-DB_NAME = Text[str](name="DB_NAME", default="postgres", meaning="database name")
+DB_NAME = Text[str | None](
+    name="DB_NAME",
+    default=None,  # a secret names its database; only when set does this win over it
+    meaning="database name (default: the secret's dbname, else postgres)",
+)
 DB_SSLMODE = Choice(
     name="DB_SSLMODE",
     default="verify-full",
