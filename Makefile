@@ -19,7 +19,7 @@ WHEELHOUSE_REQUIREMENTS := 'sqlalchemy>=2.0,<2.2' 'fastjsonschema>=2.19,<3' 'pg8
 	'aws-lambda-powertools>=3.0,<4' 'python-dateutil>=2.8.2,<3' 'boto3>=1.34'
 WHEELHOUSE := $(VENV)/wheelhouse/.complete-$(shell echo "$(WHEELHOUSE_REQUIREMENTS)" | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck pytest sam-check build bench clean venv requirements requirements-check wheel docs schema \
+.PHONY: run test lint typecheck pytest sam-check build deploy-try bench clean venv requirements requirements-check wheel docs schema \
 	template
 
 venv: $(STAMP) $(WHEELHOUSE)
@@ -171,6 +171,14 @@ build: $(SAM_STAMP)
 	PATH="$$(dirname "$$py312"):$$PATH" SAM_CLI_TELEMETRY=0 $(SAM) build --cached --parallel && \
 	"$$py312" -m compileall -q --invalidation-mode unchecked-hash \
 		.aws-sam/build/OutboxLayer/python .aws-sam/build/*Function
+
+# The quick path (docs/how-to/deploy.md): samconfig.toml's try environment,
+# which reserves no concurrency, plus your database's PARAMETERS.
+deploy-try: build
+	@test -n "$(PARAMETERS)" || { echo 'name your database: make deploy-try' \
+	  'PARAMETERS="DatabaseSecretArn=<arn> MigrateDatabaseSecretArn=<arn>"' >&2; exit 2; }
+	SAM_CLI_TELEMETRY=0 $(SAM) deploy --config-env try \
+	  --parameter-overrides "$$($(PYTHON) -m docgen.quick_path) $(PARAMETERS)"
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -142,3 +142,14 @@ def test_the_quick_path_still_budgets_every_channel(
     budgets = RelaySettings.from_env(env).in_flight_budgets()
     # 2 assumed invocations x 32 rows x (1 + 60 // 30) waves, for every channel.
     assert budgets == dict.fromkeys(["email", "sms", "push", "webhook", "eventbridge", "sqs"], 192)
+
+
+def test_make_deploy_try_passes_the_try_environments_parameters(
+    samconfig: dict[str, Any],
+) -> None:
+    # `make deploy-try` hands these to sam with the user's database parameters
+    # (sam would replace the environment's list with a command line's).
+    from docgen import quick_path
+
+    given = dict(item.split("=", 1) for item in quick_path.overrides())
+    assert given == overrides(samconfig, QUICK_PATH) and given
