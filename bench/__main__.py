@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import (
+    bulk_door,
     coldstart,
     common,
     drain,
@@ -21,6 +22,7 @@ from . import (
     latency,
     peer,
     providers,
+    retention,
     throughput,
     wal,
 )
@@ -34,6 +36,8 @@ SECTIONS = (
     "growth",
     "latency",
     "enqueue",
+    "bulk_door",
+    "retention",
     "coldstart",
 )
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
@@ -97,6 +101,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--latency-seconds", type=float, default=10.0)
     p.add_argument("--enqueue-rows", type=int, default=20_000)
     p.add_argument("--enqueue-per-tx", type=int, default=100)
+    p.add_argument(
+        "--retention-settled",
+        type=int,
+        default=200_000,
+        help="settled rows a retention cell prunes",
+    )
     p.add_argument("--coldstart-repeats", type=int, default=3)
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="where to write the JSON")
     p.add_argument(
@@ -120,6 +130,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.wal_rows = min(args.wal_rows, 300)
         args.provider_rows = min(args.provider_rows, 200)
         args.drain_rows = min(args.drain_rows, 300)
+        args.retention_settled = min(args.retention_settled, 2_000)
         args.repeat = 1
     return args
 
@@ -175,6 +186,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 )
         if "enqueue" in args.only:
             cells += _enqueue(dbs, args)
+        if "bulk_door" in args.only:
+            log("bulk_door: outbox_enqueue_many's own checks against 0020's door ...")
+            rounds = 12 if args.quick else bulk_door.ROUNDS
+            cells.append({"name": "bulk_door", **bulk_door.run(rounds)})
+        if "retention" in args.only:
+            cells += _retention(dbs, args)
         if "coldstart" in args.only:
             cells += _coldstart(dbs, args)
     finally:
@@ -265,6 +282,24 @@ def _throughput(dbs: common.Databases, args: argparse.Namespace) -> list[dict[st
                     "ratio": round(relay_scale / base_scale, 3),
                 }
             )
+    return cells
+
+
+def _retention(dbs: common.Databases, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Pruning a day of settled rows by dropping its partition against deleting
+    them row by row, idle and beside a drain (bench.retention)."""
+    cells = []
+    # (a quick run prunes beside no drain: its few due rows would not last)
+    for beside_drain in (False,) if args.quick else (False, True):
+        for by_day in (True, False):
+            log(
+                f"retention: {args.retention_settled} rows, by day={by_day}, "
+                f"beside a drain={beside_drain} ..."
+            )
+            with dbs.fresh(f"retention_{by_day}_{beside_drain}") as url:
+                due = 1_000 if args.quick else 200_000
+                cell = retention.cell(url, args.retention_settled, by_day, beside_drain, due)
+                cells.append({"name": "retention", **cell})
     return cells
 
 
@@ -451,6 +486,22 @@ def table(cells: list[dict[str, Any]]) -> str:
             lines.append(
                 f"{'enqueue':<12} per tx={c['batch']:<5} enqueue_many={c['rows_per_s']:>9.0f}/s "
                 f"raw INSERT={c['baseline_rows_per_s']:>9.0f}/s ratio={c['ratio']:.2f}"
+            )
+        elif name == "bulk_door":
+            lines.append(
+                f"{'bulk door':<12} 100 emails a call: 0021 {c['ms_per_call_head']:.2f} ms, "
+                f"0020 {c['ms_per_call_0020']:.2f} ms, ratio={c['ratio']:.2f}"
+            )
+        elif name == "retention":
+            during = c.get("drain_during_over_before")
+            lines.append(
+                f"{'retention':<12} {c['layout']:<7} {c['pruned']} rows in {c['seconds']:.2f} s"
+                + (
+                    f", the drain at {during} of its rate meanwhile"
+                    if "drain_during_over_before" in c
+                    else f", {c['wal_mb']} MB of WAL, history {c['history_mb_before']}"
+                    f" -> {c['history_mb_after']} MB"
+                )
             )
         elif name == "coldstart":
             lines.append(

@@ -114,7 +114,7 @@ class _Drainer(threading.Thread):
         return rows / (end - start) if end > start else 0.0
 
 
-def _cell(url: str, settled: int, by_day: bool, drain: bool) -> dict[str, Any]:
+def cell(url: str, settled: int, by_day: bool, drain: bool, due: int = 200_000) -> dict[str, Any]:
     from outbox import store
 
     admin = sa.create_engine(url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
@@ -123,7 +123,7 @@ def _cell(url: str, settled: int, by_day: bool, drain: bool) -> dict[str, Any]:
         if by_day:
             _make_past_days(conn)
         conn.execute(sa.text(_SETTLED.format(payload=payload)), {"n": settled})
-        conn.execute(sa.text(_DUE.format(payload=payload)), {"n": 200_000})
+        conn.execute(sa.text(_DUE.format(payload=payload)), {"n": due})
         conn.execute(sa.text("VACUUM ANALYZE outbox_message"))
         conn.execute(sa.text("CHECKPOINT"))
         before_bytes = _history_bytes(conn)
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         for drain in (False, True):
             for by_day in (True, False):
                 with databases.fresh(f"{by_day}_{drain}") as url:
-                    results.append(_cell(url, args.settled, by_day, drain))
+                    results.append(cell(url, args.settled, by_day, drain))
         if not args.no_upgrade:
             results.append(_upgrade(databases, args.settled))
     finally:

@@ -80,6 +80,12 @@ def test_quick_run_writes_well_formed_cells(
     assert fresh["p50_ms"] > 0 and grown["p99_ms"] > 0
     (latency,) = by_name["latency"]
     assert latency["delivered"] > 0 and latency["p50_ms"] > 0
+    (bulk_door,) = by_name["bulk_door"]
+    assert bulk_door["ms_per_call_0020"] > 0 and bulk_door["ms_per_call_head"] > 0
+    # Retention: the day dropped leaves no history, the rows deleted leave their table
+    retention = {c["layout"]: c for c in by_name["retention"]}
+    assert retention["by day"]["pruned"] == retention["by row"]["pruned"] == 2_000
+    assert retention["by day"]["history_mb_after"] == 0
     assert {c["handler"] for c in by_name["coldstart"]} >= {"dispatcher", "email", "reaper"}
     assert all(c["import_s"] > 0 for c in by_name["coldstart"])
 
