@@ -48,6 +48,10 @@ RELAY_TABLES = frozenset(
         "outbox_channel",
         "outbox_destination",
         "outbox_cooldown",
+        "outbox_tenant",
+        "outbox_tenant_role",
+        "outbox_tenant_secret",
+        "outbox_tenant_turn",
         VERSION_TABLE,
     }
 )

@@ -27,6 +27,7 @@ from . import channels, payloads, store, wake
 from .errors import DedupeConflict, SchemaMissing, ValidationError
 from .payloads import MAX_PAYLOAD_BYTES
 from .states import CooldownAction, PredecessorFailure
+from .tenants import check_tenant
 from .store import Enqueued
 
 MAX_KEY_LENGTH = 255
@@ -52,6 +53,7 @@ _FIELDS = {
     "cooldown",
     "cooldown_key",
     "on_cooldown",
+    "tenant",
 }
 
 
@@ -191,6 +193,7 @@ def prepare(
     cooldown: Any = None,
     cooldown_key: Any = None,
     on_cooldown: Any = "wait",
+    tenant: Any = None,
 ) -> store.NewMessage:
     """Validate one message; raises ValidationError naming the field."""
     if not isinstance(channel, str):
@@ -214,6 +217,7 @@ def prepare(
         cooldown_seconds=cooldown_seconds,
         cooldown_key=key,
         on_cooldown=action,
+        tenant=check_tenant(tenant),
     )
 
 
@@ -271,6 +275,7 @@ def enqueue(
     cooldown: timedelta | float | None = ...,
     cooldown_key: str | None = ...,
     on_cooldown: str = ...,
+    tenant: str | None = ...,
     return_created: Literal[False] = ...,
 ) -> int: ...
 @overload
@@ -290,6 +295,7 @@ def enqueue(
     cooldown: timedelta | float | None = ...,
     cooldown_key: str | None = ...,
     on_cooldown: str = ...,
+    tenant: str | None = ...,
     return_created: Literal[True],
 ) -> Enqueued: ...
 def enqueue(
@@ -308,6 +314,7 @@ def enqueue(
     cooldown: timedelta | float | None = None,
     cooldown_key: str | None = None,
     on_cooldown: str = "wait",
+    tenant: str | None = None,
     return_created: bool = False,
 ) -> int | Enqueued:
     """Write one message in the caller's transaction; returns its id.
@@ -329,6 +336,11 @@ def enqueue(
     message of the channel and key is delivered within the window; a later
     one inside it waits for the window's end (``on_cooldown="wait"``) or ends
     ``suppressed`` (``"suppress"``), decided in the database.
+    ``tenant``: the customer the message is for (docs/how-to/tenants.md): its
+    dedupe, cooldown and ordering keys are that tenant's own, it may name only
+    that tenant's signing secrets, and the claim shares each batch among the
+    tenants with due rows. None: no tenant, or the one the producer's database
+    role is bound to.
     """
     message = prepare(
         channel,
@@ -344,6 +356,7 @@ def enqueue(
         cooldown=cooldown,
         cooldown_key=cooldown_key,
         on_cooldown=on_cooldown,
+        tenant=tenant,
     )
     with _redacted_errors():
         connection = _check_connection(conn)
@@ -358,6 +371,7 @@ def enqueue_many(
     conn: sa.Connection | Session,
     messages: Iterable[Mapping[str, Any]],
     *,
+    tenant: str | None = ...,
     return_created: Literal[False] = ...,
 ) -> list[int]: ...
 @overload
@@ -365,12 +379,14 @@ def enqueue_many(
     conn: sa.Connection | Session,
     messages: Iterable[Mapping[str, Any]],
     *,
+    tenant: str | None = ...,
     return_created: Literal[True],
 ) -> list[Enqueued]: ...
 def enqueue_many(
     conn: sa.Connection | Session,
     messages: Iterable[Mapping[str, Any]],
     *,
+    tenant: str | None = None,
     return_created: bool = False,
 ) -> list[int] | list[Enqueued]:
     """Write many messages in one round trip; ids come back in the same order.
@@ -378,7 +394,9 @@ def enqueue_many(
     Each message is a dict with ``enqueue``'s argument names. One bad message
     raises ValidationError (its field prefixed with ``messages[i].``) and none
     is written; so does a DedupeConflict, against the database or within the list.
+    ``tenant``: every message's tenant, unless its dict names its own.
     """
+    call_tenant = check_tenant(tenant)
     connection = _check_connection(conn)
     if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Iterable):
         raise ValidationError("messages", "must be a list of dicts")
@@ -393,6 +411,8 @@ def enqueue_many(
             missing = "channel" if "channel" not in message else "payload"
             raise ValidationError(f"messages[{index}].{missing}", "is required")
         try:
+            if call_tenant is not None and "tenant" not in message:
+                message = {**message, "tenant": call_tenant}
             prepared.append(prepare(**message))
         except ValidationError as exc:
             raise ValidationError(f"messages[{index}].{exc.field}", exc.problem) from None

@@ -44,6 +44,8 @@ class NewMessage:
     cooldown_seconds: float | None = None
     cooldown_key: str | None = None
     on_cooldown: str = CooldownAction.WAIT
+    # The message's tenant (None: none, or the producer role's bound one).
+    tenant: str | None = None
 
 
 def payload_json(payload: Any) -> str:
@@ -66,7 +68,7 @@ _ENQUEUE_MANY = """
         CAST(:channels AS text[]), CAST(:payloads AS jsonb), CAST(:dedupe_keys AS text[]),
         CAST(:ordering_keys AS text[]), CAST(:priorities AS int[]), CAST(:delays AS float8[]),
         CAST(:max_attempts AS int[]), CAST(:expires_at AS timestamptz[]),
-        CAST(:ttls AS float8[]), CAST(:on_predecessor_failure AS text[]){cooldown})
+        CAST(:ttls AS float8[]), CAST(:on_predecessor_failure AS text[]){cooldown}{tenant})
 """
 # The cooldown options go by name, and only when a message has one: a batch
 # without them is the call every release since 0009 understands, so a producer
@@ -75,12 +77,20 @@ _COOLDOWN_ARGUMENTS = """,
         p_cooldowns => CAST(:cooldowns AS float8[]),
         p_cooldown_keys => CAST(:cooldown_keys AS text[]),
         p_on_cooldown => CAST(:on_cooldown AS text[])"""
+# The tenants likewise (migration 0022), only when a message names one: a
+# producer whose role is bound to a tenant names none and gets that one.
+_TENANT_ARGUMENTS = """,
+        p_tenants => CAST(:tenants AS text[])"""
 
 
-@functools.lru_cache(maxsize=8)
-def _enqueue_many(schema: str, cooldown: bool) -> sa.TextClause:
+@functools.lru_cache(maxsize=16)
+def _enqueue_many(schema: str, cooldown: bool, tenant: bool) -> sa.TextClause:
     return statement(
-        _ENQUEUE_MANY.format(schema=schema, cooldown=_COOLDOWN_ARGUMENTS if cooldown else "")
+        _ENQUEUE_MANY.format(
+            schema=schema,
+            cooldown=_COOLDOWN_ARGUMENTS if cooldown else "",
+            tenant=_TENANT_ARGUMENTS if tenant else "",
+        )
     )
 
 
@@ -128,7 +138,10 @@ def insert_messages(conn: sa.Connection, messages: Sequence[NewMessage]) -> list
         params["on_cooldown"] = array_literal(
             [None if m.cooldown_key is None else m.on_cooldown for m in messages]
         )
-    rows = conn.execute(_enqueue_many(outbox_schema(), cooldown), params).all()
+    tenant = any(m.tenant is not None for m in messages)
+    if tenant:
+        params["tenants"] = array_literal([m.tenant for m in messages])
+    rows = conn.execute(_enqueue_many(outbox_schema(), cooldown, tenant), params).all()
     first = rows[0]
     if first.refused_field is not None:
         refused = ValidationError(first.refused_field, first.refused_problem)
