@@ -153,7 +153,8 @@ def engine(migrated_engine: sa.Engine) -> sa.Engine:
         conn.execute(
             sa.text(
                 "TRUNCATE outbox_attempt, outbox_message, outbox_outcome_event, outbox_dedupe, "
-                "outbox_channel_pause, outbox_destination, outbox_cooldown RESTART IDENTITY"
+                "outbox_channel_pause, outbox_destination, outbox_cooldown, outbox_tenant, "
+                "outbox_tenant_role, outbox_tenant_secret RESTART IDENTITY"
             )
         )
     return migrated_engine

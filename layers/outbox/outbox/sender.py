@@ -62,6 +62,8 @@ _DESTINATION_THROTTLED = Outcome(AttemptOutcome.NOT_STARTED, error=DESTINATION_T
 _CHANNEL_QUOTA = Outcome(AttemptOutcome.NOT_STARTED, error=CHANNEL_QUOTA)
 _CHANNEL_PAUSED = Outcome(AttemptOutcome.NOT_STARTED, error=CHANNEL_PAUSED)
 _DESTINATION_PAUSED = Outcome(AttemptOutcome.NOT_STARTED, error=DESTINATION_PAUSED)
+# A row whose payload names a signing secret that is not its tenant's.
+_SECRET_REFUSED = Outcome.failed("secret_id: not a signing secret of this message's tenant")
 # The minimum call time: a call starts only if its deadline leaves at least
 # this long for the answer. A call started with less time would probably be
 # given up after the receiver got the request, and then be sent again. Once a
@@ -231,6 +233,8 @@ def _send_one(
         blocked = limits.blocked(row)
         if blocked is not None:
             return blocked, None
+    if row.secret_refused:
+        return _SECRET_REFUSED, None
     if deadline.remaining() < min_call_seconds:
         return _NOT_STARTED, None
     try:

@@ -13,6 +13,7 @@
     policy          the retry policy and the SQL fragments that apply it
     rates           destinations' pauses and learned rates (throttling, quotas)
     cooldown        the cooldown per key the claim and settle include
+    tenants         what an operator sets per tenant (weight, pause, roles, secrets)
     _sql            how statements are written and parameters encoded
 
 Each module's ``__all__`` is its part of the API, all of it imported here;
@@ -55,4 +56,5 @@ from .outcome_events import *
 from .pacing import *
 from .policy import *
 from .rates import *
+from .tenants import *
 from .upkeep import *

@@ -1,5 +1,5 @@
 """Cooldown per key (docs/design.md, invariant 11): at most one message per
-(channel, cooldown_key) delivered within a window, decided in the database.
+(channel, cooldown_key) of a tenant delivered within a window, decided in the database.
 
 A message enqueued with a cooldown carries ``cooldown_key``, ``cooldown``
 (its window) and ``on_cooldown`` (``wait`` or ``suppress``).
@@ -55,17 +55,18 @@ CLAIM_GATE = f"""
     -- Cooldown per key (store/cooldown.py): the first due row of each key in
     -- the batch takes the key's row, or reads who holds it.
     cooldown AS (
-        INSERT INTO outbox_cooldown AS c (channel, cooldown_key, message_id)
-        SELECT DISTINCT ON (d.channel, d.cooldown_key) d.channel, d.cooldown_key, d.id
+        INSERT INTO outbox_cooldown AS c (channel, cooldown_key, tenant, message_id)
+        SELECT DISTINCT ON (d.channel, d.cooldown_key, d.tenant)
+               d.channel, d.cooldown_key, d.tenant, d.id
         FROM due AS d WHERE d.cooldown_key IS NOT NULL
-        ORDER BY d.channel, d.cooldown_key, d.priority DESC, d.available_at, d.id
-        ON CONFLICT (channel, cooldown_key) DO UPDATE SET
+        ORDER BY d.channel, d.cooldown_key, d.tenant, d.priority DESC, d.available_at, d.id
+        ON CONFLICT (channel, cooldown_key, tenant) DO UPDATE SET
             (message_id, until, taken_at) = (
                 SELECT CASE WHEN f.free THEN EXCLUDED.message_id ELSE c.message_id END,
                        CASE WHEN f.free THEN NULL ELSE c.until END,
                        CASE WHEN f.free THEN clock_timestamp() ELSE c.taken_at END
                 FROM (SELECT {_FREE}) AS f(free))
-        RETURNING c.channel, c.cooldown_key, c.message_id, c.until
+        RETURNING c.channel, c.cooldown_key, c.tenant, c.message_id, c.until
     ),
     cooled AS (
         -- The rows of a key held by another message: inside a delivered
@@ -88,6 +89,7 @@ CLAIM_GATE = f"""
                               ELSE m.last_error END
         FROM due JOIN cooldown AS c
           ON c.channel = due.channel AND c.cooldown_key = due.cooldown_key
+         AND c.tenant = due.tenant
         WHERE m.id = due.id AND due.id <> c.message_id
           AND m.status IN ('pending', 'claimed') AND (m.status = 'pending') IS TRUE
         RETURNING m.id, m.status, m.attempts, m.last_error, m.channel, m.recipient_fingerprints
@@ -110,25 +112,25 @@ CLAIM_PASSES = "(due.cooldown_key IS NULL OR due.id IN (SELECT message_id FROM c
 # takes them, so that a settle and a claim cannot deadlock on two keys.
 SETTLE_WINDOW = """
     cooldown_held AS (
-        SELECT c.channel, c.cooldown_key, s.cooldown
+        SELECT c.channel, c.cooldown_key, c.tenant, s.cooldown
         FROM settled AS s
         JOIN outbox_cooldown AS c ON c.channel = s.channel
-             AND c.cooldown_key = s.cooldown_key AND c.message_id = s.id
+             AND c.cooldown_key = s.cooldown_key AND c.tenant = s.tenant AND c.message_id = s.id
         WHERE s.status = 'delivered' AND s.cooldown_key IS NOT NULL
-        ORDER BY c.channel, c.cooldown_key
+        ORDER BY c.channel, c.cooldown_key, c.tenant
         FOR UPDATE OF c
     ),
     window_opened AS (
         UPDATE outbox_cooldown AS c SET until = now() + h.cooldown
         FROM cooldown_held AS h
-        WHERE c.channel = h.channel AND c.cooldown_key = h.cooldown_key
+        WHERE c.channel = h.channel AND c.cooldown_key = h.cooldown_key AND c.tenant = h.tenant
     ),
 """
 
 _PRUNE_COOLDOWNS = statement(
     f"""
     WITH ended AS (
-        SELECT channel, cooldown_key FROM outbox_cooldown
+        SELECT channel, cooldown_key, tenant FROM outbox_cooldown
         WHERE until < now()
         ORDER BY until
         LIMIT :batch_size
@@ -137,14 +139,14 @@ _PRUNE_COOLDOWNS = statement(
     released AS (
         -- a holder that ended undelivered holds nothing (pruned: nothing
         -- either); one taken since this statement began may not be visible yet
-        SELECT c.channel, c.cooldown_key FROM outbox_cooldown AS c
+        SELECT c.channel, c.cooldown_key, c.tenant FROM outbox_cooldown AS c
         WHERE c.until IS NULL AND c.taken_at < now() AND NOT {_IN_FLIGHT}
         LIMIT :batch_size
         FOR UPDATE OF c SKIP LOCKED
     )
     DELETE FROM outbox_cooldown AS c
     USING (SELECT * FROM ended UNION ALL SELECT * FROM released) AS doomed
-    WHERE (c.channel, c.cooldown_key) = (doomed.channel, doomed.cooldown_key)
+    WHERE (c.channel, c.cooldown_key, c.tenant) = (doomed.channel, doomed.cooldown_key, doomed.tenant)
     """
 )
 

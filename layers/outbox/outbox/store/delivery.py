@@ -86,6 +86,10 @@ class ClaimedMessage(NamedTuple):
     # Whether the row's destination was paused when the receipt was taken (a
     # throttle another sender heard since the claim): given back the same way.
     destination_paused: bool = False
+    # Whether the signing secret the row's payload names is not its tenant's
+    # (a mapping changed after the door let it in): failed, never signed
+    # with another tenant's key (migration 0022, outbox_secret_refused).
+    secret_refused: bool = False
 
 
 class Settlement(NamedTuple):
@@ -186,12 +190,12 @@ _CLAIMABLE = f"""
         "WHERE cp.paused_until IS NULL OR cp.paused_until > now())"
     )
 }
-          -- One row of an ordering key at a time, in id order: none of its key
+          -- One row of a tenant's ordering key at a time, in id order: none of its key
           -- is claimed, and no earlier one is unfinished or holds the key
           -- (failed, dead or expired: its successors wait for an operator).
           AND (m.ordering_key IS NULL OR NOT EXISTS (
                 SELECT 1 FROM outbox_message AS p
-                WHERE p.ordering_key = m.ordering_key AND p.id <> m.id
+                WHERE p.ordering_key = m.ordering_key AND p.tenant = m.tenant AND p.id <> m.id
                   AND (p.status = 'claimed'
                        OR (p.id < m.id
                            AND p.status IN ('pending', 'failed', 'dead', 'expired')))))
@@ -263,7 +267,7 @@ _CLAIM = f"""
         -- A paused or bucketed destination is skipped in the scan (one hashed
         -- subplan), so the rows of the others fill the batch.
         SELECT m.id, m.priority, m.available_at, m.channel,
-               COALESCE(m.destination, '') AS destination, m.cooldown_key
+               COALESCE(m.destination, '') AS destination, m.cooldown_key, m.tenant
         FROM outbox_message AS m
         WHERE {{claimable}}
           AND {{unskipped_destination}}
@@ -280,7 +284,8 @@ _CLAIM = f"""
         -- (the per-destination due index: a probe each).
         SELECT r.* FROM bucket AS b
         CROSS JOIN LATERAL (
-            SELECT m.id, m.priority, m.available_at, m.channel, b.destination, m.cooldown_key
+            SELECT m.id, m.priority, m.available_at, m.channel, b.destination, m.cooldown_key,
+                   m.tenant
             FROM outbox_message AS m
             WHERE m.channel = b.channel AND m.destination = b.destination AND {{claimable}}
             ORDER BY m.priority DESC, m.available_at, m.id
@@ -299,7 +304,7 @@ _CLAIM = f"""
         SELECT r.* FROM channel_bucket AS cb
         CROSS JOIN LATERAL (
             SELECT m.id, m.priority, m.available_at, m.channel,
-                   COALESCE(m.destination, '') AS destination, m.cooldown_key
+                   COALESCE(m.destination, '') AS destination, m.cooldown_key, m.tenant
             FROM outbox_message AS m
             WHERE m.channel = cb.channel AND {{claimable}}
               AND {{unskipped_destination}}
@@ -336,7 +341,8 @@ _CLAIM = f"""
         -- A channel limited as a whole takes at most the tokens its own bucket
         -- holds, whichever of its destinations the rows go to: its first rows in
         -- the batch's order, so the batch's LIMIT can only take fewer.
-        SELECT a.id, a.channel, a.cooldown_key, a.priority, a.available_at FROM allowed AS a
+        SELECT a.id, a.channel, a.cooldown_key, a.tenant, a.priority, a.available_at
+        FROM allowed AS a
         LEFT JOIN channel_bucket AS cb ON cb.channel = a.channel
         WHERE cb.tokens IS NULL OR a.in_channel <= floor(cb.tokens)
         ORDER BY a.priority DESC, a.turn, a.available_at, a.id
@@ -429,6 +435,11 @@ _PAYLOAD_TEXT = f"""CASE WHEN pg_column_size(m.payload) > {MAX_STORED_BYTES // 2
     THEN NULL ELSE CAST(m.payload AS text) END AS payload"""
 
 
+# Only a webhook names a secret; the other channels' rows ask nothing.
+_SECRET_REFUSED = """CASE WHEN m.channel = 'webhook'
+        THEN outbox_secret_refused(m.tenant, m.channel, m.payload) ELSE false END"""
+
+
 def _received(lease_left: str, channel_paused: str, destination_paused: str) -> str:
     """What a receipt returns: ClaimedMessage's fields, in their order (the rows
     are taken as they are). ``lease_left``: the lease's seconds left, float8;
@@ -438,7 +449,7 @@ def _received(lease_left: str, channel_paused: str, destination_paused: str) -> 
     COALESCE(m.max_attempts, :default_max) AS max_attempts,
     CAST(m.claim_token AS text) AS claim_token, m.dedupe_key, m.ordering_key,
     {lease_left} AS lease_left_seconds, {_DESTINATION}, {channel_paused} AS channel_paused,
-    {destination_paused} AS destination_paused"""
+    {destination_paused} AS destination_paused, {_SECRET_REFUSED} AS secret_refused"""
 
 
 # The claim's receipt: the lease was just taken, so all of it is left, and the
@@ -824,7 +835,7 @@ _SETTLE = statement(
         WHERE m.id = d.id AND m.claim_token = d.token AND {_CLAIMED_ROW}
         RETURNING m.id, m.status, m.claimed_at, m.last_error, m.channel,
                   m.recipient_fingerprints, d.outcome, d.attempts_after, d.error,
-                  d.provider_id, d.duration_ms, m.cooldown_key, m.cooldown
+                  d.provider_id, d.duration_ms, m.cooldown_key, m.cooldown, m.tenant
     ),{COOLDOWN_WINDOW}
     logged AS (
         INSERT INTO outbox_attempt

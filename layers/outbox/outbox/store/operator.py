@@ -105,7 +105,8 @@ _UNCANCEL = statement(
     WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'cancelled'
       AND (ordering_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM outbox_message later
-            WHERE later.ordering_key = m.ordering_key AND later.id > m.id
+            WHERE later.ordering_key = m.ordering_key AND later.tenant = m.tenant
+              AND later.id > m.id
               AND later.status NOT IN ('pending', 'cancelled')))
     RETURNING id
     """

@@ -148,9 +148,9 @@ BEGIN
 END
 $$;
 
--- Name: outbox_enqueue(text, jsonb, text, text, integer, interval, integer, timestamp with time zone, interval, text, interval, text, text); Type: FUNCTION
+-- Name: outbox_enqueue(text, jsonb, text, text, integer, interval, integer, timestamp with time zone, interval, text, interval, text, text, text); Type: FUNCTION
 
-CREATE FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text DEFAULT NULL::text, ordering_key text DEFAULT NULL::text, priority integer DEFAULT 0, delay interval DEFAULT NULL::interval, max_attempts integer DEFAULT NULL::integer, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, ttl interval DEFAULT NULL::interval, on_predecessor_failure text DEFAULT 'hold'::text, cooldown interval DEFAULT NULL::interval, cooldown_key text DEFAULT NULL::text, on_cooldown text DEFAULT 'wait'::text) RETURNS bigint
+CREATE FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text DEFAULT NULL::text, ordering_key text DEFAULT NULL::text, priority integer DEFAULT 0, delay interval DEFAULT NULL::interval, max_attempts integer DEFAULT NULL::integer, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, ttl interval DEFAULT NULL::interval, on_predecessor_failure text DEFAULT 'hold'::text, cooldown interval DEFAULT NULL::interval, cooldown_key text DEFAULT NULL::text, on_cooldown text DEFAULT 'wait'::text, tenant text DEFAULT NULL::text) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
@@ -161,15 +161,25 @@ DECLARE
     p_action text := COALESCE(outbox_enqueue.on_cooldown, 'wait');
     f record;
     new_id bigint;
+    p_tenant text;
 BEGIN
     SELECT * INTO f FROM outbox_cooldown_problem(p_cooldown, p_key, p_action);
     IF FOUND THEN
         PERFORM outbox_enqueue_refuse(f.field, f.problem);
     END IF;
+    -- (0022) the tenant: the role's bound one, or the one given, checked
+    SELECT * INTO f FROM outbox_enqueue_tenants(outbox_enqueue.tenant, NULL, 1);
+    IF f.field IS NOT NULL THEN
+        PERFORM outbox_enqueue_refuse(f.field, f.problem);
+    END IF;
+    p_tenant := (f.tenants)[1];
+    IF outbox_secret_refused(p_tenant, outbox_enqueue.channel, outbox_enqueue.payload) THEN
+        PERFORM outbox_enqueue_refuse('payload.secret_id', 'is not a signing secret of this message''s tenant (outbox tenant secret)');
+    END IF;
     new_id := outbox_enqueue_core(outbox_enqueue.channel, outbox_enqueue.payload,
         outbox_enqueue.dedupe_key, outbox_enqueue.ordering_key, outbox_enqueue.priority,
         outbox_enqueue.delay, outbox_enqueue.max_attempts, outbox_enqueue.expires_at,
-        outbox_enqueue.ttl, outbox_enqueue.on_predecessor_failure);
+        outbox_enqueue.ttl, outbox_enqueue.on_predecessor_failure, p_tenant);
     -- The core draws a fresh id for every message it checked: the id it
     -- returns is that one when it wrote the message, an older one for a replay
     -- (which is left as it was).
@@ -224,9 +234,9 @@ CREATE FUNCTION public.outbox_enqueue_builtin_fields(channel text) RETURNS TABLE
     WHERE f.channel = outbox_enqueue_builtin_fields.channel
 $$;
 
--- Name: outbox_enqueue_core(text, jsonb, text, text, integer, interval, integer, timestamp with time zone, interval, text); Type: FUNCTION
+-- Name: outbox_enqueue_core(text, jsonb, text, text, integer, interval, integer, timestamp with time zone, interval, text, text); Type: FUNCTION
 
-CREATE FUNCTION public.outbox_enqueue_core(channel text, payload jsonb, dedupe_key text DEFAULT NULL::text, ordering_key text DEFAULT NULL::text, priority integer DEFAULT 0, delay interval DEFAULT NULL::interval, max_attempts integer DEFAULT NULL::integer, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, ttl interval DEFAULT NULL::interval, on_predecessor_failure text DEFAULT 'hold'::text) RETURNS bigint
+CREATE FUNCTION public.outbox_enqueue_core(channel text, payload jsonb, dedupe_key text DEFAULT NULL::text, ordering_key text DEFAULT NULL::text, priority integer DEFAULT 0, delay interval DEFAULT NULL::interval, max_attempts integer DEFAULT NULL::integer, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, ttl interval DEFAULT NULL::interval, on_predecessor_failure text DEFAULT 'hold'::text, tenant text DEFAULT ''::text) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
@@ -242,6 +252,7 @@ DECLARE
     p_expires timestamptz := outbox_enqueue_core.expires_at;
     p_ttl interval := outbox_enqueue_core.ttl;
     p_on_failure text := COALESCE(outbox_enqueue_core.on_predecessor_failure, 'hold');
+    p_tenant text := COALESCE(outbox_enqueue_core.tenant, '');
     f record;
     builtin boolean := false;
     new_id bigint;
@@ -288,32 +299,32 @@ BEGIN
     IF p_ordering IS NOT NULL THEN
         -- As outbox.enqueue: producers of one ordering key take turns until
         -- their commit, so the key's ids follow commit order.
-        PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('outbox-ordering-key:' || p_ordering, 0));
+        PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('outbox-ordering-key:' || p_tenant || '/' || p_ordering, 0));
     END IF;
     -- the id first, so that a dedupe key's entry can name its message
     new_id := pg_catalog.nextval('outbox_message_id_seq');
     IF p_dedupe IS NOT NULL THEN
-        held_id := outbox_take_dedupe_key(p_channel, p_dedupe, p_payload, new_id);
+        held_id := outbox_take_dedupe_key(p_channel, p_dedupe, p_payload, new_id, p_tenant);
         IF held_id IS NOT NULL THEN
             RETURN held_id;  -- a replay: nothing written
         END IF;
     END IF;
     INSERT INTO outbox_message
         (id, channel, payload, dedupe_key, ordering_key, priority, available_at, max_attempts,
-         expires_at, on_predecessor_failure, recipient_fingerprints)
+         expires_at, on_predecessor_failure, recipient_fingerprints, tenant)
     OVERRIDING SYSTEM VALUE
     VALUES (new_id, p_channel, p_payload, p_dedupe, p_ordering, p_priority, pg_catalog.now() + p_delay,
             p_max,
             -- a ttl counts from the time the message is first due
             COALESCE(p_expires, pg_catalog.now() + p_delay + p_ttl), p_on_failure,
-            outbox_recipient_fingerprints(p_channel, p_payload));
+            outbox_recipient_fingerprints(p_channel, p_payload), p_tenant);
     RETURN new_id;
 END
 $$;
 
--- Name: outbox_enqueue_many(text[], jsonb, text[], text[], integer[], double precision[], integer[], timestamp with time zone[], double precision[], text[], double precision[], text[], text[]); Type: FUNCTION
+-- Name: outbox_enqueue_many(text[], jsonb, text[], text[], integer[], double precision[], integer[], timestamp with time zone[], double precision[], text[], double precision[], text[], text[], text, text[]); Type: FUNCTION
 
-CREATE FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[], p_cooldowns double precision[] DEFAULT NULL::double precision[], p_cooldown_keys text[] DEFAULT NULL::text[], p_on_cooldown text[] DEFAULT NULL::text[]) RETURNS TABLE(ord bigint, conflict boolean, id bigint, created boolean, first_ord bigint, held_id bigint, refused_field text, refused_problem text)
+CREATE FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[], p_cooldowns double precision[] DEFAULT NULL::double precision[], p_cooldown_keys text[] DEFAULT NULL::text[], p_on_cooldown text[] DEFAULT NULL::text[], p_tenant text DEFAULT NULL::text, p_tenants text[] DEFAULT NULL::text[]) RETURNS TABLE(ord bigint, conflict boolean, id bigint, created boolean, first_ord bigint, held_id bigint, refused_field text, refused_problem text)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
@@ -321,11 +332,31 @@ CREATE FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, 
 DECLARE
     bad record;
     result jsonb;
+    tenants text[];
 BEGIN
+    -- (0022) each message's tenant: the role's bound one, or the ones given
+    SELECT * INTO bad FROM outbox_enqueue_tenants(p_tenant, p_tenants,
+        pg_catalog.cardinality(p_channels));
+    IF bad.field IS NOT NULL THEN
+        RETURN QUERY SELECT bad.ord, false, NULL::bigint, false, NULL::bigint, NULL::bigint,
+                            bad.field, bad.problem;
+        RETURN;
+    END IF;
+    tenants := bad.tenants;
+    SELECT i.ord INTO bad
+    FROM ROWS FROM (pg_catalog.unnest(p_channels), pg_catalog.jsonb_array_elements(p_payloads),
+                    pg_catalog.unnest(tenants)) WITH ORDINALITY AS i(channel, payload, tenant, ord)
+    WHERE outbox_secret_refused(i.tenant, i.channel, i.payload)
+    ORDER BY i.ord LIMIT 1;
+    IF FOUND THEN
+        RETURN QUERY SELECT bad.ord, false, NULL::bigint, false, NULL::bigint, NULL::bigint,
+            'payload.secret_id'::text, 'is not a signing secret of this message''s tenant (outbox tenant secret)'::text;
+        RETURN;
+    END IF;
     IF p_cooldowns IS NULL AND p_cooldown_keys IS NULL AND p_on_cooldown IS NULL THEN
         RETURN QUERY SELECT * FROM outbox_enqueue_many_core(p_channels, p_payloads,
             p_dedupe_keys, p_ordering_keys, p_priorities, p_delays, p_max_attempts,
-            p_expires_at, p_ttls, p_on_predecessor_failure);
+            p_expires_at, p_ttls, p_on_predecessor_failure, tenants);
         RETURN;
     END IF;
     IF pg_catalog.cardinality(p_cooldowns) IS DISTINCT FROM pg_catalog.cardinality(p_channels)
@@ -348,7 +379,7 @@ BEGIN
     SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r) ORDER BY r.ord) INTO result
     FROM outbox_enqueue_many_core(p_channels, p_payloads, p_dedupe_keys, p_ordering_keys,
         p_priorities, p_delays, p_max_attempts, p_expires_at, p_ttls,
-        p_on_predecessor_failure) AS r;
+        p_on_predecessor_failure, tenants) AS r;
     -- A new statement, so it sees the rows the core wrote; a replay is left as it was.
     UPDATE outbox_message AS m
     SET cooldown_key = c.cooldown_key, cooldown = pg_catalog.make_interval(secs => c.cooldown_s),
@@ -363,9 +394,9 @@ BEGIN
 END
 $$;
 
--- Name: outbox_enqueue_many_core(text[], jsonb, text[], text[], integer[], double precision[], integer[], timestamp with time zone[], double precision[], text[]); Type: FUNCTION
+-- Name: outbox_enqueue_many_core(text[], jsonb, text[], text[], integer[], double precision[], integer[], timestamp with time zone[], double precision[], text[], text[]); Type: FUNCTION
 
-CREATE FUNCTION public.outbox_enqueue_many_core(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]) RETURNS TABLE(ord bigint, conflict boolean, id bigint, created boolean, first_ord bigint, held_id bigint, refused_field text, refused_problem text)
+CREATE FUNCTION public.outbox_enqueue_many_core(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[], p_tenants text[] DEFAULT NULL::text[]) RETURNS TABLE(ord bigint, conflict boolean, id bigint, created boolean, first_ord bigint, held_id bigint, refused_field text, refused_problem text)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $_$
@@ -388,9 +419,9 @@ BEGIN
         pg_catalog.unnest(p_channels), pg_catalog.jsonb_array_elements(p_payloads),
         pg_catalog.unnest(p_dedupe_keys), pg_catalog.unnest(p_ordering_keys), pg_catalog.unnest(p_priorities),
         pg_catalog.unnest(p_delays), pg_catalog.unnest(p_max_attempts), pg_catalog.unnest(p_expires_at), pg_catalog.unnest(p_ttls),
-        pg_catalog.unnest(p_on_predecessor_failure)
+        pg_catalog.unnest(p_on_predecessor_failure), pg_catalog.unnest(p_tenants)
     ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
-                           delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, ord)
+                           delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, tenant, ord)
 
           WHERE (i.channel ~ '^[a-z][a-z0-9_-]{0,63}$'
                  AND pg_catalog.jsonb_typeof(i.payload) = 'object'
@@ -490,8 +521,9 @@ BEGIN
     -- producers of one ordering key take turns until their commit (in key
     -- order, so that two producers cannot deadlock on each other)
     PERFORM pg_catalog.count(pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('outbox-ordering-key:' || k, 0)))
-    FROM (SELECT DISTINCT k FROM pg_catalog.unnest(p_ordering_keys) AS u(k)
-          WHERE k IS NOT NULL ORDER BY k) AS keys;
+    FROM (SELECT DISTINCT COALESCE(u.t, '') || '/' || u.o AS k
+          FROM ROWS FROM (pg_catalog.unnest(p_ordering_keys), pg_catalog.unnest(p_tenants)) AS u(o, t)
+          WHERE u.o IS NOT NULL ORDER BY k) AS keys;
 
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(p_dedupe_keys) AS d WHERE d IS NOT NULL) THEN
         -- Identity values are drawn in the order the SELECT produces rows
@@ -500,19 +532,19 @@ BEGIN
         WITH inserted AS (
             INSERT INTO outbox_message (channel, payload, ordering_key, priority, available_at,
                                         max_attempts, expires_at, on_predecessor_failure,
-                                        recipient_fingerprints)
+                                        recipient_fingerprints, tenant)
             SELECT i.channel, i.payload, i.ordering_key, COALESCE(i.priority, 0),
                    pg_catalog.now() + pg_catalog.make_interval(secs => COALESCE(i.delay_s, 0)), i.max_attempts,
                    COALESCE(i.expires_at, pg_catalog.now() + pg_catalog.make_interval(secs => COALESCE(i.delay_s, 0) + i.ttl_s)), COALESCE(i.on_predecessor_failure, 'hold'),
-                   ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a) FROM outbox_addresses(i.channel, i.payload) AS a ORDER BY a)
+                   ARRAY(SELECT outbox_hmac(k.inner_pad, k.outer_pad, a) FROM outbox_addresses(i.channel, i.payload) AS a ORDER BY a), COALESCE(i.tenant, '')
             FROM 
     ROWS FROM (
         pg_catalog.unnest(p_channels), pg_catalog.jsonb_array_elements(p_payloads),
         pg_catalog.unnest(p_dedupe_keys), pg_catalog.unnest(p_ordering_keys), pg_catalog.unnest(p_priorities),
         pg_catalog.unnest(p_delays), pg_catalog.unnest(p_max_attempts), pg_catalog.unnest(p_expires_at), pg_catalog.unnest(p_ttls),
-        pg_catalog.unnest(p_on_predecessor_failure)
+        pg_catalog.unnest(p_on_predecessor_failure), pg_catalog.unnest(p_tenants)
     ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
-                           delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, ord)
+                           delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, tenant, ord)
  CROSS JOIN outbox_fingerprint_key AS k
             ORDER BY i.ord
             RETURNING outbox_message.id
@@ -543,35 +575,35 @@ BEGIN
         pg_catalog.unnest(p_channels), pg_catalog.jsonb_array_elements(p_payloads),
         pg_catalog.unnest(p_dedupe_keys), pg_catalog.unnest(p_ordering_keys), pg_catalog.unnest(p_priorities),
         pg_catalog.unnest(p_delays), pg_catalog.unnest(p_max_attempts), pg_catalog.unnest(p_expires_at), pg_catalog.unnest(p_ttls),
-        pg_catalog.unnest(p_on_predecessor_failure)
+        pg_catalog.unnest(p_on_predecessor_failure), pg_catalog.unnest(p_tenants)
     ) WITH ORDINALITY AS i(channel, payload, dedupe_key, ordering_key, priority,
-                           delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, ord)
+                           delay_s, max_attempts, expires_at, ttl_s, on_predecessor_failure, tenant, ord)
  CROSS JOIN outbox_fingerprint_key AS k
             ORDER BY i.ord
         ),
         keyed AS (  -- the first of each (channel, key, recipient) in the list stands for it
-            SELECT DISTINCT ON (channel, dedupe_key, fingerprint)
-                   ord, new_id, channel, dedupe_key, fingerprint, digest
+            SELECT DISTINCT ON (tenant, channel, dedupe_key, fingerprint)
+                   ord, new_id, COALESCE(tenant, '') AS tenant, channel, dedupe_key, fingerprint, digest
             FROM input WHERE dedupe_key IS NOT NULL
-            ORDER BY channel, dedupe_key, fingerprint, ord
+            ORDER BY tenant, channel, dedupe_key, fingerprint, ord
         ),
         held AS (  -- keys already taken when this statement began
             SELECT k.ord, d.message_id, d.payload_digest
             FROM keyed AS k JOIN outbox_dedupe AS d
               ON d.channel = k.channel AND d.dedupe_key = k.dedupe_key
-             AND d.recipient_fingerprint = k.fingerprint
+             AND d.recipient_fingerprint = k.fingerprint AND d.tenant = k.tenant
         ),
         conflicts AS (  -- a payload other than the one its key was first given
             SELECT i.ord FROM input AS i
             JOIN keyed AS k ON k.channel = i.channel AND k.dedupe_key = i.dedupe_key
-                           AND k.fingerprint = i.fingerprint
+                           AND k.fingerprint = i.fingerprint AND k.tenant = COALESCE(i.tenant, '')
             LEFT JOIN held AS h ON h.ord = k.ord
             WHERE i.digest <> COALESCE(h.payload_digest, k.digest)
         ),
         taken AS (  -- nothing at all is written when any message conflicts
             INSERT INTO outbox_dedupe
-                (channel, dedupe_key, recipient_fingerprint, payload_digest, message_id)
-            SELECT k.channel, k.dedupe_key, k.fingerprint, k.digest, k.new_id FROM keyed AS k
+                (channel, dedupe_key, recipient_fingerprint, payload_digest, message_id, tenant)
+            SELECT k.channel, k.dedupe_key, k.fingerprint, k.digest, k.new_id, k.tenant FROM keyed AS k
             WHERE NOT EXISTS (SELECT 1 FROM conflicts)
               AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.ord = k.ord)
             ORDER BY k.ord
@@ -581,12 +613,12 @@ BEGIN
         inserted AS (
             INSERT INTO outbox_message (id, channel, payload, dedupe_key, ordering_key, priority,
                                         available_at, max_attempts, expires_at,
-                                        on_predecessor_failure, recipient_fingerprints)
+                                        on_predecessor_failure, recipient_fingerprints, tenant)
             OVERRIDING SYSTEM VALUE
             SELECT new_id, channel, payload, dedupe_key, ordering_key, COALESCE(priority, 0),
                    pg_catalog.now() + pg_catalog.make_interval(secs => COALESCE(delay_s, 0)), max_attempts,
                    COALESCE(i.expires_at, pg_catalog.now() + pg_catalog.make_interval(secs => COALESCE(i.delay_s, 0) + i.ttl_s)), COALESCE(on_predecessor_failure, 'hold'),
-                   recipient_fingerprints
+                   recipient_fingerprints, COALESCE(i.tenant, '')
             FROM input AS i
             WHERE NOT EXISTS (SELECT 1 FROM conflicts)
               AND (dedupe_key IS NULL OR new_id IN (SELECT message_id FROM taken))
@@ -604,7 +636,7 @@ BEGIN
         INTO result
         FROM input AS i
         LEFT JOIN keyed AS k ON k.channel = i.channel AND k.dedupe_key = i.dedupe_key
-                            AND k.fingerprint = i.fingerprint
+                            AND k.fingerprint = i.fingerprint AND k.tenant = COALESCE(i.tenant, '')
         LEFT JOIN held AS h ON h.ord = k.ord;
 
         IF NOT EXISTS (SELECT 1 FROM pg_catalog.jsonb_array_elements(result) AS r
@@ -618,10 +650,10 @@ BEGIN
             DELETE FROM outbox_message AS m
             WHERE m.id IN (SELECT (r ->> 'id')::bigint FROM pg_catalog.jsonb_array_elements(result) AS r
                            WHERE (r ->> 'created')::boolean)
-            RETURNING m.id, m.channel, m.dedupe_key, m.payload
+            RETURNING m.id, m.channel, m.dedupe_key, m.payload, m.tenant
         )
         DELETE FROM outbox_dedupe AS d USING gone AS g
-        WHERE d.channel = g.channel AND d.dedupe_key = g.dedupe_key
+        WHERE d.channel = g.channel AND d.dedupe_key = g.dedupe_key AND d.tenant = g.tenant
           AND d.recipient_fingerprint = outbox_recipient_fingerprint(g.channel, g.payload)
           AND d.message_id = g.id;
     END LOOP;
@@ -686,6 +718,50 @@ BEGIN
         MESSAGE = field || ': ' || problem, COLUMN = field;
 END
 $$;
+
+-- Name: outbox_enqueue_tenants(text, text[], integer); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_enqueue_tenants(p_tenant text, p_tenants text[], p_count integer) RETURNS TABLE(tenants text[], ord bigint, field text, problem text)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'public', 'pg_temp'
+    AS $_$
+DECLARE
+    given text[];
+    bound text;
+    bad bigint;
+BEGIN
+    IF p_tenants IS NOT NULL AND pg_catalog.cardinality(p_tenants) <> p_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = 'tenants: give p_tenants, one per channel';
+    END IF;
+    given := COALESCE(p_tenants, pg_catalog.array_fill(p_tenant, ARRAY[p_count]));
+    SELECT b.tenant INTO bound FROM outbox_tenant_role AS b
+    WHERE b.role_name = CAST(SESSION_USER AS text);
+    IF FOUND THEN
+        SELECT g.ord INTO bad FROM pg_catalog.unnest(given) WITH ORDINALITY AS g(t, ord)
+        WHERE g.t IS NOT NULL AND g.t <> bound ORDER BY g.ord LIMIT 1;
+        IF FOUND THEN
+            RETURN QUERY SELECT NULL::text[], bad, 'tenant'::text,
+                'is not the tenant this database role is bound to'::text;
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT pg_catalog.array_fill(bound, ARRAY[p_count]), NULL::bigint,
+                            NULL::text, NULL::text;
+        RETURN;
+    END IF;
+    SELECT g.ord INTO bad FROM pg_catalog.unnest(given) WITH ORDINALITY AS g(t, ord)
+    WHERE g.t IS NOT NULL AND g.t <> '' AND g.t !~ '^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$'
+    ORDER BY g.ord LIMIT 1;
+    IF FOUND THEN
+        RETURN QUERY SELECT NULL::text[], bad, 'tenant'::text, 'must be 1 to 64 letters, digits, dots, underscores, colons or hyphens, starting with a letter or digit'::text;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT ARRAY(SELECT COALESCE(g.t, '')
+                              FROM pg_catalog.unnest(given) WITH ORDINALITY AS g(t, ord)
+                              ORDER BY g.ord),
+                        NULL::bigint, NULL::text, NULL::text;
+END
+$_$;
 
 -- Name: outbox_fingerprint(text); Type: FUNCTION
 
@@ -1005,9 +1081,22 @@ BEGIN
 END
 $$;
 
--- Name: outbox_take_dedupe_key(text, text, jsonb, bigint); Type: FUNCTION
+-- Name: outbox_secret_refused(text, text, jsonb); Type: FUNCTION
 
-CREATE FUNCTION public.outbox_take_dedupe_key(p_channel text, p_dedupe_key text, p_payload jsonb, p_new_id bigint) RETURNS bigint
+CREATE FUNCTION public.outbox_secret_refused(p_tenant text, p_channel text, p_payload jsonb) RETURNS boolean
+    LANGUAGE sql STABLE
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT p_channel = 'webhook'
+       AND pg_catalog.jsonb_typeof(p_payload -> 'secret_id') = 'string'
+       AND (SELECT s.tenant FROM outbox_tenant_secret AS s
+            WHERE s.secret_id = p_payload ->> 'secret_id')
+           IS DISTINCT FROM NULLIF(p_tenant, '')
+$$;
+
+-- Name: outbox_take_dedupe_key(text, text, jsonb, bigint, text); Type: FUNCTION
+
+CREATE FUNCTION public.outbox_take_dedupe_key(p_channel text, p_dedupe_key text, p_payload jsonb, p_new_id bigint, p_tenant text DEFAULT ''::text) RETURNS bigint
     LANGUAGE plpgsql
     SET search_path TO 'public', 'pg_temp'
     AS $$
@@ -1019,8 +1108,8 @@ DECLARE
 BEGIN
     LOOP
         INSERT INTO outbox_dedupe
-            (channel, dedupe_key, recipient_fingerprint, payload_digest, message_id)
-        VALUES (p_channel, p_dedupe_key, v_fingerprint, v_digest, p_new_id)
+            (channel, dedupe_key, recipient_fingerprint, payload_digest, message_id, tenant)
+        VALUES (p_channel, p_dedupe_key, v_fingerprint, v_digest, p_new_id, p_tenant)
         ON CONFLICT DO NOTHING;
         IF FOUND THEN
             RETURN NULL;
@@ -1029,7 +1118,7 @@ BEGIN
         SELECT d.message_id, d.payload_digest INTO v_held_id, v_held_digest
         FROM outbox_dedupe AS d
         WHERE d.channel = p_channel AND d.dedupe_key = p_dedupe_key
-          AND d.recipient_fingerprint = v_fingerprint;
+          AND d.recipient_fingerprint = v_fingerprint AND d.tenant = p_tenant;
         IF FOUND THEN
             IF v_held_digest <> v_digest THEN
                 RAISE EXCEPTION USING ERRCODE = 'unique_violation',
@@ -1099,6 +1188,7 @@ CREATE TABLE public.outbox_cooldown (
     message_id bigint NOT NULL,
     until timestamp with time zone,
     taken_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    tenant text DEFAULT ''::text NOT NULL,
     CONSTRAINT outbox_cooldown_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text))
 );
 
@@ -1110,7 +1200,8 @@ CREATE TABLE public.outbox_dedupe (
     recipient_fingerprint bytea NOT NULL,
     payload_digest bytea NOT NULL,
     message_id bigint NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    tenant text DEFAULT ''::text NOT NULL
 );
 
 -- Name: outbox_destination; Type: TABLE
@@ -1178,6 +1269,7 @@ CREATE TABLE public.outbox_message (
     cooldown_key text,
     cooldown interval,
     on_cooldown text,
+    tenant text DEFAULT ''::text NOT NULL,
     CONSTRAINT outbox_message_attempts_at_redrive_check CHECK ((attempts_at_redrive >= 0)),
     CONSTRAINT outbox_message_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT outbox_message_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text)),
@@ -1232,6 +1324,7 @@ CREATE TABLE public.outbox_message_live (
     cooldown_key text,
     cooldown interval,
     on_cooldown text,
+    tenant text DEFAULT ''::text NOT NULL,
     CONSTRAINT outbox_message_attempts_at_redrive_check CHECK ((attempts_at_redrive >= 0)),
     CONSTRAINT outbox_message_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT outbox_message_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text)),
@@ -1275,6 +1368,7 @@ CREATE TABLE public.outbox_message_resolved (
     cooldown_key text,
     cooldown interval,
     on_cooldown text,
+    tenant text DEFAULT ''::text NOT NULL,
     CONSTRAINT outbox_message_attempts_at_redrive_check CHECK ((attempts_at_redrive >= 0)),
     CONSTRAINT outbox_message_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT outbox_message_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text)),
@@ -1318,6 +1412,7 @@ CREATE TABLE public.outbox_message_resolved_default (
     cooldown_key text,
     cooldown interval,
     on_cooldown text,
+    tenant text DEFAULT ''::text NOT NULL,
     CONSTRAINT outbox_message_attempts_at_redrive_check CHECK ((attempts_at_redrive >= 0)),
     CONSTRAINT outbox_message_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT outbox_message_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text)),
@@ -1360,6 +1455,7 @@ CREATE TABLE public.outbox_message_unresolved (
     cooldown_key text,
     cooldown interval,
     on_cooldown text,
+    tenant text DEFAULT ''::text NOT NULL,
     CONSTRAINT outbox_message_attempts_at_redrive_check CHECK ((attempts_at_redrive >= 0)),
     CONSTRAINT outbox_message_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT outbox_message_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text)),
@@ -1402,6 +1498,44 @@ ALTER TABLE public.outbox_outcome_event ALTER COLUMN id ADD GENERATED ALWAYS AS 
     CACHE 1
 );
 
+-- Name: outbox_tenant; Type: TABLE
+
+CREATE TABLE public.outbox_tenant (
+    tenant text NOT NULL,
+    weight integer DEFAULT 1 NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT outbox_tenant_tenant_check CHECK (((tenant = ''::text) OR (tenant ~ '^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$'::text))),
+    CONSTRAINT outbox_tenant_weight_check CHECK (((weight >= 1) AND (weight <= 1000)))
+);
+
+-- Name: outbox_tenant_role; Type: TABLE
+
+CREATE TABLE public.outbox_tenant_role (
+    role_name text NOT NULL,
+    tenant text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT outbox_tenant_role_tenant_check CHECK ((tenant ~ '^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$'::text))
+);
+
+-- Name: outbox_tenant_secret; Type: TABLE
+
+CREATE TABLE public.outbox_tenant_secret (
+    secret_id text NOT NULL,
+    tenant text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT outbox_tenant_secret_secret_id_check CHECK ((char_length(secret_id) <= 2048)),
+    CONSTRAINT outbox_tenant_secret_tenant_check CHECK ((tenant ~ '^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$'::text))
+);
+
+-- Name: outbox_tenant_turn; Type: TABLE
+
+CREATE TABLE public.outbox_tenant_turn (
+    one boolean DEFAULT true NOT NULL,
+    tenant text NOT NULL,
+    CONSTRAINT outbox_tenant_turn_one_check CHECK (one)
+);
+
 -- Name: outbox_message_live; Type: TABLE ATTACH
 
 ALTER TABLE ONLY public.outbox_message ATTACH PARTITION public.outbox_message_live FOR VALUES IN ('pending', 'claimed');
@@ -1436,12 +1570,12 @@ ALTER TABLE ONLY public.outbox_channel
 -- Name: outbox_cooldown outbox_cooldown_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.outbox_cooldown
-    ADD CONSTRAINT outbox_cooldown_pkey PRIMARY KEY (channel, cooldown_key);
+    ADD CONSTRAINT outbox_cooldown_pkey PRIMARY KEY (channel, cooldown_key, tenant);
 
 -- Name: outbox_dedupe outbox_dedupe_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY public.outbox_dedupe
-    ADD CONSTRAINT outbox_dedupe_pkey PRIMARY KEY (channel, dedupe_key, recipient_fingerprint);
+    ADD CONSTRAINT outbox_dedupe_pkey PRIMARY KEY (channel, dedupe_key, recipient_fingerprint, tenant);
 
 -- Name: outbox_destination outbox_destination_pkey; Type: CONSTRAINT
 
@@ -1467,6 +1601,26 @@ ALTER TABLE ONLY public.outbox_message_unresolved
 
 ALTER TABLE ONLY public.outbox_outcome_event
     ADD CONSTRAINT outbox_outcome_event_pkey PRIMARY KEY (id);
+
+-- Name: outbox_tenant outbox_tenant_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_tenant
+    ADD CONSTRAINT outbox_tenant_pkey PRIMARY KEY (tenant);
+
+-- Name: outbox_tenant_role outbox_tenant_role_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_tenant_role
+    ADD CONSTRAINT outbox_tenant_role_pkey PRIMARY KEY (role_name);
+
+-- Name: outbox_tenant_secret outbox_tenant_secret_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_tenant_secret
+    ADD CONSTRAINT outbox_tenant_secret_pkey PRIMARY KEY (secret_id);
+
+-- Name: outbox_tenant_turn outbox_tenant_turn_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_tenant_turn
+    ADD CONSTRAINT outbox_tenant_turn_pkey PRIMARY KEY (one);
 
 -- Name: outbox_attempt_feedback; Type: INDEX
 
@@ -1511,6 +1665,10 @@ CREATE INDEX outbox_message_due_by_channel ON public.outbox_message_live USING b
 -- Name: outbox_message_due_by_destination; Type: INDEX
 
 CREATE INDEX outbox_message_due_by_destination ON public.outbox_message_live USING btree (channel, destination, priority DESC, available_at, id) WHERE (status = 'pending'::text);
+
+-- Name: outbox_message_due_by_tenant; Type: INDEX
+
+CREATE INDEX outbox_message_due_by_tenant ON public.outbox_message_live USING btree (tenant, priority DESC, available_at, id) WHERE (status = 'pending'::text);
 
 -- Name: outbox_message_expiry; Type: INDEX
 
@@ -1568,6 +1726,10 @@ CREATE INDEX outbox_message_unresolved_settled ON public.outbox_message_unresolv
 
 CREATE INDEX outbox_outcome_event_due ON public.outbox_outcome_event USING btree (publish_after, id);
 
+-- Name: outbox_tenant_secret_tenant; Type: INDEX
+
+CREATE INDEX outbox_tenant_secret_tenant ON public.outbox_tenant_secret USING btree (tenant);
+
 -- Name: outbox_message_resolved_default_id_idx; Type: INDEX ATTACH
 
 ALTER INDEX public.outbox_message_resolved_id ATTACH PARTITION public.outbox_message_resolved_default_id_idx;
@@ -1617,23 +1779,27 @@ REVOKE ALL ON FUNCTION public.outbox_cooldown_problem(cooldown interval, cooldow
 REVOKE ALL ON FUNCTION public.outbox_drop_history_before(p_before timestamp with time zone, p_dry_run boolean) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.outbox_drop_history_before(p_before timestamp with time zone, p_dry_run boolean) TO outbox_relay;
 
--- Name: FUNCTION outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text, cooldown interval, cooldown_key text, on_cooldown text); Type: ACL
+-- Name: FUNCTION outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text, cooldown interval, cooldown_key text, on_cooldown text, tenant text); Type: ACL
 
-REVOKE ALL ON FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text, cooldown interval, cooldown_key text, on_cooldown text) FROM PUBLIC;
-GRANT ALL ON FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text, cooldown interval, cooldown_key text, on_cooldown text) TO outbox_producer;
+REVOKE ALL ON FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text, cooldown interval, cooldown_key text, on_cooldown text, tenant text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_enqueue(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text, cooldown interval, cooldown_key text, on_cooldown text, tenant text) TO outbox_producer;
 
--- Name: FUNCTION outbox_enqueue_core(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text); Type: ACL
+-- Name: FUNCTION outbox_enqueue_core(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text, tenant text); Type: ACL
 
-REVOKE ALL ON FUNCTION public.outbox_enqueue_core(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION public.outbox_enqueue_core(channel text, payload jsonb, dedupe_key text, ordering_key text, priority integer, delay interval, max_attempts integer, expires_at timestamp with time zone, ttl interval, on_predecessor_failure text, tenant text) FROM PUBLIC;
 
--- Name: FUNCTION outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[], p_cooldowns double precision[], p_cooldown_keys text[], p_on_cooldown text[]); Type: ACL
+-- Name: FUNCTION outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[], p_cooldowns double precision[], p_cooldown_keys text[], p_on_cooldown text[], p_tenant text, p_tenants text[]); Type: ACL
 
-REVOKE ALL ON FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[], p_cooldowns double precision[], p_cooldown_keys text[], p_on_cooldown text[]) FROM PUBLIC;
-GRANT ALL ON FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[], p_cooldowns double precision[], p_cooldown_keys text[], p_on_cooldown text[]) TO outbox_producer;
+REVOKE ALL ON FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[], p_cooldowns double precision[], p_cooldown_keys text[], p_on_cooldown text[], p_tenant text, p_tenants text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_enqueue_many(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[], p_cooldowns double precision[], p_cooldown_keys text[], p_on_cooldown text[], p_tenant text, p_tenants text[]) TO outbox_producer;
 
--- Name: FUNCTION outbox_enqueue_many_core(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]); Type: ACL
+-- Name: FUNCTION outbox_enqueue_many_core(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[], p_tenants text[]); Type: ACL
 
-REVOKE ALL ON FUNCTION public.outbox_enqueue_many_core(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION public.outbox_enqueue_many_core(p_channels text[], p_payloads jsonb, p_dedupe_keys text[], p_ordering_keys text[], p_priorities integer[], p_delays double precision[], p_max_attempts integer[], p_expires_at timestamp with time zone[], p_ttls double precision[], p_on_predecessor_failure text[], p_tenants text[]) FROM PUBLIC;
+
+-- Name: FUNCTION outbox_enqueue_tenants(p_tenant text, p_tenants text[], p_count integer); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_enqueue_tenants(p_tenant text, p_tenants text[], p_count integer) FROM PUBLIC;
 
 -- Name: FUNCTION outbox_fingerprint(message text); Type: ACL
 
@@ -1662,9 +1828,14 @@ REVOKE ALL ON FUNCTION public.outbox_recipient_fingerprints(channel text, payloa
 
 REVOKE ALL ON FUNCTION public.outbox_record_outcome_event() FROM PUBLIC;
 
--- Name: FUNCTION outbox_take_dedupe_key(p_channel text, p_dedupe_key text, p_payload jsonb, p_new_id bigint); Type: ACL
+-- Name: FUNCTION outbox_secret_refused(p_tenant text, p_channel text, p_payload jsonb); Type: ACL
 
-REVOKE ALL ON FUNCTION public.outbox_take_dedupe_key(p_channel text, p_dedupe_key text, p_payload jsonb, p_new_id bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION public.outbox_secret_refused(p_tenant text, p_channel text, p_payload jsonb) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.outbox_secret_refused(p_tenant text, p_channel text, p_payload jsonb) TO outbox_relay;
+
+-- Name: FUNCTION outbox_take_dedupe_key(p_channel text, p_dedupe_key text, p_payload jsonb, p_new_id bigint, p_tenant text); Type: ACL
+
+REVOKE ALL ON FUNCTION public.outbox_take_dedupe_key(p_channel text, p_dedupe_key text, p_payload jsonb, p_new_id bigint, p_tenant text) FROM PUBLIC;
 
 -- Name: TABLE outbox_attempt; Type: ACL
 
@@ -1701,3 +1872,19 @@ GRANT SELECT,DELETE,UPDATE ON TABLE public.outbox_message_resolved_default TO ou
 -- Name: TABLE outbox_outcome_event; Type: ACL
 
 GRANT SELECT,DELETE,UPDATE ON TABLE public.outbox_outcome_event TO outbox_relay;
+
+-- Name: TABLE outbox_tenant; Type: ACL
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_tenant TO outbox_relay;
+
+-- Name: TABLE outbox_tenant_role; Type: ACL
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_tenant_role TO outbox_relay;
+
+-- Name: TABLE outbox_tenant_secret; Type: ACL
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_tenant_secret TO outbox_relay;
+
+-- Name: TABLE outbox_tenant_turn; Type: ACL
+
+GRANT SELECT,UPDATE ON TABLE public.outbox_tenant_turn TO outbox_relay;

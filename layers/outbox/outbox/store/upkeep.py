@@ -215,7 +215,8 @@ _CANCEL_HELD = statement(
     WITH doomed AS (
         SELECT m.id, min(f.id) AS holder
         FROM outbox_message AS f
-        JOIN outbox_message AS m ON m.ordering_key = f.ordering_key AND m.id > f.id
+        JOIN outbox_message AS m ON m.ordering_key = f.ordering_key AND m.tenant = f.tenant
+                               AND m.id > f.id
         WHERE f.ordering_key IS NOT NULL AND f.status IN ('failed', 'dead', 'expired')
           AND m.status = 'pending' AND m.on_predecessor_failure = 'cancel'
         GROUP BY m.id
@@ -286,15 +287,15 @@ def prune_attempts(conn: sa.Connection, older_than_seconds: float, batch_size: i
 _PRUNE_DEDUPE_KEYS = statement(
     """
     WITH doomed AS (
-        SELECT channel, dedupe_key, recipient_fingerprint FROM outbox_dedupe
+        SELECT channel, dedupe_key, recipient_fingerprint, tenant FROM outbox_dedupe
         WHERE created_at < now() - make_interval(secs => :older_than_seconds)
         ORDER BY created_at
         LIMIT :batch_size
         FOR UPDATE SKIP LOCKED
     )
     DELETE FROM outbox_dedupe AS d USING doomed
-    WHERE (d.channel, d.dedupe_key, d.recipient_fingerprint)
-        = (doomed.channel, doomed.dedupe_key, doomed.recipient_fingerprint)
+    WHERE (d.channel, d.dedupe_key, d.recipient_fingerprint, d.tenant)
+        = (doomed.channel, doomed.dedupe_key, doomed.recipient_fingerprint, doomed.tenant)
     """
 )
 
@@ -334,7 +335,8 @@ _HELD_COUNT = statement(
     """
     SELECT count(DISTINCT m.id)
     FROM outbox_message AS f
-    JOIN outbox_message AS m ON m.ordering_key = f.ordering_key AND m.id > f.id
+    JOIN outbox_message AS m ON m.ordering_key = f.ordering_key AND m.tenant = f.tenant
+                               AND m.id > f.id
     WHERE f.ordering_key IS NOT NULL AND f.status IN ('failed', 'dead', 'expired')
       AND m.status = 'pending'
     """
