@@ -213,7 +213,11 @@ _ENQUEUE_MANY_CORE = (
             "            SELECT i.channel,",
             1,
         ),
-        ("ORDER BY a)\n            FROM ", "ORDER BY a), COALESCE(i.tenant, '')\n            FROM ", 1),
+        (
+            "ORDER BY a)\n            FROM ",
+            "ORDER BY a), COALESCE(i.tenant, '')\n            FROM ",
+            1,
+        ),
         (
             "            SELECT DISTINCT ON (channel, dedupe_key, fingerprint)\n"
             "                   ord, new_id, channel, dedupe_key, fingerprint, digest\n"
@@ -405,19 +409,23 @@ def _reversed(edits: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
 
 def _arguments(name: str) -> str:
     """The argument types of the relay's one function of this name."""
-    return "(" + str(
-        op.get_bind()
-        .execute(
-            sa.text(
-                "SELECT pg_catalog.pg_get_function_identity_arguments(p.oid) "
-                "FROM pg_catalog.pg_proc AS p "
-                "WHERE p.pronamespace = pg_catalog.current_schema()::pg_catalog.regnamespace "
-                "AND p.proname = :name"
-            ),
-            {"name": name},
+    return (
+        "("
+        + str(
+            op.get_bind()
+            .execute(
+                sa.text(
+                    "SELECT pg_catalog.pg_get_function_identity_arguments(p.oid) "
+                    "FROM pg_catalog.pg_proc AS p "
+                    "WHERE p.pronamespace = pg_catalog.current_schema()::pg_catalog.regnamespace "
+                    "AND p.proname = :name"
+                ),
+                {"name": name},
+            )
+            .scalar_one()
         )
-        .scalar_one()
-    ) + ")"
+        + ")"
+    )
 
 
 def upgrade() -> None:
@@ -488,8 +496,7 @@ def upgrade() -> None:
     op.execute(m9._in(schema, ENQUEUE_TENANTS))
     op.execute(m9._in(schema, SECRET_REFUSED))
     op.execute(
-        f"REVOKE ALL ON FUNCTION {schema}.outbox_enqueue_tenants(text, text[], integer) "
-        "FROM PUBLIC"
+        f"REVOKE ALL ON FUNCTION {schema}.outbox_enqueue_tenants(text, text[], integer) FROM PUBLIC"
     )
     # The receipt asks it too, as the relay.
     op.execute(

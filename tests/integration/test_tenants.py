@@ -1,0 +1,212 @@
+"""Tenants (issue 33; docs/how-to/tenants.md): keys that are a tenant's own,
+signing secrets per tenant, a producer role bound to one tenant. Every way in
+is tried: ``outbox.enqueue``, ``enqueue_many`` and both SQL doors."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+import outbox
+from outbox import DedupeConflict, ValidationError, sender, store
+from outbox.channels import Outcome
+from support import EMAIL, claim, make_due, receive, row
+
+BACKOFF = store.Backoff(1, 60, 5)
+WEBHOOK = {"url": "https://hooks.example.com/in", "event_type": "order.shipped", "body": {}}
+
+
+def signed(secret_id: str) -> dict[str, Any]:
+    return {**WEBHOOK, "secret_id": secret_id}
+
+
+def tenants_of(engine: sa.Engine) -> dict[int, str]:
+    with engine.connect() as conn:
+        return dict(conn.execute(sa.text("SELECT id, tenant FROM outbox_message")).all())
+
+
+def settle(engine: sa.Engine, claims: list[store.Claim], outcome: str) -> None:
+    with engine.begin() as conn:
+        store.settle(
+            conn, [store.Settlement(c.id, c.claim_token, outcome, "boom") for c in claims], BACKOFF
+        )
+
+
+def test_two_tenants_may_use_one_dedupe_key_and_each_replays_its_own(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        a = outbox.enqueue(conn, "email", EMAIL, dedupe_key="welcome", tenant="acme")
+        b = outbox.enqueue(conn, "email", EMAIL, dedupe_key="welcome", tenant="beta")
+        none = outbox.enqueue(conn, "email", EMAIL, dedupe_key="welcome")
+        assert len({a, b, none}) == 3
+        assert outbox.enqueue(conn, "email", EMAIL, dedupe_key="welcome", tenant="acme") == a
+        replayed = outbox.enqueue_many(
+            conn, [{"channel": "email", "payload": EMAIL, "dedupe_key": "welcome"}], tenant="beta"
+        )
+        assert replayed == [b]
+    with pytest.raises(DedupeConflict), engine.begin() as conn:
+        outbox.enqueue(
+            conn, "email", {**EMAIL, "subject": "other"}, dedupe_key="welcome", tenant="acme"
+        )
+    assert tenants_of(engine) == {a: "acme", b: "beta", none: ""}
+
+
+def test_enqueue_many_takes_a_tenant_per_message_or_one_for_the_call(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        ids = outbox.enqueue_many(
+            conn,
+            [
+                {"channel": "email", "payload": EMAIL},
+                {"channel": "email", "payload": EMAIL, "tenant": "beta"},
+            ],
+            tenant="acme",
+        )
+    assert tenants_of(engine) == {ids[0]: "acme", ids[1]: "beta"}
+    assert ids == sorted(ids)
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "-x", "x" * 65, "é", 7])
+def test_a_malformed_tenant_is_refused_and_nothing_is_written(engine: sa.Engine, bad: Any) -> None:
+    with pytest.raises(ValidationError) as refused, engine.begin() as conn:
+        outbox.enqueue(conn, "email", EMAIL, tenant=bad)
+    assert refused.value.field == "tenant"
+    if isinstance(bad, str) and bad:
+        with pytest.raises(sa.exc.DBAPIError, match="tenant: must be"), engine.begin() as conn:
+            conn.execute(
+                sa.text("SELECT outbox_enqueue('email', CAST(:p AS jsonb), tenant => :t)"),
+                {"p": json.dumps(EMAIL), "t": bad},
+            )
+    assert tenants_of(engine) == {}
+
+
+def test_one_tenants_cooldown_key_never_holds_anothers(engine: sa.Engine) -> None:
+    cooldown = {
+        "cooldown": timedelta(days=366),
+        "cooldown_key": "digest",
+        "on_cooldown": "suppress",
+    }
+    with engine.begin() as conn:
+        first = outbox.enqueue(conn, "email", EMAIL, tenant="acme", **cooldown)
+    settle(engine, claim(engine), "delivered")
+    with engine.begin() as conn:
+        same_tenant = outbox.enqueue(conn, "email", EMAIL, tenant="acme", **cooldown)
+        other_tenant = outbox.enqueue(conn, "email", EMAIL, tenant="beta", **cooldown)
+    claimed = claim(engine)
+    assert [c.id for c in claimed] == [other_tenant]
+    with engine.connect() as conn:
+        assert row(conn, first).status == "delivered"
+        assert row(conn, same_tenant).status == "suppressed"
+
+
+def test_a_failed_head_holds_its_own_tenants_ordering_key_only(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        head = outbox.enqueue(conn, "email", EMAIL, ordering_key="order-1", tenant="acme")
+        held = outbox.enqueue(conn, "email", EMAIL, ordering_key="order-1", tenant="acme")
+        other = outbox.enqueue(conn, "email", EMAIL, ordering_key="order-1", tenant="beta")
+    # one row of each tenant's key at a time: both heads, not acme's second
+    first = claim(engine)
+    assert sorted(c.id for c in first) == [head, other]
+    settle(engine, [c for c in first if c.id == head], "failed")
+    settle(engine, [c for c in first if c.id == other], "delivered")
+    with engine.begin() as conn:
+        later = outbox.enqueue(conn, "email", EMAIL, ordering_key="order-1", tenant="beta")
+    make_due(engine)
+    # acme's failed head holds acme's key; beta's key goes on
+    assert [c.id for c in claim(engine)] == [later]
+    with engine.connect() as conn:
+        assert row(conn, held).status == "pending"
+
+
+@pytest.fixture
+def producer_login(engine: sa.Engine, database_url: str) -> Iterator[tuple[str, sa.Engine]]:
+    """A producer's login role (the producer grants, nothing else), and an
+    engine that connects as it."""
+    role = f"shop_{uuid.uuid4().hex[:8]}"
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE ROLE {role} LOGIN IN ROLE outbox_producer"))
+    login = sa.create_engine(make_url(database_url).set(username=role, password="x"))
+    try:
+        yield role, login
+    finally:
+        login.dispose()
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP ROLE {role}"))
+
+
+def test_a_role_bound_to_a_tenant_writes_that_tenant_and_no_other(
+    engine: sa.Engine, producer_login: tuple[str, sa.Engine]
+) -> None:
+    role, login = producer_login
+    with engine.begin() as conn:
+        store.bind_role(conn, role, "acme")
+    with login.begin() as conn:
+        mine = outbox.enqueue(conn, "email", EMAIL)
+        named = outbox.enqueue(conn, "email", EMAIL, tenant="acme")
+        by_sql = conn.execute(
+            sa.text("SELECT outbox_enqueue('email', CAST(:p AS jsonb))"), {"p": json.dumps(EMAIL)}
+        ).scalar_one()
+    for attempt in (
+        lambda c: outbox.enqueue(c, "email", EMAIL, tenant="beta"),
+        lambda c: outbox.enqueue_many(c, [{"channel": "email", "payload": EMAIL}], tenant="beta"),
+    ):
+        with pytest.raises(ValidationError, match="bound to"), login.begin() as conn:
+            attempt(conn)
+    with pytest.raises(sa.exc.DBAPIError, match="bound to"), login.begin() as conn:
+        conn.execute(
+            sa.text("SELECT outbox_enqueue('email', CAST(:p AS jsonb), tenant => 'beta')"),
+            {"p": json.dumps(EMAIL)},
+        )
+    assert tenants_of(engine) == {mine: "acme", named: "acme", by_sql: "acme"}
+    with pytest.raises(sa.exc.ProgrammingError), login.begin() as conn:
+        conn.execute(sa.text("DELETE FROM outbox_tenant_role"))  # producers get the door only
+
+
+def test_a_message_may_name_only_its_own_tenants_signing_secret(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        store.map_secret(conn, "acme-key", "acme")
+        ok = outbox.enqueue(conn, "webhook", signed("acme-key"), tenant="acme")
+        unmapped = outbox.enqueue(conn, "webhook", signed("shared-key"))
+    refused = [
+        ("beta", "acme-key"),  # another tenant's secret
+        (None, "acme-key"),  # no tenant, a tenant's secret
+        ("acme", "shared-key"),  # a tenant, a secret that is nobody's
+    ]
+    for tenant, secret_id in refused:
+        with pytest.raises(ValidationError) as error, engine.begin() as conn:
+            outbox.enqueue(conn, "webhook", signed(secret_id), tenant=tenant)
+        assert error.value.field == "payload.secret_id"
+        with pytest.raises(sa.exc.DBAPIError, match="secret_id"), engine.begin() as conn:
+            conn.execute(
+                sa.text("SELECT outbox_enqueue('webhook', CAST(:p AS jsonb), tenant => :t)"),
+                {"p": json.dumps(signed(secret_id)), "t": tenant},
+            )
+    assert set(tenants_of(engine)) == {ok, unmapped}
+
+
+def test_a_row_whose_secret_changed_tenant_since_it_was_written_fails_unsigned(
+    engine: sa.Engine,
+) -> None:
+    with engine.begin() as conn:
+        store.map_secret(conn, "acme-key", "acme")
+        written = outbox.enqueue(conn, "webhook", signed("acme-key"), tenant="acme")
+        store.map_secret(conn, "acme-key", "beta")  # the operator moved it since
+    (received,) = receive(engine, claim(engine), "webhook")
+    assert received.id == written and received.secret_refused
+
+    class NeverSends:
+        name = "webhook"
+
+        def validate(self, payload: Any) -> None: ...
+
+        def send(self, message: Any, deadline: Any) -> Outcome:
+            raise AssertionError("a refused secret must not be used")
+
+    outcome, duration = sender._send_one(NeverSends(), received, sender.Deadline(30))  # type: ignore[arg-type]
+    assert outcome.kind == "failed" and "tenant" in (outcome.error or "")
+    assert duration is None
