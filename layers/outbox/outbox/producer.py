@@ -27,8 +27,8 @@ from . import channels, payloads, store, wake
 from .errors import DedupeConflict, SchemaMissing, ValidationError
 from .payloads import MAX_PAYLOAD_BYTES
 from .states import CooldownAction, PredecessorFailure
-from .tenants import check_tenant
 from .store import Enqueued
+from .tenants import check_tenant
 
 MAX_KEY_LENGTH = 255
 MAX_DELAY_SECONDS = 365 * 24 * 3600

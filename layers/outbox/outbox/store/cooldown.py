@@ -146,7 +146,8 @@ _PRUNE_COOLDOWNS = statement(
     )
     DELETE FROM outbox_cooldown AS c
     USING (SELECT * FROM ended UNION ALL SELECT * FROM released) AS doomed
-    WHERE (c.channel, c.cooldown_key, c.tenant) = (doomed.channel, doomed.cooldown_key, doomed.tenant)
+    WHERE (c.channel, c.cooldown_key, c.tenant)
+        = (doomed.channel, doomed.cooldown_key, doomed.tenant)
     """
 )
 

@@ -437,7 +437,7 @@ _PAYLOAD_TEXT = f"""CASE WHEN pg_column_size(m.payload) > {MAX_STORED_BYTES // 2
 
 # Only a webhook names a secret; the other channels' rows ask nothing.
 _SECRET_REFUSED = """CASE WHEN m.channel = 'webhook'
-        THEN outbox_secret_refused(m.tenant, m.channel, m.payload) ELSE false END"""
+        THEN outbox_secret_refused(m.tenant, m.channel, m.payload) ELSE false END"""  # noqa: S105
 
 
 def _received(lease_left: str, channel_paused: str, destination_paused: str) -> str:

@@ -118,7 +118,10 @@ LANGUAGE sql STABLE {pin} AS $$
            IS DISTINCT FROM NULLIF(p_tenant, '')
 $$""".replace("{pin}", _PIN)
 
-_SECRET_PROBLEM = "is not a signing secret of this message''s tenant (outbox tenant secret)"
+_ON_FAILURE = (
+    "    p_on_failure text := COALESCE(outbox_enqueue_core.on_predecessor_failure, 'hold');\n"
+)
+_SECRET_PROBLEM = "is not a signing secret of this message''s tenant (outbox tenant secret)"  # noqa: S105 (a message)
 
 # (function, the edits of its installed definition: (old, new, how many times))
 _TAKE_DEDUPE_KEY = (
@@ -149,9 +152,8 @@ _ENQUEUE_CORE = (
             1,
         ),
         (
-            "    p_on_failure text := COALESCE(outbox_enqueue_core.on_predecessor_failure, 'hold');\n",
-            "    p_on_failure text := COALESCE(outbox_enqueue_core.on_predecessor_failure, 'hold');\n"
-            "    p_tenant text := COALESCE(outbox_enqueue_core.tenant, '');\n",
+            _ON_FAILURE,
+            _ON_FAILURE + "    p_tenant text := COALESCE(outbox_enqueue_core.tenant, '');\n",
             1,
         ),
         (
