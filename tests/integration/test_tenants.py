@@ -210,3 +210,71 @@ def test_a_row_whose_secret_changed_tenant_since_it_was_written_fails_unsigned(
     outcome, duration = sender._send_one(NeverSends(), received, sender.Deadline(30))  # type: ignore[arg-type]
     assert outcome.kind == "failed" and "tenant" in (outcome.error or "")
     assert duration is None
+
+
+def enqueue_for(engine: sa.Engine, tenant: str | None, n: int, **fields: Any) -> list[int]:
+    with engine.begin() as conn:
+        return outbox.enqueue_many(
+            conn, [{"channel": "email", "payload": EMAIL, **fields}] * n, tenant=tenant
+        )
+
+
+def claimed_by_tenant(engine: sa.Engine, claims: list[store.Claim]) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT tenant, count(*) FROM outbox_message "
+                "WHERE id = ANY(CAST(:ids AS bigint[])) GROUP BY tenant"
+            ),
+            {"ids": store.array_literal([c.id for c in claims])},
+        ).all()
+    return dict(rows)
+
+
+def test_a_tenants_campaign_does_not_keep_another_tenants_rows_waiting(engine: sa.Engine) -> None:
+    campaign = enqueue_for(engine, "acme", 3000, priority=10)
+    reset = enqueue_for(engine, "beta", 5)  # later, and of a lower priority
+    make_due(engine)
+    first = [c.id for c in claim(engine, batch=100)]
+    assert set(reset) <= set(first)
+    assert len(first) == 100 and len(set(first) & set(campaign)) == 95
+
+
+def test_a_tenant_alone_gets_the_whole_batch_in_priority_order(engine: sa.Engine) -> None:
+    low = enqueue_for(engine, "acme", 150)
+    high = enqueue_for(engine, "acme", 50, priority=5)
+    make_due(engine)
+    first = [c.id for c in claim(engine, batch=100)]
+    assert len(first) == 100 and set(high) <= set(first)
+    assert set(first) - set(high) == set(low[:50])
+
+
+@pytest.mark.parametrize("tenants", [2, 50])
+def test_tenants_with_backlogs_share_each_batch_by_weight(engine: sa.Engine, tenants: int) -> None:
+    names = [f"t{i:02d}" for i in range(tenants)]
+    for name in names:  # each one's backlog after the one before: the oldest first
+        enqueue_for(engine, name, 2000 // tenants * 3)
+    with engine.begin() as conn:
+        store.set_tenant(conn, names[0], weight=3)
+    make_due(engine)
+    counts: dict[str, int] = {}
+    for _ in range(10):
+        for tenant, n in claimed_by_tenant(engine, claim(engine, batch=100)).items():
+            counts[tenant] = counts.get(tenant, 0) + n
+    total_weight = tenants + 2
+    for name in names:
+        weight = 3 if name == names[0] else 1
+        expected = 1000 * weight / total_weight
+        assert abs(counts.get(name, 0) - expected) <= 0.1 * expected, (name, counts)
+
+
+def test_a_paused_tenants_rows_wait_and_nobody_elses_do(engine: sa.Engine) -> None:
+    paused = enqueue_for(engine, "acme", 10)
+    others = enqueue_for(engine, "beta", 3) + enqueue_for(engine, None, 2)
+    with engine.begin() as conn:
+        store.set_tenant(conn, "acme", paused=True)
+    make_due(engine)
+    assert sorted(c.id for c in claim(engine)) == sorted(others)
+    with engine.begin() as conn:
+        store.set_tenant(conn, "acme", paused=False)
+    assert sorted(c.id for c in claim(engine)) == paused

@@ -126,6 +126,11 @@ BUCKETS_PER_CLAIM = 8
 # How many of those, least recently drawn first, one claim looks at for a row
 # due (a probe each); those with none go to the back of the turn.
 BUCKET_CANDIDATES = 64
+# How many tenants with pending rows one claim shares its batch among (a
+# probe of the per-tenant due index each, then the ids of its share read from
+# it, unlocked: twice the batch in all); with more, the next claim starts after
+# the last of them.
+TENANTS_PER_CLAIM = 64
 # Whether due row ``m``'s destination is paused or has a bucket (its rows are
 # drawn from it, in the bucketed scan): a probe of the destinations' key for
 # each row the scan reads, not a hashed list of them all, so that the claim's
@@ -190,6 +195,10 @@ _CLAIMABLE = f"""
         "WHERE cp.paused_until IS NULL OR cp.paused_until > now())"
     )
 }
+          -- A paused tenant's rows wait (outbox tenant pause), as a channel's do.
+          AND {
+    _passes("m.tenant NOT IN (SELECT tp.tenant FROM outbox_tenant AS tp WHERE tp.paused)")
+}
           -- One row of a tenant's ordering key at a time, in id order: none of its key
           -- is claimed, and no earlier one is unfinished or holds the key
           -- (failed, dead or expired: its successors wait for an operator).
@@ -201,8 +210,83 @@ _CLAIMABLE = f"""
                            AND p.status IN ('pending', 'failed', 'dead', 'expired')))))
 """
 
+# The tenants with pending rows, from just after ``{start}`` in name order
+# (a loose scan of the per-tenant due index: one probe a tenant).
+_TENANT_WALK = """
+    {name}(tenant, k) AS (
+        SELECT (SELECT m.tenant FROM outbox_message AS m
+                WHERE m.status = 'pending' AND m.tenant {first} {start}
+                ORDER BY m.tenant LIMIT 1), 1
+        UNION ALL
+        SELECT (SELECT m.tenant FROM outbox_message AS m
+                WHERE m.status = 'pending' AND m.tenant > w.tenant
+                ORDER BY m.tenant LIMIT 1), w.k + 1
+        FROM {name} AS w WHERE w.tenant IS NOT NULL AND w.k < {limit}
+    ),"""
+
 _CLAIM = f"""
-    WITH bucket_turn AS (
+    WITH RECURSIVE
+{
+    _TENANT_WALK.format(
+        name="tenant_after",
+        first=">",
+        limit=TENANTS_PER_CLAIM,
+        start="(SELECT c.tenant FROM outbox_tenant_turn AS c)",
+    )
+}
+{_TENANT_WALK.format(name="tenant_from_start", first=">=", limit=TENANTS_PER_CLAIM, start="''")}
+    tenant_turn AS MATERIALIZED (
+        -- Fair share among tenants (docs/design.md, Tenants): the tenants with
+        -- pending rows after the one the last full turn ended at, then from the
+        -- start, not paused, at most TENANTS_PER_CLAIM, with their weights.
+        SELECT w.tenant, COALESCE(t.weight, 1) AS weight,
+               row_number() OVER (ORDER BY w.lap, w.k) AS k
+        FROM (SELECT a.tenant, 1 AS lap, a.k FROM tenant_after AS a
+              UNION ALL
+              SELECT b.tenant, 2, b.k FROM tenant_from_start AS b
+              WHERE b.tenant <= (SELECT c.tenant FROM outbox_tenant_turn AS c)) AS w
+        LEFT JOIN outbox_tenant AS t ON t.tenant = w.tenant
+        WHERE w.tenant IS NOT NULL AND t.paused IS NOT TRUE
+        ORDER BY w.lap, w.k
+        LIMIT {TENANTS_PER_CLAIM}
+    ),
+    tenant_pick AS (
+        -- With more than one tenant in the turn, each one's first rows (a
+        -- probe of the per-tenant due index, unlocked: ids only), numbered in
+        -- its own claim order; a tenant alone is the scan below.
+        SELECT r.id, r.priority, r.available_at, tt.k,
+               ceil(row_number() OVER (PARTITION BY tt.tenant
+                                       ORDER BY r.priority DESC, r.available_at, r.id)
+                    / CAST(tt.weight AS numeric)) AS round
+        FROM tenant_turn AS tt
+        CROSS JOIN LATERAL (
+            SELECT m.id, m.priority, m.available_at FROM outbox_message AS m
+            WHERE m.tenant = tt.tenant AND m.status = 'pending' AND m.available_at <= now()
+              {{channel_filter}}
+            ORDER BY m.tenant, m.priority DESC, m.available_at, m.id
+            -- twice the batch shared by weight (the heaviest tenant's share for all)
+            LIMIT (SELECT LEAST(CAST(:batch_size AS int), CAST(ceil(
+                       2.0 * CAST(:batch_size AS int) * max(w.weight) / sum(w.weight)) AS int))
+                   FROM tenant_turn AS w)
+        ) AS r
+        WHERE (SELECT count(*) FROM tenant_turn) > 1
+    ),
+    tenant_share AS (
+        -- Of those, the first rounds (each tenant's weight in rows a round),
+        -- checked as every claimed row is and locked, so that the rows of the
+        -- other tenants are candidates whatever the oldest tenant's backlog.
+        SELECT m.id, m.priority, m.available_at, m.channel,
+               COALESCE(m.destination, '') AS destination, m.cooldown_key, m.tenant
+        FROM outbox_message AS m
+        WHERE m.id IN (SELECT p.id FROM tenant_pick AS p
+                       ORDER BY p.round, p.k, p.priority DESC, p.available_at, p.id
+                       LIMIT CAST(:batch_size AS int) * 2)
+          AND {{claimable}}
+          AND {{unskipped_destination}}
+          AND {{not_limited_channel}}
+        FOR UPDATE SKIP LOCKED
+    ),
+    bucket_turn AS (
         -- The destinations that throttled or have a limit, are not paused and
         -- hold a token, the least recently drawn first (so all take turns): at
         -- most BUCKET_CANDIDATES, so that the claim's cost never grows with the
@@ -317,6 +401,8 @@ _CLAIM = f"""
     candidate AS (
         SELECT * FROM unbucketed UNION ALL SELECT * FROM bucketed
         UNION ALL SELECT * FROM channel_limited
+        -- (UNION: a row both the scan above and the tenant's share found, once)
+        UNION SELECT * FROM tenant_share
     ),
     turn AS (
         -- Fair share: each destination's rows take turns (its first row, then
@@ -327,13 +413,31 @@ _CLAIM = f"""
                    ORDER BY c.priority DESC, c.available_at, c.id) AS turn
         FROM candidate AS c
     ),
+    rounds AS (
+        -- Fair share among tenants: each tenant's rows take turns with the
+        -- other tenants' (its weight in rows a round), in its own order, so a
+        -- tenant's campaign cannot fill the batch while another's rows wait.
+        -- Priority orders rows within a tenant only. One tenant: the order
+        -- above, unchanged.
+        -- Within a round the tenants go in the turn's order, which starts
+        -- after the tenant the last batch ended at: a round a batch cuts short
+        -- goes on where it stopped.
+        SELECT t.*, ceil(row_number() OVER (
+                   PARTITION BY t.tenant ORDER BY t.priority DESC, t.turn, t.available_at, t.id)
+                   / CAST(COALESCE(w.weight, 1) AS numeric)) AS round,
+               COALESCE(tt.k, {TENANTS_PER_CLAIM} + 1) AS tenant_k
+        FROM turn AS t
+        LEFT JOIN outbox_tenant AS w ON w.tenant = t.tenant
+        LEFT JOIN tenant_turn AS tt ON tt.tenant = t.tenant
+    ),
     allowed AS (
         -- A destination that throttled takes at most the tokens its bucket holds;
         -- the rows left are numbered within their channel in the batch's order.
         SELECT t.*, row_number() OVER (
-                   PARTITION BY t.channel ORDER BY t.priority DESC, t.turn, t.available_at, t.id
+                   PARTITION BY t.channel
+                   ORDER BY t.round, t.tenant_k, t.priority DESC, t.turn, t.available_at, t.id
                ) AS in_channel
-        FROM turn AS t
+        FROM rounds AS t
         LEFT JOIN bucket AS b ON b.channel = t.channel AND b.destination = t.destination
         WHERE b.tokens IS NULL OR t.turn <= floor(b.tokens)
     ),
@@ -341,12 +445,24 @@ _CLAIM = f"""
         -- A channel limited as a whole takes at most the tokens its own bucket
         -- holds, whichever of its destinations the rows go to: its first rows in
         -- the batch's order, so the batch's LIMIT can only take fewer.
-        SELECT a.id, a.channel, a.cooldown_key, a.tenant, a.priority, a.available_at
+        SELECT a.id, a.channel, a.cooldown_key, a.tenant, a.priority, a.available_at,
+               a.round, a.tenant_k
         FROM allowed AS a
         LEFT JOIN channel_bucket AS cb ON cb.channel = a.channel
         WHERE cb.tokens IS NULL OR a.in_channel <= floor(cb.tokens)
-        ORDER BY a.priority DESC, a.turn, a.available_at, a.id
+        ORDER BY a.round, a.tenant_k, a.priority DESC, a.turn, a.available_at, a.id
         LIMIT :batch_size
+    ),
+    tenant_moved AS (
+        -- With tenants sharing the batch, the next claim's turn starts after
+        -- the tenant of the batch's last row. Only if no other claimer holds
+        -- the row: never a wait.
+        UPDATE outbox_tenant_turn AS c
+        SET tenant = (SELECT d.tenant FROM due AS d
+                      ORDER BY d.round DESC, d.tenant_k DESC LIMIT 1)
+        FROM (SELECT l.one FROM outbox_tenant_turn AS l FOR UPDATE SKIP LOCKED) AS l
+        WHERE c.one = l.one AND (SELECT count(*) FROM tenant_turn) > 1
+          AND EXISTS (SELECT 1 FROM due)
     ),
 {COOLDOWN_GATE}    claimed AS (
     UPDATE outbox_message AS m
@@ -406,6 +522,7 @@ _CHANNELS_LIMITED = (
 def _claim_statement(channel_filter: str, received_at: str, returning: str, columns: str) -> Any:
     return statement(
         _CLAIM.format(
+            channel_filter=channel_filter,
             bucket_has_due=_BUCKET_HAS_DUE.format(channel_filter=channel_filter),
             unskipped_destination=_passes(f"NOT {_SKIPPED_DESTINATION}"),
             not_limited_channel=_passes(f"m.channel NOT IN ({_CHANNELS_LIMITED})"),
