@@ -70,6 +70,8 @@ from .render import (
     render_messages,
     render_revision,
     render_status,
+    render_tenant_status,
+    render_tenants,
     render_worker_report,
 )
 from .render import jsonable as _jsonable
@@ -418,6 +420,23 @@ def _statuses(values: Sequence[str], allowed: Sequence[Status], verb: str) -> li
         fail(str(exc), 2)
 
 
+def _tenant_option(help_text: str) -> Callable[[F], F]:
+    def option(f: F) -> F:
+        return click.option("--tenant", default=None, metavar="TENANT", help=help_text)(f)
+
+    return option
+
+
+def _tenant(value: str | None) -> str | None:
+    """A tenant's name as the doors take it, or exit 2 saying why not."""
+    from outbox.tenants import check_tenant
+
+    try:
+        return check_tenant(value)
+    except ValidationError as exc:
+        fail(str(exc), 2)
+
+
 def _check_ids(ids: Sequence[int]) -> list[int]:
     from outbox.handoff import MAX_MESSAGE_ID
 
@@ -604,6 +623,7 @@ def _read_payload(text: str) -> Any:
     show_default=True,
     help="Inside another message's window: wait for its end, or end suppressed.",
 )
+@_tenant_option("The customer the message is for (its keys and secrets are its own).")
 @json_option
 def enqueue(
     channel: str,
@@ -618,6 +638,7 @@ def enqueue(
     cooldown: float | None,
     cooldown_key: str | None,
     on_cooldown: str,
+    tenant: str | None,
     as_json: bool,
 ) -> None:
     """Enqueue one message (validated like outbox.enqueue); prints its id."""
@@ -639,6 +660,7 @@ def enqueue(
                     cooldown=cooldown,
                     cooldown_key=cooldown_key,
                     on_cooldown=on_cooldown,
+                    tenant=_tenant(tenant),
                     return_created=True,
                 )
         except ValidationError as exc:  # DedupeConflict too: nothing was written
@@ -648,14 +670,25 @@ def enqueue(
 
 @cli.command()
 @database_url_option
+@click.option(
+    "--by",
+    type=click.Choice(["channel", "tenant"]),
+    default="channel",
+    show_default=True,
+    help="tenant: per tenant, due, the oldest due age, in flight, delivered, unresolved.",
+)
 @json_option
-def status(as_json: bool) -> None:
+def status(by: str, as_json: bool) -> None:
     """Messages per channel and status, oldest due age, claims past their lease,
     pending messages held behind a failed row of their ordering key, paused
     channels, the destinations that throttled (rate, pauses), and the oldest
     snapshot that holds back vacuum in the database."""
     from outbox import store
 
+    if by == "tenant":
+        with database() as engine, engine.connect() as conn:
+            render_tenant_status(store.tenant_status(conn), as_json)
+        return
     with database() as engine, engine.connect() as conn:
         groups = store.channel_status_counts(conn)
         backlog = store.backlog(conn)
@@ -671,6 +704,7 @@ def status(as_json: bool) -> None:
 @click.option("--channel", "channels_", multiple=True, help="Filter by channel (repeat or a,b).")
 @click.option("--dedupe-key", default=None, help="Only the messages with this dedupe key.")
 @click.option("--ordering-key", default=None, help="Only the messages with this ordering key.")
+@_tenant_option("Only this tenant's messages.")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
 @click.option(
     "--after",
@@ -686,6 +720,7 @@ def list_(
     channels_: tuple[str, ...],
     dedupe_key: str | None,
     ordering_key: str | None,
+    tenant: str | None,
     limit: int,
     after_id: int | None,
     as_json: bool,
@@ -702,6 +737,7 @@ def list_(
             limit,
             dedupe_key=dedupe_key,
             ordering_key=ordering_key,
+            tenant=_tenant(tenant),
             after_id=after_id,
         )
     render_messages(rows, rows[-1].id if len(rows) == limit else None, as_json)
@@ -1147,6 +1183,142 @@ def limit_show(as_json: bool) -> None:
     with database() as engine, engine.connect() as conn:
         destinations = store.destination_figures(conn)
     render_destinations(destinations, as_json)
+
+
+# --- tenants -------------------------------------------------------------------
+
+
+@cli.group()
+def tenant() -> None:
+    """Tenants: their weight in the claim's fair share, a pause, a producer role
+    bound to one, the webhook secrets that are theirs (docs/how-to/tenants.md)."""
+
+
+def _tenant_argument(f: F) -> F:
+    return click.argument("tenant_name", metavar="TENANT")(f)
+
+
+def _tenant_done(what: dict[str, Any], said: str, as_json: bool) -> None:
+    if as_json:
+        emit_json(what)
+    else:
+        click.echo(said)
+
+
+@tenant.command("show")
+@click.argument("tenant_name", metavar="[TENANT]", required=False)
+@json_option
+def tenant_show(tenant_name: str | None, as_json: bool) -> None:
+    """What is set for each tenant (or TENANT): weight, pause, roles, secrets."""
+    from outbox import store
+
+    with database() as engine, engine.connect() as conn:
+        render_tenants(store.tenant_settings(conn, _tenant(tenant_name)), as_json)
+
+
+@tenant.command("set")
+@_tenant_argument
+@click.option(
+    "--weight",
+    type=click.IntRange(1, 1000),
+    required=True,
+    help="Its share of each batch against the others' (1 each by default).",
+)
+@json_option
+def tenant_set(tenant_name: str, weight: int, as_json: bool) -> None:
+    """Give TENANT a weight in the claim's fair share."""
+    from outbox import store
+
+    name = _tenant(tenant_name)
+    with database() as engine, engine.begin() as conn:
+        store.set_tenant(conn, str(name), weight=weight)
+    _tenant_done({"tenant": name, "weight": weight}, f"{name}: weight {weight}", as_json)
+
+
+@tenant.command("pause")
+@_tenant_argument
+@json_option
+def tenant_pause(tenant_name: str, as_json: bool) -> None:
+    """Hold TENANT's messages (they wait, pending; nobody else's do)."""
+    from outbox import store
+
+    name = _tenant(tenant_name)
+    with database() as engine, engine.begin() as conn:
+        store.set_tenant(conn, str(name), paused=True)
+    _tenant_done({"tenant": name, "paused": True}, f"{name}: paused", as_json)
+
+
+@tenant.command("resume")
+@_tenant_argument
+@json_option
+def tenant_resume(tenant_name: str, as_json: bool) -> None:
+    """Let TENANT's messages go again."""
+    from outbox import store
+
+    name = _tenant(tenant_name)
+    with database() as engine, engine.begin() as conn:
+        store.set_tenant(conn, str(name), paused=False)
+    _tenant_done({"tenant": name, "paused": False}, f"{name}: resumed", as_json)
+
+
+@tenant.command("bind")
+@click.argument("role")
+@_tenant_argument
+@json_option
+def tenant_bind(role: str, tenant_name: str, as_json: bool) -> None:
+    """Bind the database ROLE a producer logs in as to TENANT: the doors write
+    TENANT for it and refuse any other."""
+    from outbox import store
+
+    name = _tenant(tenant_name)
+    with database() as engine, engine.begin() as conn:
+        try:
+            store.bind_role(conn, role, str(name))
+        except ValueError as exc:
+            fail(str(exc), 2)
+    _tenant_done({"role": role, "tenant": name}, f"{inert(role)}: bound to {name}", as_json)
+
+
+@tenant.command("unbind")
+@click.argument("role")
+@json_option
+def tenant_unbind(role: str, as_json: bool) -> None:
+    """Unbind ROLE: it may name any tenant again."""
+    from outbox import store
+
+    with database() as engine, engine.begin() as conn:
+        changed = store.unbind_role(conn, role)
+    said = f"{inert(role)}: " + ("unbound" if changed else "was not bound")
+    _tenant_done({"role": role, "changed": changed}, said, as_json)
+
+
+@tenant.command("secret")
+@click.argument("secret_id")
+@_tenant_argument
+@json_option
+def tenant_secret(secret_id: str, tenant_name: str, as_json: bool) -> None:
+    """Make the webhook signing secret SECRET_ID (a payload's secret_id) TENANT's
+    alone: only its messages may name it, and its messages no other."""
+    from outbox import store
+
+    name = _tenant(tenant_name)
+    with database() as engine, engine.begin() as conn:
+        store.map_secret(conn, secret_id, str(name))
+    said = f"{inert(secret_id)}: {name}'s signing secret"
+    _tenant_done({"secret_id": secret_id, "tenant": name}, said, as_json)
+
+
+@tenant.command("unsecret")
+@click.argument("secret_id")
+@json_option
+def tenant_unsecret(secret_id: str, as_json: bool) -> None:
+    """Make SECRET_ID no tenant's: only messages without a tenant may name it."""
+    from outbox import store
+
+    with database() as engine, engine.begin() as conn:
+        changed = store.unmap_secret(conn, secret_id)
+    said = f"{inert(secret_id)}: " + ("no tenant's now" if changed else "was no tenant's")
+    _tenant_done({"secret_id": secret_id, "changed": changed}, said, as_json)
 
 
 # --- worker --------------------------------------------------------------------

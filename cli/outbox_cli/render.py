@@ -481,3 +481,55 @@ def render_worker_report(report: Mapping[str, Any], as_json: bool) -> None:
         f"worker stopped: {report['batches']} batch(es), claimed {report['claimed']}, "
         f"released {report['released']}, reaped {report['reaped']}; settled: {statuses}"
     )
+
+
+def render_tenants(tenants: Sequence[Any], as_json: bool) -> None:
+    """What an operator set per tenant: weight, pause, bound roles, secrets."""
+    if as_json:
+        emit_json({"tenants": [t._asdict() for t in tenants]})
+        return
+    if not tenants:
+        click.echo("no tenant has settings, a bound role or a secret")
+        return
+    table = _table("tenant", "weight", "paused", "roles", "secrets", title="tenants")
+    for t in tenants:
+        add_row(
+            table,
+            t.tenant,
+            t.weight,
+            "yes" if t.paused else "",
+            ", ".join(t.roles),
+            ", ".join(t.secrets),
+        )
+    console().print(table)
+
+
+def render_tenant_status(rows: Sequence[Any], as_json: bool) -> None:
+    """``outbox status --by tenant``: per tenant, due, the oldest due row's
+    age, in flight, delivered and unresolved."""
+    if as_json:
+        emit_json({"tenants": [{**r._asdict(), "tenant": r.tenant or None} for r in rows]})
+        return
+    if not rows:
+        click.echo("no messages")
+        return
+    table = _table(
+        "tenant",
+        "due",
+        "oldest due",
+        "in flight",
+        "delivered",
+        "failed/dead/expired",
+        title="messages by tenant",
+    )
+    for r in rows:
+        add_row(
+            table,
+            r.tenant or "(none)",
+            r.due,
+            f"{r.oldest_due_age_seconds:.0f}s",
+            r.in_flight,
+            r.delivered,
+            r.unresolved,
+        )
+    console().print(table)

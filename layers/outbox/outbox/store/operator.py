@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -20,6 +20,7 @@ from .history import prunable_before, prune_before
 __all__ = [
     "ChannelStatusCount",
     "PausedChannel",
+    "TenantStatus",
     "attempt_history",
     "cancel",
     "channel_status_counts",
@@ -36,6 +37,7 @@ __all__ = [
     "redrive",
     "resume_channel",
     "statuses_of",
+    "tenant_status",
     "uncancel",
 ]
 
@@ -146,6 +148,38 @@ class ChannelStatusCount:
     expired_claims: int
 
 
+_TENANT_STATUS = statement(
+    """
+    SELECT tenant,
+           count(*) FILTER (WHERE status = 'pending' AND available_at <= now()) AS due,
+           COALESCE(EXTRACT(EPOCH FROM now() - min(available_at)
+                    FILTER (WHERE status = 'pending' AND available_at <= now())), 0)::float8
+               AS oldest_due_age,
+           count(*) FILTER (WHERE status = 'claimed') AS in_flight,
+           count(*) FILTER (WHERE status = 'delivered') AS delivered,
+           count(*) FILTER (WHERE status IN ('failed', 'dead', 'expired')) AS unresolved
+    FROM outbox_message GROUP BY tenant ORDER BY tenant
+    """
+)
+
+
+class TenantStatus(NamedTuple):
+    """One tenant's figures (``outbox status --by tenant``); tenant '' is none."""
+
+    tenant: str
+    due: int
+    oldest_due_age_seconds: float
+    in_flight: int
+    delivered: int
+    unresolved: int
+
+
+def tenant_status(conn: sa.Connection) -> list[TenantStatus]:
+    """Per tenant: rows due now and the oldest one's age, in flight, delivered
+    (those still kept), and failed, dead or expired."""
+    return [TenantStatus(*r) for r in conn.execute(_TENANT_STATUS).all()]
+
+
 def channel_status_counts(conn: sa.Connection) -> list[ChannelStatusCount]:
     """Messages per (channel, status), with the age of the oldest due pending
     row and the number of claims past their lease in each group."""
@@ -159,7 +193,8 @@ _MESSAGE_COLUMNS = """
     id, channel, status, priority, attempts, max_attempts, deferrals, dedupe_key, ordering_key,
     on_predecessor_failure, provider_message_id, last_error, claim_token, created_at,
     available_at, claimed_at, received_at, lease_expires_at, expires_at, settled_at,
-    cooldown_key, CAST(EXTRACT(EPOCH FROM cooldown) AS float8) AS cooldown_seconds, on_cooldown
+    cooldown_key, CAST(EXTRACT(EPOCH FROM cooldown) AS float8) AS cooldown_seconds, on_cooldown,
+    NULLIF(tenant, '') AS tenant
 """
 
 _LIST_MESSAGES = statement(
@@ -169,6 +204,7 @@ _LIST_MESSAGES = statement(
       AND (CAST(:channels AS text[]) IS NULL OR channel = ANY(CAST(:channels AS text[])))
       AND (CAST(:dedupe_key AS text) IS NULL OR dedupe_key = CAST(:dedupe_key AS text))
       AND (CAST(:ordering_key AS text) IS NULL OR ordering_key = CAST(:ordering_key AS text))
+      AND (CAST(:tenant AS text) IS NULL OR tenant = CAST(:tenant AS text))
       AND (CAST(:after_id AS bigint) IS NULL OR id < CAST(:after_id AS bigint))
     ORDER BY id DESC
     LIMIT :limit
@@ -184,10 +220,12 @@ def list_messages(
     *,
     dedupe_key: str | None = None,
     ordering_key: str | None = None,
+    tenant: str | None = None,
     after_id: int | None = None,
 ) -> list[sa.Row[Any]]:
     """The newest ``limit`` rows matching the filters (no payloads), newest
-    first; ``after_id`` continues a listing after that row (older ids only)."""
+    first; ``after_id`` continues a listing after that row (older ids only);
+    ``tenant``: only that tenant's ('' : the rows of no tenant)."""
     wanted = check_statuses(statuses)
     check_channels(channels)
     if not 1 <= limit <= 10_000:
@@ -200,6 +238,7 @@ def list_messages(
                 "channels": array_literal(channels) if channels else None,
                 "dedupe_key": dedupe_key,
                 "ordering_key": ordering_key,
+                "tenant": tenant,
                 "after_id": after_id,
                 "limit": limit,
             },

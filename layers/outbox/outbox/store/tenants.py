@@ -62,6 +62,7 @@ _BIND = statement(
     ON CONFLICT (role_name) DO UPDATE SET tenant = EXCLUDED.tenant, created_at = now()
     """
 )
+_ROLE_EXISTS = statement("SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = :role")
 _UNBIND = statement("DELETE FROM outbox_tenant_role WHERE role_name = :role")
 _MAP = statement(
     """
@@ -87,7 +88,11 @@ def tenant_settings(conn: sa.Connection, tenant: str | None = None) -> list[Tena
 
 def bind_role(conn: sa.Connection, role: str, tenant: str) -> None:
     """Bind a producer's database role (the one its connections log in as) to
-    one tenant: the doors write that tenant for it and refuse any other."""
+    one tenant: the doors write that tenant for it and refuse any other.
+    ValueError for a role the database does not have (a typo would bind
+    nobody)."""
+    if conn.execute(_ROLE_EXISTS, {"role": role}).scalar_one_or_none() is None:
+        raise ValueError(f"role: no database role is named {role!r}")
     conn.execute(_BIND, {"role": role, "tenant": tenant})
 
 

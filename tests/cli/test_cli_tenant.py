@@ -1,0 +1,72 @@
+"""``outbox tenant ...``, ``--tenant`` and ``status --by tenant`` against the
+real database (docs/how-to/tenants.md)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import sqlalchemy as sa
+
+from outbox import store
+from support import EMAIL, claim
+
+
+def test_enqueue_and_list_by_tenant(run: Any, engine: sa.Engine) -> None:
+    ids = {}
+    for tenant in ("acme", "beta"):
+        result = run(
+            "enqueue", "--channel", "email", "--payload", json.dumps(EMAIL),
+            "--tenant", tenant, "--json",
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        ids[tenant] = json.loads(result.stdout)["id"]
+    listed = run("list", "--tenant", "acme", "--json")
+    assert [m["id"] for m in json.loads(listed.stdout)["messages"]] == [ids["acme"]]
+    assert json.loads(listed.stdout)["messages"][0]["tenant"] == "acme"
+    refused = run("enqueue", "--channel", "email", "--payload", json.dumps(EMAIL),
+                  "--tenant", "not a tenant")  # fmt: skip
+    assert refused.exit_code == 2 and "tenant: must be" in refused.output
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox_message")).scalar_one() == 2
+
+
+def test_status_by_tenant_counts_due_in_flight_and_delivered(run: Any, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        import outbox
+
+        outbox.enqueue_many(conn, [{"channel": "email", "payload": EMAIL}] * 3, tenant="acme")
+        outbox.enqueue(conn, "email", EMAIL)
+    claims = [c for c in claim(engine, batch=2)]
+    shown = run("status", "--by", "tenant", "--json")
+    assert shown.exit_code == 0, shown.output
+    by_tenant = {t["tenant"]: t for t in json.loads(shown.stdout)["tenants"]}
+    assert by_tenant["acme"]["due"] + by_tenant[None]["due"] == 2
+    assert by_tenant["acme"]["in_flight"] + by_tenant[None]["in_flight"] == len(claims) == 2
+    text = run("status", "--by", "tenant")
+    assert "acme" in text.output and "(none)" in text.output
+
+
+def test_weight_pause_bind_and_secret_are_shown_and_read_by_the_doors(
+    run: Any, engine: sa.Engine
+) -> None:
+    assert run("tenant", "set", "acme", "--weight", "3").exit_code == 0
+    assert run("tenant", "pause", "beta").exit_code == 0
+    assert run("tenant", "secret", "acme-key", "acme").exit_code == 0
+    assert run("tenant", "bind", "outbox_producer", "acme").exit_code == 0
+    missing = run("tenant", "bind", "no_such_role_here", "acme")
+    assert missing.exit_code == 2 and "no database role" in missing.output
+    shown = {t["tenant"]: t for t in json.loads(run("tenant", "show", "--json").stdout)["tenants"]}
+    assert shown["acme"] == {
+        "tenant": "acme", "weight": 3, "paused": False,
+        "roles": ["outbox_producer"], "secrets": ["acme-key"],
+    }  # fmt: skip
+    assert shown["beta"]["paused"] is True
+    with engine.connect() as conn:
+        (settings,) = store.tenant_settings(conn, "beta")
+    assert settings.paused
+    assert run("tenant", "resume", "beta").exit_code == 0
+    unsecret = run("tenant", "unsecret", "acme-key", "--json")
+    assert json.loads(unsecret.stdout) == {"secret_id": "acme-key", "changed": True}
+    assert json.loads(run("tenant", "unbind", "outbox_producer", "--json").stdout)["changed"]
+    assert run("tenant", "pause", "bad name").exit_code == 2
