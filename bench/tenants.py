@@ -1,0 +1,199 @@
+"""Tenants (issue 33): a noisy neighbour, and the claim's cost with many
+tenants: ``python -m bench.tenants`` (``--quick`` for a smoke run).
+
+* **noisy neighbour.** Tenant ``a`` holds ``--backlog`` due messages; one
+  relay drains them (``store.claim`` at batch 100, then ``store.settle``, as
+  ``outbox worker`` does with a channel that answers at once) while tenant
+  ``b`` enqueues ``--b-messages`` messages spread over the drain. The figure
+  is b's enqueue-to-delivered time (``settled_at - created_at``, the
+  database's clock), p50 and p99, against the same messages enqueued on an
+  idle relay, and a's drain rate against a's drain alone. The control cell
+  gives b's messages to ``a`` itself: what every message of another
+  customer waited before tenants (the whole backlog ahead of it).
+* **many tenants.** The same drain of ``--rows`` due rows, held by one
+  tenant and by ``--tenants`` tenants (their rows interleaved): the drain
+  rate's ratio, each cell on a fresh database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+import sqlalchemy as sa
+
+from . import common
+
+BATCH = 100
+
+
+def _database(admin: sa.Engine, name: str) -> tuple[str, sa.Engine]:
+    from outbox import migrate
+
+    with admin.connect() as conn:
+        conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name}"))
+        conn.execute(sa.text(f"CREATE DATABASE {name}"))
+    url = common.url_for(common.server_url(), name)
+    migrator = sa.create_engine(url, poolclass=sa.NullPool)
+    migrate.upgrade(migrator)
+    migrator.dispose()
+    return url, common.engine_for(url)
+
+
+def _seed(engine: sa.Engine, rows: int, tenants: int) -> None:
+    """``rows`` due rows of tenants t0000..; tenant 'a' when ``tenants`` is 0."""
+    tenant = "'a'" if tenants == 0 else f"'t' || lpad(CAST(mod(g, {tenants}) AS text), 4, '0')"
+    with engine.connect() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_message (channel, payload, available_at, tenant) "
+                f"SELECT :channel, {common.payload_sql()}, now() - interval '1 second', {tenant} "
+                "FROM generate_series(1, :rows) AS g"
+            ),
+            {"channel": common.CHANNEL, "rows": rows},
+        )
+        conn.execute(sa.text("VACUUM ANALYZE outbox_message_live"))
+
+
+def _drain_once(engine: sa.Engine) -> int:
+    from outbox import store
+
+    with engine.begin() as conn:
+        claims = store.claim(conn, BATCH, 120)
+        if claims:
+            store.settle(
+                conn,
+                [store.Settlement(c.id, c.claim_token, "delivered") for c in claims],
+                store.Backoff(1, 60, 5),
+            )
+    return len(claims)
+
+
+def _enqueue(engine: sa.Engine, tenant: str) -> int:
+    import outbox
+
+    with engine.begin() as conn:
+        return outbox.enqueue(conn, common.CHANNEL, common.python_payload(1), tenant=tenant)
+
+
+def _latencies(engine: sa.Engine, ids: list[int]) -> list[float]:
+    with engine.connect() as conn:
+        return [
+            float(r[0])
+            for r in conn.execute(
+                sa.text(
+                    "SELECT EXTRACT(EPOCH FROM settled_at - created_at) FROM outbox_message "
+                    "WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'delivered'"
+                ),
+                {"ids": "{" + ",".join(map(str, ids)) + "}"},
+            )
+        ]
+
+
+def _neighbour_cell(engine: sa.Engine, backlog: int, b_messages: int, b_tenant: str) -> dict:
+    """Drain ``backlog`` rows of tenant a while ``b_tenant`` enqueues
+    ``b_messages`` spread over the drain (every so many claims)."""
+    if backlog:
+        _seed(engine, backlog, 0)
+    claims_between = max(1, backlog // BATCH // (b_messages + 1))
+    ids: list[int] = []
+    drained = claims = 0
+    started = time.perf_counter()
+    idle = 0
+    while idle < 3 or len(ids) < b_messages:
+        if len(ids) < b_messages and claims % claims_between == 0:
+            ids.append(_enqueue(engine, b_tenant))
+        n = _drain_once(engine)
+        claims += 1
+        drained += n
+        if n == 0:
+            idle += 1
+            time.sleep(0.01)
+        else:
+            idle = 0
+    elapsed = time.perf_counter() - started
+    times = sorted(_latencies(engine, ids))
+    return {
+        "a_rows_per_s": (drained - len(ids)) / elapsed if backlog else None,
+        "b_p50_ms": common.percentile(times, 50) * 1000,
+        "b_p99_ms": common.percentile(times, 99) * 1000,
+        "b_delivered": len(times),
+    }
+
+
+def _drain_rate(engine: sa.Engine, rows: int, tenants: int) -> float:
+    _seed(engine, rows, tenants)
+    started = time.perf_counter()
+    drained = 0
+    while True:
+        n = _drain_once(engine)
+        if n == 0:
+            break
+        drained += n
+    return drained / (time.perf_counter() - started)
+
+
+def run(backlog: int, b_messages: int, rows: int, tenants: int) -> dict[str, Any]:
+    common.register_channel()
+    admin = sa.create_engine(common.server_url(), isolation_level="AUTOCOMMIT")
+    names: list[str] = []
+    engines: list[sa.Engine] = []
+
+    def fresh(label: str) -> sa.Engine:
+        name = f"bench_tenants_{os.getpid()}_{label}"
+        names.append(name)
+        engine = _database(admin, name)[1]
+        engines.append(engine)
+        return engine
+
+    try:
+        result: dict[str, Any] = {}
+        result["idle"] = _neighbour_cell(fresh("idle"), 0, b_messages, "b")
+        result["alone"] = {"a_rows_per_s": _drain_rate(fresh("alone"), backlog, 0)}
+        result["two_tenants"] = _neighbour_cell(fresh("two"), backlog, b_messages, "b")
+        result["one_tenant_control"] = _neighbour_cell(fresh("one"), backlog, b_messages, "a")
+        result["b_p99_vs_idle"] = result["two_tenants"]["b_p99_ms"] / result["idle"]["b_p99_ms"]
+        result["a_rate_vs_alone"] = (
+            result["two_tenants"]["a_rows_per_s"] / result["alone"]["a_rows_per_s"]
+        )
+        # (the control's loop does the same enqueues: the fair share's own cost)
+        result["a_rate_vs_control"] = (
+            result["two_tenants"]["a_rows_per_s"] / result["one_tenant_control"]["a_rows_per_s"]
+        )
+        one = _drain_rate(fresh("single"), rows, 0)
+        many = _drain_rate(fresh("many"), rows, tenants)
+        result["many_tenants"] = {
+            "rows": rows,
+            "tenants": tenants,
+            "one_tenant_rows_per_s": one,
+            "many_tenants_rows_per_s": many,
+            "ratio": many / one,
+        }
+        return result
+    finally:
+        for engine in engines:
+            engine.dispose()
+        with admin.connect() as conn:
+            for name in names:
+                conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name}"))
+        admin.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backlog", type=int, default=100_000)
+    parser.add_argument("--b-messages", type=int, default=10)
+    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--tenants", type=int, default=1000)
+    parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run")
+    args = parser.parse_args()
+    if args.quick:
+        args.backlog, args.rows, args.tenants = 3000, 2000, 50
+    print(json.dumps(run(args.backlog, args.b_messages, args.rows, args.tenants), indent=1))
+
+
+if __name__ == "__main__":
+    main()
