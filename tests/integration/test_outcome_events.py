@@ -128,6 +128,7 @@ def test_every_kind_of_transition_publishes_one_event_and_never_the_payload(
         "last_error": "MessageRejected",
         "provider_message_id": None,
         "occurred_at": by_id[failed]["detail"]["occurred_at"],
+        "tenant": None,
     }  # no dedupe or ordering key: OUTCOME_EVENTS_INCLUDE_KEYS is off by default
     assert by_id[bounced]["detail"]["provider_message_id"] == f"ses-{bounced}"
     assert by_id[reaped]["detail"]["last_error"] == store.LEASE_EXPIRED_ERROR

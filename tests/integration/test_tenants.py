@@ -278,3 +278,16 @@ def test_a_paused_tenants_rows_wait_and_nobody_elses_do(engine: sa.Engine) -> No
     with engine.begin() as conn:
         store.set_tenant(conn, "acme", paused=False)
     assert sorted(c.id for c in claim(engine)) == paused
+
+
+def test_an_outcome_event_carries_the_messages_tenant(engine: sa.Engine) -> None:
+    from outbox import outcomes
+
+    enqueue_for(engine, "acme", 1)
+    enqueue_for(engine, None, 1)
+    settle(engine, claim(engine), "failed")
+    with engine.begin() as conn:
+        events = store.take_outcome_events(conn, 10, 60)
+    assert sorted((e.tenant or "") for e in events) == ["", "acme"]
+    details = [outcomes.detail(e) for e in events]
+    assert sorted(str(d["tenant"]) for d in details) == ["None", "acme"]

@@ -86,6 +86,8 @@ def detail(event: store.OutcomeEvent, include_keys: bool = False) -> dict[str, A
             else None
         ),
         "occurred_at": event.occurred_at.isoformat(),
+        # the customer the message was for (0.7.0; None: no tenant)
+        "tenant": event.tenant,
     }
     if event.status == "retrying":  # will it be tried again: yes, at retry_at
         body["retry_at"] = event.retry_at.isoformat() if event.retry_at else None

@@ -45,6 +45,7 @@ class OutcomeEvent:
     ordering_key: str | None
     occurred_at: Any  # datetime, from the database clock
     retry_at: Any = None  # a ``retrying`` event's next try (datetime)
+    tenant: str | None = None  # the message's tenant (None: none)
 
 
 _TAKE_OUTCOME_EVENTS = statement(
@@ -63,7 +64,7 @@ _TAKE_OUTCOME_EVENTS = statement(
     WHERE e.id = due.id
     RETURNING e.id, e.message_id, e.channel, e.status, e.attempts, e.last_error,
               e.provider_message_id, e.dedupe_key, e.ordering_key, e.occurred_at,
-              e.retry_at
+              e.retry_at, NULLIF(e.tenant, '') AS tenant
     """
 )
 
@@ -91,6 +92,7 @@ def take_outcome_events(
             ordering_key=r.ordering_key,
             occurred_at=r.occurred_at,
             retry_at=r.retry_at,
+            tenant=r.tenant,
         )
         for r in rows
     ]

@@ -1059,9 +1059,9 @@ CREATE FUNCTION public.outbox_record_outcome_event() RETURNS trigger
     AS $$
 BEGIN
     INSERT INTO outbox_outcome_event (message_id, channel, status, attempts, last_error,
-                                      provider_message_id, dedupe_key, ordering_key)
+                                      provider_message_id, dedupe_key, ordering_key, tenant)
     VALUES (NEW.id, NEW.channel, NEW.status, NEW.attempts, NEW.last_error,
-            NEW.provider_message_id, NEW.dedupe_key, NEW.ordering_key);
+            NEW.provider_message_id, NEW.dedupe_key, NEW.ordering_key, NEW.tenant);
     RETURN NULL;
 END
 $$;
@@ -1074,9 +1074,9 @@ CREATE FUNCTION public.outbox_record_retrying_event() RETURNS trigger
     AS $$
 BEGIN
     INSERT INTO outbox_outcome_event (message_id, channel, status, attempts, last_error,
-                                      provider_message_id, dedupe_key, ordering_key, retry_at)
+                                      provider_message_id, dedupe_key, ordering_key, retry_at, tenant)
     VALUES (NEW.id, NEW.channel, 'retrying', NEW.attempts, NEW.last_error,
-            NEW.provider_message_id, NEW.dedupe_key, NEW.ordering_key, NEW.available_at);
+            NEW.provider_message_id, NEW.dedupe_key, NEW.ordering_key, NEW.available_at, NEW.tenant);
     RETURN NULL;
 END
 $$;
@@ -1484,7 +1484,8 @@ CREATE TABLE public.outbox_outcome_event (
     publish_after timestamp with time zone DEFAULT now() NOT NULL,
     publish_attempts integer DEFAULT 0 NOT NULL,
     publish_error text,
-    retry_at timestamp with time zone
+    retry_at timestamp with time zone,
+    tenant text
 );
 
 -- Name: outbox_outcome_event_id_seq; Type: SEQUENCE

@@ -23,6 +23,7 @@ claim's fair share and an operator's pause read.
   a tenant only secrets mapped to none. The doors refuse any other, and the
   sender fails a row that no longer passes (a mapping changed after it was
   written) rather than sign it with another tenant's key.
+* Outcome events carry the message's tenant (``outbox_outcome_event.tenant``).
 * ``outbox_tenant_turn``: one row, the tenant the last fair share ended at,
   so that with more tenants than one claim serves, the next claim starts
   after it.
@@ -358,6 +359,30 @@ _ENQUEUE_MANY = (
         ("p_on_predecessor_failure) AS r;", "p_on_predecessor_failure, tenants) AS r;", 1),
     ],
 )
+# The outcome events' triggers write the tenant too (their arguments stay: edited in place).
+_RECORD_OUTCOME_EVENT = (
+    "outbox_record_outcome_event",
+    [
+        (
+            "provider_message_id, dedupe_key, ordering_key)",
+            "provider_message_id, dedupe_key, ordering_key, tenant)",
+            1,
+        ),
+        ("NEW.dedupe_key, NEW.ordering_key);", "NEW.dedupe_key, NEW.ordering_key, NEW.tenant);", 1),
+    ],
+)
+_RECORD_RETRYING_EVENT = (
+    "outbox_record_retrying_event",
+    [
+        ("dedupe_key, ordering_key, retry_at)", "dedupe_key, ordering_key, retry_at, tenant)", 1),
+        (
+            "NEW.ordering_key, NEW.available_at);",
+            "NEW.ordering_key, NEW.available_at, NEW.tenant);",
+            1,
+        ),
+    ],
+)
+_EDITED_IN_PLACE = (_RECORD_OUTCOME_EVENT, _RECORD_RETRYING_EVENT)
 _EDITED = (_TAKE_DEDUPE_KEY, _ENQUEUE_CORE, _ENQUEUE_MANY_CORE, _ENQUEUE, _ENQUEUE_MANY)
 _DOORS = {"outbox_enqueue", "outbox_enqueue_many"}
 
@@ -403,6 +428,13 @@ def _replace_functions(edits_of: list[tuple[str, str, list[tuple[str, str, int]]
         connection.exec_driver_sql(f"REVOKE ALL ON FUNCTION {new} FROM PUBLIC")
         for grantee in grantees:
             connection.exec_driver_sql(f"GRANT EXECUTE ON FUNCTION {new} TO {grantee}")
+
+
+def _edit_in_place(edits_of: list[tuple[str, list[tuple[str, str, int]]]]) -> None:
+    connection = op.get_bind()
+    for name, edits in edits_of:
+        definition = connection.execute(sa.text(_DEFINITION), {"name": name}).one()[0]
+        connection.exec_driver_sql(_edit(definition, name, edits))
 
 
 def _reversed(edits: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
@@ -508,6 +540,8 @@ def upgrade() -> None:
         f"GRANT EXECUTE ON FUNCTION {schema}.outbox_secret_refused(text, text, jsonb) TO {relay}"
     )
     _replace_functions(list(_EDITED))
+    op.execute("ALTER TABLE outbox_outcome_event ADD COLUMN tenant text")
+    _edit_in_place(list(_EDITED_IN_PLACE))
     for table in ("outbox_tenant", "outbox_tenant_role", "outbox_tenant_secret", "outbox_dedupe"):
         op.execute(f"ANALYZE {table}")
 
@@ -516,6 +550,8 @@ def downgrade() -> None:
     if context.is_offline_mode():
         return
     schema = revision_module("0009").install_schema()
+    _edit_in_place([(name, _reversed(edits)) for name, edits in _EDITED_IN_PLACE])
+    op.execute("ALTER TABLE outbox_outcome_event DROP COLUMN tenant")
     _replace_functions(
         [(name, _arguments(name), _reversed(edits)) for name, _, edits in reversed(_EDITED)]
     )
