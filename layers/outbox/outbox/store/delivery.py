@@ -127,10 +127,9 @@ BUCKETS_PER_CLAIM = 8
 # due (a probe each); those with none go to the back of the turn.
 BUCKET_CANDIDATES = 64
 # How many tenants with pending rows one claim shares its batch among (a
-# probe of the per-tenant due index each, then the ids of its share read from
-# it, unlocked: twice the batch in all); with more, the next claim starts after
-# the last of them.
-TENANTS_PER_CLAIM = 64
+# probe of the per-tenant due index each, then at most a batch of ids read
+# from it, unlocked); with more, the next claim starts after the last of them.
+TENANTS_PER_CLAIM = 32
 # Whether due row ``m``'s destination is paused or has a bucket (its rows are
 # drawn from it, in the bucketed scan): a probe of the destinations' key for
 # each row the scan reads, not a hashed list of them all, so that the claim's
@@ -264,10 +263,11 @@ _CLAIM = f"""
             WHERE m.tenant = tt.tenant AND m.status = 'pending' AND m.available_at <= now()
               {{channel_filter}}
             ORDER BY m.tenant, m.priority DESC, m.available_at, m.id
-            -- twice the batch shared by weight (the heaviest tenant's share for all)
-            LIMIT (SELECT LEAST(CAST(:batch_size AS int), CAST(ceil(
-                       2.0 * CAST(:batch_size AS int) * max(w.weight) / sum(w.weight)) AS int))
-                   FROM tenant_turn AS w)
+            -- (at most the batch: a LIMIT the planner can read. One it cannot,
+            -- such as each tenant's share, it costs as a tenth of the tenant's
+            -- rows: beside a 100,000-row backlog that crossed jit_above_cost,
+            -- 320 ms of JIT compilation a claim for 5 of work)
+            LIMIT CAST(:batch_size AS int)
         ) AS r
         WHERE (SELECT count(*) FROM tenant_turn) > 1
     ),
@@ -422,9 +422,13 @@ _CLAIM = f"""
         -- Within a round the tenants go in the turn's order, which starts
         -- after the tenant the last batch ended at: a round a batch cuts short
         -- goes on where it stopped.
+        -- A tenant outside the turn (more tenants than one turn holds, its
+        -- rows found by the other scans) comes after every round of those in
+        -- it, or the oldest tenant would take a share in every batch.
         SELECT t.*, ceil(row_number() OVER (
                    PARTITION BY t.tenant ORDER BY t.priority DESC, t.turn, t.available_at, t.id)
-                   / CAST(COALESCE(w.weight, 1) AS numeric)) AS round,
+                   / CAST(COALESCE(w.weight, 1) AS numeric))
+               + CASE WHEN tt.k IS NULL THEN CAST(:batch_size AS int) ELSE 0 END AS round,
                COALESCE(tt.k, {TENANTS_PER_CLAIM} + 1) AS tenant_k
         FROM turn AS t
         LEFT JOIN outbox_tenant AS w ON w.tenant = t.tenant
@@ -455,11 +459,15 @@ _CLAIM = f"""
     ),
     tenant_moved AS (
         -- With tenants sharing the batch, the next claim's turn starts after
-        -- the tenant of the batch's last row. Only if no other claimer holds
-        -- the row: never a wait.
+        -- the tenant of the batch's last row (a round the batch cut short goes
+        -- on there); with more tenants than a turn holds, after the turn's
+        -- last tenant (so that the turn goes round all of them). Only if no
+        -- other claimer holds the row: never a wait.
         UPDATE outbox_tenant_turn AS c
-        SET tenant = (SELECT d.tenant FROM due AS d
-                      ORDER BY d.round DESC, d.tenant_k DESC LIMIT 1)
+        SET tenant = CASE WHEN (SELECT count(*) FROM tenant_turn) >= {TENANTS_PER_CLAIM}
+            THEN (SELECT tt.tenant FROM tenant_turn AS tt ORDER BY tt.k DESC LIMIT 1)
+            ELSE (SELECT d.tenant FROM due AS d ORDER BY d.round DESC, d.tenant_k DESC LIMIT 1)
+            END
         FROM (SELECT l.one FROM outbox_tenant_turn AS l FOR UPDATE SKIP LOCKED) AS l
         WHERE c.one = l.one AND (SELECT count(*) FROM tenant_turn) > 1
           AND EXISTS (SELECT 1 FROM due)
