@@ -829,6 +829,7 @@ def _change(
 @click.option(
     "--since", type=Duration(), default=None, help="With --status: settled this recently."
 )
+@_tenant_option("With --status: only this tenant's messages.")
 @dry_run_option
 @yes_option
 @json_option
@@ -837,6 +838,7 @@ def redrive(
     statuses: tuple[str, ...],
     channels_: tuple[str, ...],
     since: float | None,
+    tenant: str | None,
     dry_run: bool,
     yes: bool,
     as_json: bool,
@@ -851,13 +853,15 @@ def redrive(
 
     allowed = REDRIVABLE_STATUSES
     wanted = _statuses(statuses, allowed, "redrive")
-    if ids and (wanted or channels_ or since is not None):
-        fail("give either message ids or --status/--channel/--since, not both", 2)
+    if ids and (wanted or channels_ or since is not None or tenant is not None):
+        fail("give either message ids or --status/--channel/--since/--tenant, not both", 2)
     if not ids and not wanted:
         fail(f"give message ids, or --status {' or '.join(allowed)}", 2)
 
     def selected(conn: sa.Connection) -> list[int]:
-        return store.matching_ids(conn, wanted, _channels(conn, channels_), since)
+        return store.matching_ids(
+            conn, wanted, _channels(conn, channels_), since, tenant=_tenant(tenant)
+        )
 
     _change("redrive", ids, selected, allowed, store.redrive, dry_run, yes, as_json)
 
@@ -868,6 +872,7 @@ def redrive(
 @click.option("--channel", "channels_", multiple=True, help="Cancel the pending messages of these.")
 @click.option("--ordering-key", default=None, help="Cancel the pending messages with this key.")
 @click.option("--dedupe-key", default=None, help="Cancel the pending messages with this key.")
+@_tenant_option("Cancel the pending messages of this tenant (with the keys: its keys).")
 @click.option("--reason", default="cancelled by operator", show_default=True)
 @dry_run_option
 @yes_option
@@ -877,6 +882,7 @@ def cancel(
     channels_: tuple[str, ...],
     ordering_key: str | None,
     dedupe_key: str | None,
+    tenant: str | None,
     reason: str,
     dry_run: bool,
     yes: bool,
@@ -891,11 +897,14 @@ def cancel(
     """
     from outbox import store
 
-    filtered = bool(channels_ or ordering_key or dedupe_key)
+    filtered = bool(channels_ or ordering_key or dedupe_key or tenant is not None)
     if ids and filtered:
-        fail("give either message ids or --channel/--ordering-key/--dedupe-key, not both", 2)
+        fail(
+            "give either message ids or --channel/--ordering-key/--dedupe-key/--tenant, not both",
+            2,
+        )
     if not ids and not filtered:
-        fail("give message IDS, or --channel, --ordering-key or --dedupe-key", 2)
+        fail("give message IDS, or --channel, --ordering-key, --dedupe-key or --tenant", 2)
 
     def selected(conn: sa.Connection) -> list[int]:
         return store.matching_ids(
@@ -904,6 +913,7 @@ def cancel(
             _channels(conn, channels_),
             ordering_key=ordering_key,
             dedupe_key=dedupe_key,
+            tenant=_tenant(tenant),
         )
 
     def apply(conn: sa.Connection, chosen: list[int]) -> set[int]:

@@ -70,3 +70,38 @@ def test_weight_pause_bind_and_secret_are_shown_and_read_by_the_doors(
     assert json.loads(unsecret.stdout) == {"secret_id": "acme-key", "changed": True}
     assert json.loads(run("tenant", "unbind", "outbox_producer", "--json").stdout)["changed"]
     assert run("tenant", "pause", "bad name").exit_code == 2
+
+
+def test_cancel_and_redrive_take_a_tenant(run: Any, engine: sa.Engine) -> None:
+    import outbox
+
+    with engine.begin() as conn:
+        acme = outbox.enqueue(conn, "email", EMAIL, ordering_key="k", tenant="acme")
+        beta = outbox.enqueue(conn, "email", EMAIL, ordering_key="k", tenant="beta")
+    cancelled = run("cancel", "--ordering-key", "k", "--tenant", "acme", "--yes", "--json")
+    assert cancelled.exit_code == 0, cancelled.output
+    with engine.connect() as conn:
+        status = dict(conn.execute(sa.text("SELECT id, status FROM outbox_message")).all())
+    assert status == {acme: "cancelled", beta: "pending"}
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE outbox_message SET status = 'dead', settled_at = now() WHERE id = :id"),
+            {"id": beta},
+        )
+    redriven = run("redrive", "--status", "dead", "--tenant", "acme", "--yes", "--json")
+    assert redriven.exit_code == 0, redriven.output
+    with engine.connect() as conn:
+        assert (
+            conn.execute(
+                sa.text("SELECT status FROM outbox_message WHERE id = :id"), {"id": beta}
+            ).scalar_one()
+            == "dead"
+        )
+    assert run("redrive", "--status", "dead", "--tenant", "beta", "--yes").exit_code == 0
+    with engine.connect() as conn:
+        assert (
+            conn.execute(
+                sa.text("SELECT status FROM outbox_message WHERE id = :id"), {"id": beta}
+            ).scalar_one()
+            == "pending"
+        )

@@ -313,6 +313,7 @@ _MATCHING_IDS = statement(
            OR settled_at >= now() - make_interval(secs => CAST(:since_seconds AS float8)))
       AND (CAST(:dedupe_key AS text) IS NULL OR dedupe_key = CAST(:dedupe_key AS text))
       AND (CAST(:ordering_key AS text) IS NULL OR ordering_key = CAST(:ordering_key AS text))
+      AND (CAST(:tenant AS text) IS NULL OR tenant = CAST(:tenant AS text))
     ORDER BY id
     """
 )
@@ -326,6 +327,7 @@ def matching_ids(
     *,
     dedupe_key: str | None = None,
     ordering_key: str | None = None,
+    tenant: str | None = None,
 ) -> list[int]:
     """The ids a bulk redrive or cancel would change (settled within the last
     ``since_seconds`` when given), for the operator to confirm before
@@ -343,6 +345,7 @@ def matching_ids(
                 "since_seconds": None if since_seconds is None else float(since_seconds),
                 "dedupe_key": dedupe_key,
                 "ordering_key": ordering_key,
+                "tenant": tenant,
             },
         ).scalars()
     )
