@@ -1226,6 +1226,16 @@ def tenant_show(tenant_name: str | None, as_json: bool) -> None:
         render_tenants(store.tenant_settings(conn, _tenant(tenant_name)), as_json)
 
 
+def _set_tenant(tenant_name: str, said: str, as_json: bool, **change: Any) -> None:
+    """Write one of a tenant's settings (``change``: weight= or paused=)."""
+    from outbox import store
+
+    name = str(_tenant(tenant_name))
+    with database() as engine, engine.begin() as conn:
+        store.set_tenant(conn, name, **change)
+    _tenant_done({"tenant": name, **change}, f"{name}: {said}", as_json)
+
+
 @tenant.command("set")
 @_tenant_argument
 @click.option(
@@ -1237,12 +1247,7 @@ def tenant_show(tenant_name: str | None, as_json: bool) -> None:
 @json_option
 def tenant_set(tenant_name: str, weight: int, as_json: bool) -> None:
     """Give TENANT a weight in the claim's fair share."""
-    from outbox import store
-
-    name = _tenant(tenant_name)
-    with database() as engine, engine.begin() as conn:
-        store.set_tenant(conn, str(name), weight=weight)
-    _tenant_done({"tenant": name, "weight": weight}, f"{name}: weight {weight}", as_json)
+    _set_tenant(tenant_name, f"weight {weight}", as_json, weight=weight)
 
 
 @tenant.command("pause")
@@ -1250,12 +1255,7 @@ def tenant_set(tenant_name: str, weight: int, as_json: bool) -> None:
 @json_option
 def tenant_pause(tenant_name: str, as_json: bool) -> None:
     """Hold TENANT's messages (they wait, pending; nobody else's do)."""
-    from outbox import store
-
-    name = _tenant(tenant_name)
-    with database() as engine, engine.begin() as conn:
-        store.set_tenant(conn, str(name), paused=True)
-    _tenant_done({"tenant": name, "paused": True}, f"{name}: paused", as_json)
+    _set_tenant(tenant_name, "paused", as_json, paused=True)
 
 
 @tenant.command("resume")
@@ -1263,12 +1263,7 @@ def tenant_pause(tenant_name: str, as_json: bool) -> None:
 @json_option
 def tenant_resume(tenant_name: str, as_json: bool) -> None:
     """Let TENANT's messages go again."""
-    from outbox import store
-
-    name = _tenant(tenant_name)
-    with database() as engine, engine.begin() as conn:
-        store.set_tenant(conn, str(name), paused=False)
-    _tenant_done({"tenant": name, "paused": False}, f"{name}: resumed", as_json)
+    _set_tenant(tenant_name, "resumed", as_json, paused=False)
 
 
 @tenant.command("bind")
