@@ -32,7 +32,9 @@ The doors ``outbox_enqueue(..., tenant)`` and ``outbox_enqueue_many(...,
 p_tenant, p_tenants)`` take the tenant with defaults (NULL: the bound one, or
 none), so every existing call keeps working. Like 0021 this edits the
 installed definitions (read with ``pg_get_functiondef``); offline
-(``outbox migrate --sql``) it cannot, and says so.
+(``outbox migrate --sql``) the script makes the tables, columns and keys but
+cannot edit the doors, and says so (the doors then take no tenant argument
+and write none; apply 0022 with ``outbox migrate`` to have them).
 
 Revision ID: 0022
 Revises: 0021
@@ -463,13 +465,6 @@ def _arguments(name: str) -> str:
 
 
 def upgrade() -> None:
-    if context.is_offline_mode():
-        op.execute(
-            "-- 0022: edits the doors' installed definitions (tenants); it reads the "
-            "database, so this script cannot: apply revision 0022 with `outbox migrate` "
-            "(online) rather than from this script"
-        )
-        return
     m9 = revision_module("0009")
     schema, relay = m9.install_schema(), m9.relay_role()
     op.execute("ALTER TABLE outbox_message ADD COLUMN tenant text NOT NULL DEFAULT ''")
@@ -539,22 +534,32 @@ def upgrade() -> None:
     op.execute(
         f"GRANT EXECUTE ON FUNCTION {schema}.outbox_secret_refused(text, text, jsonb) TO {relay}"
     )
-    _replace_functions(list(_EDITED))
     op.execute("ALTER TABLE outbox_outcome_event ADD COLUMN tenant text")
+    if context.is_offline_mode():
+        # The tables, columns and keys above are in the script; the edits of
+        # the installed doors and triggers read the database. Without them the
+        # doors write no tenant (every message: none) and take no tenant
+        # argument; everything else works.
+        op.execute(
+            "-- 0022: edits the doors' and triggers' installed definitions (a tenant "
+            "argument); it reads the database, so this script cannot: apply revision "
+            "0022 with `outbox migrate` (online) rather than from this script to have them"
+        )
+        return
+    _replace_functions(list(_EDITED))
     _edit_in_place(list(_EDITED_IN_PLACE))
     for table in ("outbox_tenant", "outbox_tenant_role", "outbox_tenant_secret", "outbox_dedupe"):
         op.execute(f"ANALYZE {table}")
 
 
 def downgrade() -> None:
-    if context.is_offline_mode():
-        return
     schema = revision_module("0009").install_schema()
-    _edit_in_place([(name, _reversed(edits)) for name, edits in _EDITED_IN_PLACE])
+    if not context.is_offline_mode():  # (offline, upgrade made no edits either)
+        _edit_in_place([(name, _reversed(edits)) for name, edits in _EDITED_IN_PLACE])
+        _replace_functions(
+            [(name, _arguments(name), _reversed(edits)) for name, _, edits in reversed(_EDITED)]
+        )
     op.execute("ALTER TABLE outbox_outcome_event DROP COLUMN tenant")
-    _replace_functions(
-        [(name, _arguments(name), _reversed(edits)) for name, _, edits in reversed(_EDITED)]
-    )
     op.execute(f"DROP FUNCTION {schema}.outbox_secret_refused(text, text, jsonb)")
     op.execute(f"DROP FUNCTION {schema}.outbox_enqueue_tenants(text, text[], integer)")
     for table in ("outbox_tenant_turn", "outbox_tenant_secret", "outbox_tenant_role"):
