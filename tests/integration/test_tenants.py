@@ -322,3 +322,39 @@ def test_the_claim_beside_a_large_backlog_stays_below_jit_above_cost(
             ).scalar_one()  # fmt: skip
             jit_above = float(conn.execute(sa.text("SHOW jit_above_cost")).scalar_one())
             assert plan[0]["Plan"]["Total Cost"] < jit_above, json.dumps(plan)[:2000]
+
+
+def test_concurrent_claimers_sharing_tenants_never_claim_a_row_twice(engine: sa.Engine) -> None:
+    import threading
+
+    for name in ("acme", "beta", "gamma"):
+        enqueue_for(engine, name, 400)
+    make_due(engine)
+    got: list[list[int]] = []
+    failures: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def claimer() -> None:
+        try:
+            start.wait()
+            mine: list[int] = []
+            for _ in range(5):
+                mine += [c.id for c in claim(engine, batch=50)]
+            got.append(mine)
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=claimer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not failures, failures
+    every = [i for ids in got for i in ids]
+    # none twice (a claimer may find fewer than 50 while the others hold candidates)
+    assert len(every) == len(set(every)) > 0
+    with engine.connect() as conn:
+        claimed = conn.execute(
+            sa.text("SELECT count(*) FROM outbox_message WHERE status = 'claimed'")
+        ).scalar_one()
+    assert claimed == len(every)
