@@ -7,6 +7,7 @@ the channel until its reset or an operator's resume."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -555,6 +556,40 @@ def test_the_worker_claims_a_paused_destination_again_when_its_pause_ends(
         worker.stop.set()
         loop.join(60)
     assert channel.calls == 2  # the refused call counted no attempt
+    assert {counts(engine, ids)[i] for i in ids} == {("delivered", 1, 0)}
+
+
+def test_the_worker_claims_again_when_the_pause_the_database_holds_ends(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pause is written by the settle, on the database's clock; a settle
+    that comes late (a busy machine) makes it end later than the sender
+    reckoned. The worker's wake-up at its own reckoning then claims nothing,
+    and it asks the database when the destination resumes rather than
+    sleep a poll interval."""
+    record = store.record_throttling
+
+    def late_record(conn: sa.Connection, *args: Any, **kwargs: Any) -> set[str]:
+        # Before the transaction's first statement: its now() is later by as much.
+        time.sleep(0.5)
+        return record(conn, *args, **kwargs)
+
+    monkeypatch.setattr(store, "record_throttling", late_record)
+    channel = install_channel(DestinationChannel(answers=[Outcome.throttled("HTTP 429", 0.3)]))
+    ids = enqueue(engine, 1, "scripted")
+    worker = Worker(
+        engine,
+        settings(batch_size=10, send_concurrency=1, poll_interval_seconds=60.0),
+        reap_interval_seconds=3600,
+    )
+    loop = threading.Thread(target=worker.run)
+    loop.start()
+    try:
+        assert wait_until(lambda: counts(engine, ids)[ids[0]][0] == "delivered", 45)
+    finally:
+        worker.stop.set()
+        loop.join(60)
+    assert channel.calls == 2
     assert {counts(engine, ids)[i] for i in ids} == {("delivered", 1, 0)}
 
 

@@ -114,12 +114,19 @@ def test_reaper_racing_a_settle_never_leaves_a_row_both_delivered_and_pending(
             for i in ids:
                 r = row(conn, i)
                 outcomes = [a.outcome for a in attempts(conn, i)]
-                assert len(outcomes) == 1 == r.attempts, (r, outcomes)
+                assert len(outcomes) == 1, (r, outcomes)
                 seen.add(outcomes[0])
                 if r.status == "delivered":
                     assert outcomes == ["delivered"] and r.claim_token is None
+                    assert r.attempts == 1
+                elif outcomes == ["not_started"]:
+                    # A busy machine: the lease ran out before the sender
+                    # took its receipt or began the call, so no call was
+                    # made and none is counted.
+                    assert (r.status, r.attempts, r.claim_token) == ("pending", 0, None)
                 else:
                     assert r.status == "pending" and outcomes in (["expired"], ["retry"])
+                    assert r.attempts == 1
     assert {"delivered", "expired"} <= seen, f"the race was never exercised: {seen}"
 
 

@@ -174,6 +174,13 @@ class Worker:
         self.report.reaped += result.reclaimed + result.not_started + result.dead + result.expired
         return result
 
+    def _resume_from_database(self) -> float | None:
+        """When (time.monotonic()) the next pause ends or token comes, by the
+        database; None when nothing waits for one."""
+        with self.engine.connect() as conn:
+            seconds = store.seconds_to_resume(conn)
+        return None if seconds is None else time.monotonic() + max(seconds, 0.0)
+
     def run_once(self) -> BatchReport:
         """One claim of up to a batch, sent and settled before it returns.
 
@@ -282,6 +289,7 @@ class Worker:
         # had and nobody used).
         resumes_at: float | None = None
         in_flight: deque[_InFlight] = deque()  # the batch before the last, and the last
+        woke_for_resume = False  # the last idle wait ended at a pause's end
 
         def finish_oldest() -> None:
             nonlocal resumes_at
@@ -306,9 +314,16 @@ class Worker:
                 if batch.report.claimed < self.settings.batch_size:
                     while in_flight:  # settled before an idle wait, not after it
                         finish_oldest()
+                    if resumes_at is None and woke_for_resume:
+                        # The pause is the database's, written by the settle:
+                        # a settle that came late ends it later than the
+                        # sender reckoned, and the cut rate may want a token
+                        # first. Wait for what the database says, not a poll.
+                        resumes_at = self._resume_from_database()
                     wait_seconds, resumes_at = idle_wait(
                         self.settings.poll_interval_seconds, resumes_at, time.monotonic()
                     )
+                    woke_for_resume = wait_seconds < self.settings.poll_interval_seconds
                     self.stop.wait(wait_seconds)
                 else:
                     batch.wait_last_round()

@@ -53,6 +53,7 @@ __all__ = [
     "forget_learned",
     "next_resume",
     "record_throttling",
+    "seconds_to_resume",
     "set_limit",
     "set_provider_limit",
 ]
@@ -520,6 +521,18 @@ def next_resume(conn: sa.Connection) -> Any:
     """The earliest future time a paused destination or channel resumes, or an
     empty bucket holds a token again (a datetime), or None."""
     return conn.execute(_NEXT_RESUME).scalar_one()
+
+
+_SECONDS_TO_RESUME = statement(
+    f"SELECT CAST(EXTRACT(EPOCH FROM {NEXT_RESUME_SQL} - now()) AS float8) AS seconds"
+)
+
+
+def seconds_to_resume(conn: sa.Connection) -> float | None:
+    """``next_resume`` as seconds from now on the database's clock (for a
+    loop that waits on its own monotonic clock), or None."""
+    seconds = conn.execute(_SECONDS_TO_RESUME).scalar_one()
+    return None if seconds is None else float(seconds)
 
 
 # --- limits from the configuration and from the provider --------------------------
