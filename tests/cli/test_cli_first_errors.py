@@ -10,23 +10,14 @@ free loopback port and stopped at the end."""
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import json
-import os
-import pwd
-import shutil
 import socket
-import subprocess
-import tempfile
-import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
+from pgcluster import Cluster, cluster, free_port
 
 from outbox import migrate
 from outbox_cli.cli import cli
@@ -38,94 +29,10 @@ NO_PASSWORD = (
 )
 
 
-def _postgres_bin() -> Path | None:
-    """A folder with initdb and pg_ctl: on PATH, the system's Postgres, else pgserver's."""
-    found = shutil.which("initdb")
-    candidates = [Path(found).parent] if found else []
-    candidates += [Path(p) for p in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)]
-    with contextlib.suppress(Exception), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset in containers
-        from pgserver._commands import POSTGRES_BIN_PATH  # the embedded Postgres ships them
-
-        candidates.append(Path(POSTGRES_BIN_PATH))
-    for folder in candidates:
-        if (folder / "initdb").is_file() and (folder / "pg_ctl").is_file():
-            return folder
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class PasswordServer:
-    port: int
-
-    def url(self, database: str = "postgres", password: str | None = None) -> str:
-        auth = f"postgres:{password}" if password is not None else "postgres"
-        return f"postgresql://{auth}@127.0.0.1:{self.port}/{database}"
-
-
 @pytest.fixture(scope="module")
-def password_server() -> Iterator[PasswordServer]:
-    folder = _postgres_bin()
-    if folder is None:
-        pytest.skip("no initdb/pg_ctl on this machine (a Postgres or the pgserver package)")
-    # Postgres refuses to run as root: then as the postgres system user.
-    user = None
-    if os.geteuid() == 0:
-        try:
-            user = pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("running as root and there is no postgres user to run initdb as")
-    # Not under pytest's temporary root: it is private to this user (0700), and
-    # a second pytest run on the machine resets its permissions.
-    root = Path(tempfile.mkdtemp(prefix="outbox-password-pg-"))
-    if user is not None:
-        os.chown(root, user.pw_uid, user.pw_gid)
-    pwfile = root / "pwfile"
-    pwfile.write_text(PASSWORD + "\n")
-    if user is not None:
-        os.chown(pwfile, user.pw_uid, user.pw_gid)
-    data, port = root / "data", _free_port()
-
-    def run(*args: str) -> None:
-        subprocess.run(
-            args, check=True, capture_output=True, timeout=120, user=user.pw_uid if user else None
-        )
-
-    run(
-        str(folder / "initdb"),
-        "-D",
-        str(data),
-        "-U",
-        "postgres",
-        "--auth=scram-sha-256",
-        f"--pwfile={pwfile}",
-        "--no-sync",
-        "-E",
-        "UTF8",
-    )
-    options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off"
-    run(
-        str(folder / "pg_ctl"),
-        "-D",
-        str(data),
-        "-o",
-        options,
-        "-l",
-        str(root / "log"),
-        "-w",
-        "start",
-    )
-    try:
-        yield PasswordServer(port)
-    finally:
-        run(str(folder / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
-        shutil.rmtree(root, ignore_errors=True)
+def password_server() -> Iterator[Cluster]:
+    with cluster(PASSWORD) as server:
+        yield server
 
 
 def run_outbox(*args: str, **env: str) -> Result:
@@ -141,7 +48,7 @@ def one_line(result: Result, line: str, exit_code: int) -> None:
 
 @pytest.mark.parametrize("command", [["list"], ["migrate"], ["status"]])
 def test_a_url_without_the_password_says_so_in_one_line(
-    password_server: PasswordServer, command: list[str]
+    password_server: Cluster, command: list[str]
 ) -> None:
     result = run_outbox(*command, DATABASE_URL=password_server.url())
     one_line(result, NO_PASSWORD, 2)
@@ -153,7 +60,7 @@ def test_a_url_without_the_password_says_so_in_one_line(
     }
 
 
-def test_pgpassword_is_read_when_the_url_has_no_password(password_server: PasswordServer) -> None:
+def test_pgpassword_is_read_when_the_url_has_no_password(password_server: Cluster) -> None:
     result = run_outbox(
         "migrate", "--check", DATABASE_URL=password_server.url(), PGPASSWORD=PASSWORD
     )
@@ -165,7 +72,7 @@ def test_pgpassword_is_read_when_the_url_has_no_password(password_server: Passwo
     assert run_outbox("migrate", "--check", DATABASE_URL=url, PGPASSWORD="wrong").exit_code == 1
 
 
-def test_a_wrong_password_is_a_refused_login(password_server: PasswordServer) -> None:
+def test_a_wrong_password_is_a_refused_login(password_server: Cluster) -> None:
     for env in (
         {"DATABASE_URL": password_server.url(password="wrong-pw")},
         {"DATABASE_URL": password_server.url(), "PGPASSWORD": "wrong-pw"},
@@ -180,7 +87,7 @@ def test_a_wrong_password_is_a_refused_login(password_server: PasswordServer) ->
 
 
 def test_nothing_listening_is_said_with_its_address() -> None:
-    port = _free_port()
+    port = free_port()
     url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
     one_line(
         run_outbox("list", DATABASE_URL=url),

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 from aws_lambda_powertools.metrics.provider.cloudwatch_emf.constants import MAX_METRICS
@@ -68,6 +69,14 @@ def quiet_libraries() -> None:
 quiet_libraries()
 
 logger = Logger(service=SERVICE)
+# The Powertools logger is named after the service, which the template sets
+# to the stack's name: the modules' ``outbox.*`` records would then bypass it
+# (plain text through the root logger, without their fields or the
+# correlation keys). Powertools' own way for other loggers gives the
+# ``outbox`` logger the same handler and level.
+if logger.name.split(".")[0] != "outbox":
+    logging.getLogger("outbox")
+    copy_config_to_registered_loggers(source_logger=logger, include={"outbox"})
 metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
 
 # One metric set per channel (dimensions service + channel): an EMF record has
