@@ -10,6 +10,10 @@ PYPROJECT_SUM := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 # group `dev` of pyproject.toml) on top.
 RUN_STAMP := $(VENV)/.installed-run-$(PYPROJECT_SUM)
 STAMP     := $(VENV)/.installed-dev-$(PYPROJECT_SUM)
+# `make docs` and `make wheel` need only their own groups (MkDocs; build), not
+# the dev tools: each has a stamp of its own (the dev group includes both).
+DOCS_STAMP  := $(VENV)/.installed-docs-$(PYPROJECT_SUM)
+BUILD_STAMP := $(VENV)/.installed-build-$(PYPROJECT_SUM)
 
 # What a producer installs (SQLAlchemy, fastjsonschema, a driver), the
 # command's extra and the worker's, kept as wheels: the packaging test installs
@@ -41,6 +45,14 @@ $(STAMP): $(RUN_STAMP)
 	rm -f $(VENV)/.installed-dev-*
 	touch $@
 
+$(DOCS_STAMP): $(RUN_STAMP)
+	$(BIN)/python -m pip install -q -e '.[local]' --group docs
+	touch $@
+
+$(BUILD_STAMP): $(RUN_STAMP)
+	$(BIN)/python -m pip install -q --group build
+	touch $@
+
 $(WHEELHOUSE): $(STAMP)
 	rm -rf $(VENV)/wheelhouse
 	$(BIN)/python -m pip download -q -d $(VENV)/wheelhouse $(WHEELHOUSE_REQUIREMENTS)
@@ -55,7 +67,7 @@ test: lint typecheck docs pytest sam-check
 # anchor, or a generated page that fails, fails the build. `mkdocs serve` (in
 # the venv) serves it while you edit. Not --quiet: it hides the warnings that
 # --strict turns into a failure, and the build then passes.
-docs: $(STAMP)
+docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 lint: $(STAMP) requirements-check
@@ -96,7 +108,7 @@ template: $(STAMP)
 	$(BIN)/python -m templategen
 
 # The distribution (wheel and sdist) in dist/.
-wheel: $(STAMP)
+wheel: $(BUILD_STAMP)
 	$(BIN)/python -m build --outdir dist .
 
 typecheck: $(STAMP)
