@@ -21,10 +21,11 @@ TEMPLATE = Path(__file__).resolve().parents[1] / "template.yaml"
 
 def load_template(path: Path = TEMPLATE) -> dict[str, Any]:
     """The template as plain dicts and lists, its short-form tags (!Ref, !If, ...)
-    read as their long forms, as CloudFormation reads them."""
-    from cfnlint.decode import cfn_yaml
+    read as their long forms, as CloudFormation reads them (the SAM
+    translator's reader, which `outbox invoke` uses: the `local` extra has it)."""
+    from outbox_cli.invoke import load_template as read
 
-    return _plain(cfn_yaml.load(str(path)))
+    return _plain(read(path))
 
 
 def _plain(node: Any) -> Any:

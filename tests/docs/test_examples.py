@@ -105,7 +105,7 @@ def test_the_custom_channel_example_registers_its_channel() -> None:
     assert "slack" in channels.names()
 
 
-def test_the_readmes_producer_example_is_the_one_the_tests_run() -> None:
-    readme = (DOCS.parent / "README.md").read_text()
-    example = readme.split("```python\n", 1)[1].split("\n```", 1)[0] + "\n"
-    assert example == doc_blocks(DOCS / "how-to" / "producing.md")["producer"].code
+def test_the_readmes_and_the_home_pages_producer_example_is_the_one_the_tests_run() -> None:
+    for page in (DOCS.parent / "README.md", DOCS / "index.md"):
+        example = page.read_text().split("```python\n", 1)[1].split("\n```", 1)[0] + "\n"
+        assert example == doc_blocks(DOCS / "how-to" / "producing.md")["producer"].code, page
