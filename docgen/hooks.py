@@ -3,7 +3,8 @@
 A page asks for a part with an HTML comment on a line of its own:
 ``<!-- generated: settings -->`` (every setting of ``outbox.settings``, with the
 template parameter that feeds it) or ``<!-- generated: parameters -->`` (the
-template's other parameters).
+template's other parameters). Inline, ``{{ head_revision }}`` and
+``{{ revision_chain }}`` (TOKENS) name the migrations.
 """
 
 from __future__ import annotations
@@ -24,7 +25,28 @@ MARKERS = {
 }
 
 
+def revision_chain() -> list[str]:
+    """The relay's migration revisions, base first (the order they apply in)."""
+    from alembic.script import ScriptDirectory
+
+    from outbox import migrate
+
+    script = ScriptDirectory.from_config(migrate._config())
+    return [r.revision for r in reversed(list(script.walk_revisions()))]
+
+
+# Inline values a page names with a token, never typed (they change with
+# every migration): the head revision, and the chain in the order it applies.
+TOKENS = {
+    "{{ head_revision }}": lambda: revision_chain()[-1],
+    "{{ revision_chain }}": lambda: ", ".join(revision_chain()),
+}
+
+
 def on_page_markdown(markdown: str, **_: Any) -> str:
+    for token, make in TOKENS.items():
+        if token in markdown:
+            markdown = markdown.replace(token, make())
     if not any(marker in markdown for marker in MARKERS):
         return markdown
     template = configuration.load_template()
