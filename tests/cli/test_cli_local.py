@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -223,6 +225,36 @@ def test_keep_running_serves_the_worker_and_invoke_recipes(tmp_path: Path) -> No
         message_id = enqueued.split()[-1]
         (history_row,) = [ln for ln in checked.splitlines() if f" {message_id} " in ln]
         assert history_row.split()[-1] == "delivered" and " delivered " in history_row
+
+        # Step 7: the receiver as the page writes it, on a free port, and the
+        # webhook sent to it; its signature verified with standardwebhooks.
+        (tmp_path / "receiver.py").write_text(quickstart["quickstart-receiver"].code)
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+        (receive,) = quickstart["quickstart-receive"].code.splitlines()
+        receiver = subprocess.Popen(
+            [sys.executable, *shlex.split(receive)[1:]],
+            env={**env, "RECEIVER_PORT": str(port)},
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert receiver.stdout is not None
+            listening = receiver.stdout.readline()  # (empty if it exited)
+            assert listening == f"listening on http://127.0.0.1:{port}/hooks\n", listening
+            for line in quickstart["quickstart-send-webhook"].code.splitlines():
+                program, *args = shlex.split(line.replace(":8765/", f":{port}/"))
+                assert program == "outbox", line
+                done = outbox_cli(*args)
+                assert done.returncode == 0, f"{line}: {done.stdout}{done.stderr}"
+            out, err = receiver.communicate(timeout=120)
+        finally:
+            receiver.kill()
+        assert receiver.returncode == 0, err
+        assert re.fullmatch(r"verified msg_\d+ order\.shipped \{'order': 42\}\n", out), (out, err)
     finally:
         demo.send_signal(signal.SIGINT)
         assert demo.wait(timeout=60) == 0

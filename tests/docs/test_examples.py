@@ -26,6 +26,9 @@ RUN_BY = {
     "quickstart-run-script": "tests/cli/test_cli_local.py",
     "quickstart-worker": "tests/cli/test_cli_local.py",
     "quickstart-check": "tests/cli/test_cli_local.py",
+    "quickstart-receiver": "tests/cli/test_cli_local.py",
+    "quickstart-receive": "tests/cli/test_cli_local.py",
+    "quickstart-send-webhook": "tests/cli/test_cli_local.py",
 }
 
 
