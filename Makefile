@@ -23,7 +23,7 @@ WHEELHOUSE_REQUIREMENTS := 'sqlalchemy>=2.0,<2.2' 'fastjsonschema>=2.19,<3' 'pg8
 	'aws-lambda-powertools>=3.0,<4' 'python-dateutil>=2.8.2,<3' 'boto3>=1.34'
 WHEELHOUSE := $(VENV)/wheelhouse/.complete-$(shell echo "$(WHEELHOUSE_REQUIREMENTS)" | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck pytest sam-check build deploy-try bench clean venv requirements requirements-check wheel docs schema \
+.PHONY: run test test-embedded lint typecheck pytest sam-check build deploy-try bench clean venv requirements requirements-check wheel docs schema \
 	template
 
 venv: $(STAMP) $(WHEELHOUSE)
@@ -127,6 +127,21 @@ $(CHECKOV_STAMP):
 
 pytest: $(STAMP) $(WHEELHOUSE) $(CHECKOV_STAMP)
 	$(BIN)/pytest
+
+# The state machine's SQL once more on the embedded Postgres (pgserver), as a
+# machine without a Postgres runs it; .ci/run runs it after `make test`.
+EMBEDDED_TESTS := tests/integration/test_claim.py tests/integration/test_reaper.py \
+	tests/integration/test_sql_enqueue.py tests/integration/test_tenants.py \
+	tests/integration/test_schema_sql.py tests/integration/test_migrate.py \
+	tests/integration/test_grants.py tests/integration/test_least_privilege.py \
+	tests/integration/test_search_path.py tests/integration/test_planted_builtins.py \
+	tests/integration/test_ordering.py tests/integration/test_dedupe.py \
+	tests/integration/test_cooldown.py tests/integration/test_receipt.py \
+	tests/integration/test_release_fence.py tests/integration/test_history.py \
+	tests/integration/test_sender.py
+
+test-embedded: $(STAMP)
+	OUTBOX_DEV_DB=embedded $(BIN)/pytest -q $(EMBEDDED_TESTS)
 
 # --- sam-check: sam validate --lint, sam build, then the built-artifact test ----
 # The SAM CLI pins many packages, so it lives in its own venv, not the project's.
