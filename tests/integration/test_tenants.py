@@ -358,3 +358,65 @@ def test_concurrent_claimers_sharing_tenants_never_claim_a_row_twice(engine: sa.
             sa.text("SELECT count(*) FROM outbox_message WHERE status = 'claimed'")
         ).scalar_one()
     assert claimed == len(every)
+
+
+# --- metrics by tenant ------------------------------------------------------------
+
+
+def tenant_metrics(engine: sa.Engine, capsys: pytest.CaptureFixture[str], **kw: Any) -> Any:
+    """The reaper's EMF records that carry the tenant dimension, by tenant."""
+    from outbox import observability, reaper
+    from support import settings
+
+    observability.flush_metrics()
+    capsys.readouterr()
+    observability.log_metrics(lambda e, c: reaper.run(engine, settings(), lambda: 30.0, **kw))(
+        {}, None
+    )
+    records = [
+        json.loads(line)
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("{") and '"_aws"' in line
+    ]
+    return {r["tenant"]: r for r in records if "tenant" in r}
+
+
+def test_the_backlog_of_the_busiest_tenants_is_published_by_name_and_the_rest_as_one(
+    engine: sa.Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A series per tenant would be one per customer, each billed: the busiest
+    TENANT_METRICS tenants by name, every other tenant summed in one."""
+    top = store.TENANT_METRICS
+    for i in range(top + 3):  # t00 has the most due rows, t12 the fewest
+        enqueue_for(engine, f"t{i:02}", top + 3 - i)
+    enqueue_for(engine, None, 50)  # no tenant: counted in the relay's totals only
+    enqueue_for(engine, "later", 40, delay=3600)  # not due: not a backlog yet
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_message SET available_at = available_at - interval '5 minutes' WHERE tenant = 't12'"
+            )
+        )
+    published = tenant_metrics(engine, capsys)
+    named = {f"t{i:02}" for i in range(top)}
+    assert set(published) == named | {store.OTHER_TENANTS}
+    assert published["t00"]["PendingMessages"] == [top + 3]
+    assert published["t09"]["PendingMessages"] == [4]
+    # t10, t11 and t12: 3 + 2 + 1 rows; the oldest is t12's, five minutes old.
+    other = published[store.OTHER_TENANTS]
+    assert other["PendingMessages"] == [6]
+    assert other["OldestPendingAgeSeconds"][0] >= 300
+    assert published["t00"]["OldestPendingAgeSeconds"][0] < 300
+    dimensions = {
+        frozenset(d)
+        for r in published.values()
+        for d in r["_aws"]["CloudWatchMetrics"][0]["Dimensions"]
+    }
+    assert dimensions == {frozenset({"service", "tenant"})}
+
+
+def test_a_relay_without_tenants_publishes_no_tenant_series(
+    engine: sa.Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    enqueue_for(engine, None, 5)
+    assert tenant_metrics(engine, capsys) == {}

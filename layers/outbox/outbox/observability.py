@@ -79,11 +79,12 @@ if logger.name.split(".")[0] != "outbox":
     copy_config_to_registered_loggers(source_logger=logger, include={"outbox"})
 metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
 
-# One metric set per channel (dimensions service + channel): an EMF record has
-# one set of dimension values, and one dispatcher or reaper run reports on
-# several channels. Published with the relay-wide set by log_metrics.
-_channel_sets: dict[str, EphemeralMetrics] = {}
-_channel_sets_lock = threading.Lock()
+# One metric set per channel (dimensions service + channel), and per tenant
+# (service + tenant, the reaper's backlog of the busiest tenants): an EMF
+# record has one set of dimension values, and one dispatcher or reaper run
+# reports on several. Published with the relay-wide set by log_metrics.
+_dimension_sets: dict[tuple[str, str], EphemeralMetrics] = {}
+_dimension_sets_lock = threading.Lock()
 
 _suspended = False
 
@@ -95,20 +96,21 @@ class _Discard:
         pass
 
 
-def _target(channel: str | None) -> Any:
+def _target(channel: str | None, tenant: str | None = None) -> Any:
     # Powertools prints a metric set to stdout whenever one metric reaches 100
     # values, disabled or not: when nothing will publish, record nothing.
     if _suspended or is_metrics_disabled():
         return _Discard()
-    if channel is None:
+    if channel is None and tenant is None:
         return metrics
-    with _channel_sets_lock:
-        channel_set = _channel_sets.get(channel)
-        if channel_set is None:
-            channel_set = EphemeralMetrics(namespace=NAMESPACE, service=SERVICE)
-            channel_set.set_default_dimensions(channel=channel)
-            _channel_sets[channel] = channel_set
-        return channel_set
+    key = ("channel", channel) if channel is not None else ("tenant", str(tenant))
+    with _dimension_sets_lock:
+        dimension_set = _dimension_sets.get(key)
+        if dimension_set is None:
+            dimension_set = EphemeralMetrics(namespace=NAMESPACE, service=SERVICE)
+            dimension_set.set_default_dimensions(**{key[0]: key[1]})
+            _dimension_sets[key] = dimension_set
+        return dimension_set
 
 
 def count(name: str, value: float = 1, *, channel: str | None = None) -> None:
@@ -117,9 +119,17 @@ def count(name: str, value: float = 1, *, channel: str | None = None) -> None:
         _target(channel).add_metric(name=name, unit=MetricUnit.Count, value=value)
 
 
-def gauge(name: str, value: float, *, seconds: bool = False, channel: str | None = None) -> None:
-    """A level rather than an event count: published even when it is zero."""
-    _target(channel).add_metric(
+def gauge(
+    name: str,
+    value: float,
+    *,
+    seconds: bool = False,
+    channel: str | None = None,
+    tenant: str | None = None,
+) -> None:
+    """A level rather than an event count: published even when it is zero.
+    With ``tenant``, under the dimension tenant (at most one of the two)."""
+    _target(channel, tenant).add_metric(
         name=name, unit=MetricUnit.Seconds if seconds else MetricUnit.Count, value=value
     )
 
@@ -159,8 +169,8 @@ def timings(name: str, milliseconds: Iterable[float], *, channel: str | None = N
 
 def flush_metrics() -> None:
     """Publish what was recorded (one EMF record per metric set that has data)."""
-    with _channel_sets_lock:
-        metric_sets: list[Any] = [metrics, *_channel_sets.values()]
+    with _dimension_sets_lock:
+        metric_sets: list[Any] = [metrics, *_dimension_sets.values()]
     for metric_set in metric_sets:
         if metric_set.metric_set:  # an empty set is skipped, not warned about
             metric_set.flush_metrics()

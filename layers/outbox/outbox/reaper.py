@@ -57,6 +57,8 @@ class ReapReport:
     events_waiting: int = 0
     backlog: store.Backlog | None = None
     channels: list[store.ChannelBacklog] = field(default_factory=list)
+    # The busiest tenants' due rows, the others as one (store.tenant_backlog).
+    tenants: list[store.TenantBacklog] = field(default_factory=list)
     oldest_snapshot: store.OldestSnapshot | None = None
 
 
@@ -185,14 +187,19 @@ def run(
     b = report.backlog
 
     def level(
-        name: str, value: float, *, seconds: bool = False, channel: str | None = None
+        name: str,
+        value: float,
+        *,
+        seconds: bool = False,
+        channel: str | None = None,
+        tenant: str | None = None,
     ) -> None:
         # Polling, gauges go out even at zero, so alarms see data rather than
         # "missing". Sleeping, only a level that is not zero goes out: a
         # custom metric costs by the hour it has data, and an idle stack's
         # alarms read missing data as not breaching (docs/how-to/pacing.md).
         if value or not quiet_when_idle:
-            gauge(name, value, seconds=seconds, channel=channel)
+            gauge(name, value, seconds=seconds, channel=channel, tenant=tenant)
 
     level("PendingMessages", b.pending)
     level("DeadMessages", b.dead)
@@ -214,6 +221,13 @@ def run(
         level("ExpiredClaims", c.expired_claims, channel=c.channel)
         level("DeadMessages", c.dead, channel=c.channel)
         level("Paused", int(c.paused), channel=c.channel)
+    # The busiest tenants' backlogs by name, the rest as one series (a
+    # bounded number, whatever the number of customers): which customer waits.
+    with engine.begin() as conn:
+        report.tenants = store.tenant_backlog(conn)
+    for t in report.tenants:
+        level("PendingMessages", t.due, tenant=t.tenant)
+        level("OldestPendingAgeSeconds", t.oldest_due_age_seconds, seconds=True, tenant=t.tenant)
     log.info(
         "reaper run",
         extra={

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 import sqlalchemy as sa
 
@@ -18,10 +18,13 @@ from .policy import BACKOFF_SQL, EXHAUSTED_SQL, EXPIRED_PREFIX, Backoff
 __all__ = [
     "LEASE_EXPIRED_ERROR",
     "NOT_STARTED_ERROR",
+    "OTHER_TENANTS",
+    "TENANT_METRICS",
     "Backlog",
     "ChannelBacklog",
     "OldestSnapshot",
     "Reaped",
+    "TenantBacklog",
     "backlog",
     "cancel_held",
     "channel_backlog",
@@ -32,6 +35,7 @@ __all__ = [
     "prune_attempts",
     "prune_dedupe_keys",
     "reap_expired",
+    "tenant_backlog",
 ]
 
 
@@ -380,6 +384,50 @@ def channel_backlog(conn: sa.Connection) -> list[ChannelBacklog]:
     return [
         ChannelBacklog._of(r, dead=r.dead, channel=r.channel, paused=r.paused)
         for r in conn.execute(_CHANNEL_BACKLOG).all()
+    ]
+
+
+# The tenants whose backlog the reaper publishes by name: the busiest by rows
+# due. A series per tenant would be one per customer, each billed by the hour
+# it has data; every other tenant is summed into one series, OTHER_TENANTS
+# (which no tenant can be named: a tenant starts with a letter or digit).
+TENANT_METRICS = 10
+OTHER_TENANTS = "(other)"
+
+_TENANT_BACKLOG = statement(
+    f"""
+    WITH due AS (
+        SELECT tenant, count(*) AS due,
+               EXTRACT(EPOCH FROM now() - min(available_at))::float8 AS oldest_due_age
+        FROM outbox_message
+        WHERE status = 'pending' AND available_at <= now() AND tenant <> ''
+        GROUP BY tenant
+    ), ranked AS (
+        SELECT *, row_number() OVER (ORDER BY due DESC, tenant) AS rank FROM due
+    )
+    SELECT CASE WHEN rank <= :top THEN tenant ELSE '{OTHER_TENANTS}' END AS tenant,
+           sum(due)::bigint AS due, max(oldest_due_age) AS oldest_due_age
+    FROM ranked GROUP BY 1 ORDER BY 2 DESC, 1
+    """
+)
+
+
+class TenantBacklog(NamedTuple):
+    """One tenant's rows due now and the oldest one's age (``tenant_backlog``)."""
+
+    tenant: str
+    due: int
+    oldest_due_age_seconds: float
+
+
+def tenant_backlog(conn: sa.Connection, top: int = TENANT_METRICS) -> list[TenantBacklog]:
+    """The due rows of the ``top`` tenants with the most, by name, and of
+    every other tenant as one (OTHER_TENANTS); messages of no tenant are not
+    among them (the relay's totals count them). Empty when no tenant's row
+    is due."""
+    return [
+        TenantBacklog(r.tenant, int(r.due), float(r.oldest_due_age))
+        for r in conn.execute(_TENANT_BACKLOG, {"top": top}).all()
     ]
 
 
