@@ -746,17 +746,25 @@ def list_(
 @cli.command()
 @database_url_option
 @click.argument("message_id", type=int)
+@_tenant_option("Only if it is this tenant's message (an operator serving one customer).")
 @json_option
-def show(message_id: int, as_json: bool) -> None:
+def show(message_id: int, tenant: str | None, as_json: bool) -> None:
     """One message (payload included) and its attempt history."""
     from outbox import store
 
     _check_ids([message_id])
+    wanted = _tenant(tenant)
     with database() as engine, engine.connect() as conn:
         row = store.get_message(conn, message_id)
+        if row is not None and wanted is not None and (row.tenant or "") != wanted:
+            row = None  # another tenant's message is not found, as no message is
         history = store.attempt_history(conn, message_id) if row else []
     if row is None:
-        fail(f"no message with id {message_id}", 1, "not_found")
+        fail(
+            f"no message with id {message_id}" + (f" of tenant {wanted!r}" if wanted else ""),
+            1,
+            "not_found",
+        )
     message = dict(row._mapping)
     message["payload"] = _stored_payload(message["payload"])
     render_message(message, [dict(a._mapping) for a in history], as_json)
@@ -1020,9 +1028,12 @@ def prune(
     help="Email address, phone number, endpoint ARN, webhook URL, queue URL or bus name.",
 )
 @click.option("--channel", "channels_", multiple=True, help="Only these channels (repeat or a,b).")
+@_tenant_option("Only this tenant's attempts (its send log; kept after its messages).")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
 @json_option
-def history(recipient: str, channels_: tuple[str, ...], limit: int, as_json: bool) -> None:
+def history(
+    recipient: str, channels_: tuple[str, ...], tenant: str | None, limit: int, as_json: bool
+) -> None:
     """Did they get it? The attempts that went to a recipient, newest first.
 
     The address is fingerprinted in the database with the installation's key,
@@ -1036,7 +1047,7 @@ def history(recipient: str, channels_: tuple[str, ...], limit: int, as_json: boo
         fail("--recipient must not be empty", 2)
     with database() as engine, engine.connect() as conn:
         wanted = _channels(conn, channels_) or registry.names()
-        rows = store.recipient_history(conn, recipient, wanted, limit)
+        rows = store.recipient_history(conn, recipient, wanted, limit, tenant=_tenant(tenant))
     render_history(rows, as_json)
 
 

@@ -105,3 +105,29 @@ def test_cancel_and_redrive_take_a_tenant(run: Any, engine: sa.Engine) -> None:
             ).scalar_one()
             == "pending"
         )
+
+
+def test_history_and_show_by_tenant(run: Any, engine: sa.Engine) -> None:
+    import outbox
+
+    with engine.begin() as conn:
+        acme = outbox.enqueue(conn, "email", EMAIL, tenant="acme")
+        beta = outbox.enqueue(conn, "email", EMAIL, tenant="beta")
+    claims = claim(engine)
+    with engine.begin() as conn:
+        store.settle(
+            conn,
+            [store.Settlement(c.id, c.claim_token, "delivered") for c in claims],
+            store.Backoff(1, 60, 3),
+        )
+    recipient = EMAIL["to"][0]
+    both = json.loads(run("history", "--recipient", recipient, "--json").stdout)["attempts"]
+    assert sorted((a["message_id"], a["tenant"]) for a in both) == [(acme, "acme"), (beta, "beta")]
+    only = run("history", "--recipient", recipient, "--tenant", "acme", "--json")
+    assert only.exit_code == 0, only.output
+    assert [a["message_id"] for a in json.loads(only.stdout)["attempts"]] == [acme]
+    assert run("show", str(acme), "--tenant", "acme").exit_code == 0
+    elsewhere = run("show", str(acme), "--tenant", "beta")
+    assert elsewhere.exit_code == 1
+    assert f"no message with id {acme} of tenant 'beta'" in elsewhere.output
+    assert run("history", "--recipient", recipient, "--tenant", "no way").exit_code == 2

@@ -420,3 +420,32 @@ def test_a_relay_without_tenants_publishes_no_tenant_series(
 ) -> None:
     enqueue_for(engine, None, 5)
     assert tenant_metrics(engine, capsys) == {}
+
+
+# --- the send log per tenant ------------------------------------------------------
+
+
+def test_did_x_get_it_is_answered_per_tenant_after_the_messages_are_pruned(
+    engine: sa.Engine,
+) -> None:
+    """Two tenants email one address: each tenant's send log shows its own
+    attempts only, also once the messages are gone (the log outlives them)."""
+    (a,) = enqueue_for(engine, "acme", 1)
+    (b,) = enqueue_for(engine, "beta", 1)
+    (none,) = enqueue_for(engine, None, 1)
+    claims = claim(engine, lease=60)
+    settle(engine, [c for c in claims if c.id == a], "delivered")
+    settle(engine, [c for c in claims if c.id != a], "failed")
+    address = EMAIL["to"][0]
+    with engine.begin() as conn:
+
+        def log(tenant: str | None) -> list[tuple[int, str]]:
+            rows = store.recipient_history(conn, address, ["email"], tenant=tenant)
+            return [(r.message_id, r.outcome) for r in rows]
+
+        assert log("acme") == [(a, "delivered")]
+        assert log("beta") == [(b, "failed")]
+        assert log("") == [(none, "failed")]  # no tenant's
+        assert sorted(log(None)) == sorted([(a, "delivered"), (b, "failed"), (none, "failed")])
+        conn.execute(sa.text("DELETE FROM outbox_message"))  # pruned: the attempts stay
+        assert log("acme") == [(a, "delivered")] and log("beta") == [(b, "failed")]

@@ -92,15 +92,17 @@ CLAIM_GATE = f"""
          AND c.tenant = due.tenant
         WHERE m.id = due.id AND due.id <> c.message_id
           AND m.status IN ('pending', 'claimed') AND (m.status = 'pending') IS TRUE
-        RETURNING m.id, m.status, m.attempts, m.last_error, m.channel, m.recipient_fingerprints
+        RETURNING m.id, m.status, m.attempts, m.last_error, m.channel, m.recipient_fingerprints,
+                  m.tenant
     ),
     suppressed_log AS (
         -- A suppressed message ends without a call, but in the send log all the
         -- same, with its recipients: "did X get it?" shows it, suppressed.
         INSERT INTO outbox_attempt
-            (message_id, attempt, outcome, error, claimed_at, channel, recipient_fingerprints)
+            (message_id, attempt, outcome, error, claimed_at, channel, recipient_fingerprints,
+             tenant)
         SELECT s.id, s.attempts, 'suppressed', s.last_error, now(), s.channel,
-               s.recipient_fingerprints
+               s.recipient_fingerprints, s.tenant
         FROM cooled AS s WHERE s.status = 'suppressed'
     ),
 """

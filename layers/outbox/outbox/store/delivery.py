@@ -965,12 +965,12 @@ _SETTLE = statement(
     logged AS (
         INSERT INTO outbox_attempt
             (message_id, attempt, outcome, error, provider_message_id, claimed_at, duration_ms,
-             channel, recipient_fingerprints)
+             channel, recipient_fingerprints, tenant)
         SELECT id,
                attempts_after + CASE WHEN outcome IN ('deferred', 'not_started') THEN 1 ELSE 0 END,
                CASE WHEN status IN ('dead', 'expired') THEN status ELSE outcome END,
                CASE WHEN status = 'expired' THEN last_error ELSE error END,
-               provider_id, claimed_at, duration_ms, channel, recipient_fingerprints
+               provider_id, claimed_at, duration_ms, channel, recipient_fingerprints, tenant
         FROM settled
     )
     SELECT id, status, outcome FROM settled

@@ -75,7 +75,7 @@ _RECORD_FEEDBACK = statement(
         -- attempt went to (the fingerprints recorded with that attempt)
         SELECT i.ord, i.provider_id, i.outcome, i.error, i.fp,
                i.outcome || ':' || i.kind || ':' || encode(i.fp, 'hex') AS feedback_id,
-               m.id AS message_id, m.attempts, sent.recipient_fingerprints AS sent_to
+               m.id AS message_id, m.attempts, m.tenant, sent.recipient_fingerprints AS sent_to
         FROM input AS i
         JOIN outbox_message AS m
           ON m.provider_message_id = i.provider_id AND m.channel = 'email'
@@ -92,9 +92,9 @@ _RECORD_FEEDBACK = statement(
     logged AS (
         INSERT INTO outbox_attempt
             (message_id, attempt, outcome, error, provider_message_id, feedback_id, channel,
-             recipient_fingerprints)
+             recipient_fingerprints, tenant)
         SELECT message_id, attempts, outcome, error, provider_id, feedback_id, 'email',
-               ARRAY[fp]
+               ARRAY[fp], tenant
         FROM matched
         ORDER BY ord
         -- the same notice twice (a redelivery, a replay) is one row: the

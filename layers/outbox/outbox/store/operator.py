@@ -403,10 +403,11 @@ _RECIPIENT_HISTORY = statement(
     WITH hits AS MATERIALIZED (
         SELECT a.* FROM outbox_attempt AS a
         WHERE a.recipient_fingerprints && CAST(:fps AS bytea[])
+          AND (CAST(:tenant AS text) IS NULL OR a.tenant = CAST(:tenant AS text))
     )
     SELECT a.finished_at, a.channel, a.message_id, a.attempt, a.outcome, a.error,
            a.provider_message_id, a.claimed_at, a.duration_ms,
-           m.status AS message_status, m.dedupe_key
+           m.status AS message_status, m.dedupe_key, NULLIF(a.tenant, '') AS tenant
     FROM hits AS a
     LEFT JOIN outbox_message AS m ON m.id = a.message_id
     -- each fingerprint counts for the channel whose normalisation made it
@@ -420,12 +421,18 @@ _RECIPIENT_HISTORY = statement(
 
 
 def recipient_history(
-    conn: sa.Connection, address: str, channels: Sequence[str], limit: int = 50
+    conn: sa.Connection,
+    address: str,
+    channels: Sequence[str],
+    limit: int = 50,
+    *,
+    tenant: str | None = None,
 ) -> list[sa.Row[Any]]:
     """The attempts that went to ``address`` on the given channels, newest
-    first. The address is fingerprinted in the database with the installation's
-    key, as at enqueue; it is never stored. ``message_status`` and
-    ``dedupe_key`` are None once the message was pruned."""
+    first; with ``tenant``, that tenant's only ('' is no tenant's). The
+    address is fingerprinted in the database with the installation's key, as
+    at enqueue; it is never stored. ``message_status`` and ``dedupe_key`` are
+    None once the message was pruned (the attempt keeps its tenant)."""
     check_channels(channels)
     if not channels:
         raise ValueError("at least one channel is needed")
@@ -441,6 +448,7 @@ def recipient_history(
                 "channels": array_literal(w.channel for w in wanted),
                 "fps": array_literal("\\x" + w.fp for w in wanted),
                 "limit": limit,
+                "tenant": tenant,
             },
         ).all()
     )

@@ -1148,6 +1148,7 @@ CREATE TABLE public.outbox_attempt (
     channel text NOT NULL,
     recipient_fingerprints bytea[] DEFAULT '{}'::bytea[] NOT NULL,
     feedback_id text,
+    tenant text DEFAULT ''::text NOT NULL,
     CONSTRAINT outbox_attempt_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'retry'::text, 'failed'::text, 'dead'::text, 'suppressed'::text, 'deferred'::text, 'expired'::text, 'not_started'::text, 'bounced'::text, 'complained'::text, 'transient_bounce'::text, 'delivery_confirmed'::text])))
 );
 

@@ -133,15 +133,16 @@ _REAP = statement(
         FROM decided AS d
         WHERE m.id = d.id
         RETURNING m.id, m.status, m.attempts, m.claimed_at, m.last_error, d.started, m.channel,
-                  m.recipient_fingerprints
+                  m.recipient_fingerprints, m.tenant
     ),
     logged AS (
         INSERT INTO outbox_attempt
-            (message_id, attempt, outcome, error, claimed_at, channel, recipient_fingerprints)
+            (message_id, attempt, outcome, error, claimed_at, channel, recipient_fingerprints,
+             tenant)
         SELECT id, attempts + CASE WHEN started THEN 0 ELSE 1 END,
                CASE WHEN status IN ('dead', 'expired') THEN status
                     WHEN started THEN 'expired' ELSE 'not_started' END,
-               last_error, claimed_at, channel, recipient_fingerprints
+               last_error, claimed_at, channel, recipient_fingerprints, tenant
         FROM released
     )
     SELECT id, status, started FROM released
@@ -190,12 +191,12 @@ _EXPIRE_OVERDUE = statement(
                          || COALESCE('; last error: ' || m.last_error, '')
         WHERE m.id IN (SELECT id FROM own UNION ALL SELECT id FROM by_default)
           AND m.status = 'pending'
-        RETURNING m.id, m.attempts, m.last_error, m.channel, m.recipient_fingerprints
+        RETURNING m.id, m.attempts, m.last_error, m.channel, m.recipient_fingerprints, m.tenant
     ),
     logged AS (
         INSERT INTO outbox_attempt
-            (message_id, attempt, outcome, error, channel, recipient_fingerprints)
-        SELECT id, attempts + 1, 'expired', last_error, channel, recipient_fingerprints
+            (message_id, attempt, outcome, error, channel, recipient_fingerprints, tenant)
+        SELECT id, attempts + 1, 'expired', last_error, channel, recipient_fingerprints, tenant
         FROM expired
     )
     SELECT id FROM expired
