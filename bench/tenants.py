@@ -10,6 +10,11 @@ tenants: ``python -m bench.tenants`` (``--quick`` for a smoke run).
   idle relay, and a's drain rate against a's drain alone. The control cell
   gives b's messages to ``a`` itself: what every message of another
   customer waited before tenants (the whole backlog ahead of it).
+* **noisy neighbour under Lambda's limits** (``--simulated``): the same
+  through the Lambda simulator (tests/reliability/lambda_sim.py), the real
+  dispatcher, senders and reaper with the channel function at
+  ``--concurrency`` reserved environments and calls of ``--latency-ms``;
+  cells: b on an idle relay, a alone, a with b.
 * **many tenants.** The same drain of ``--rows`` due rows, held by one
   tenant and by ``--tenants`` tenants (their rows interleaved): the drain
   rate's ratio, each cell on a fresh database.
@@ -20,7 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -28,6 +35,7 @@ import sqlalchemy as sa
 from . import common
 
 BATCH = 100
+_TESTS = Path(__file__).resolve().parents[1] / "tests"  # the Lambda simulator
 
 
 def _database(admin: sa.Engine, name: str) -> tuple[str, sa.Engine]:
@@ -136,6 +144,135 @@ def _drain_rate(engine: sa.Engine, rows: int, tenants: int) -> float:
     return drained / (time.perf_counter() - started)
 
 
+def _simulated_cell(
+    url: str, backlog: int, b_messages: int, latency_ms: int, concurrency: int
+) -> dict[str, Any]:
+    """The noisy neighbour through the Lambda simulator (the real dispatcher,
+    senders and reaper; the channel function at ``concurrency`` reserved
+    environments, each sending ``send_concurrency`` calls of ``latency_ms``):
+    tenant a's ``backlog`` due, tenant b's ``b_messages`` enqueued one by one,
+    spread over the time a's backlog takes at the ideal rate. b's latency is
+    ``settled_at - created_at``; a's rate is its rows over the time from the
+    start (the database's clock) to its last row settled."""
+    import threading
+
+    if str(_TESTS) not in sys.path:
+        sys.path.insert(0, str(_TESTS))
+    from reliability import lambda_sim
+    from reliability.lambda_sim import Faults
+
+    import outbox
+    from outbox.relay_settings import RelaySettings
+
+    engine = common.engine_for(url, pool_size=concurrency + 6)
+    try:
+        defaults = RelaySettings()
+        settings = lambda_sim.sim_settings(
+            handoff_chunk_size=defaults.handoff_chunk_size,
+            send_concurrency=defaults.send_concurrency,
+        )
+        # The simulator registers its channel when it starts; the rows are
+        # enqueued before, through the same registration.
+        from outbox import channels
+
+        channels.register(lambda_sim.CHANNEL, lambda: lambda_sim.SimProvider(Faults(), 0))
+        bound = concurrency * settings.send_concurrency / (latency_ms / 1000)
+        span = max(backlog / bound, 2.0)  # a's drain at the ideal rate
+        ids = lambda_sim.enqueue(engine, backlog) if backlog else []
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE outbox_message SET tenant = 'a'"))
+            # Keeps the run going until b's last message is enqueued (the
+            # simulator stops once every row it knows is final).
+            ids.append(
+                outbox.enqueue(conn, lambda_sim.CHANNEL, {"n": -1}, delay=span + 1, tenant="z")
+            )
+        with engine.connect() as conn:
+            conn.execute(sa.text("VACUUM ANALYZE outbox_message_live"))
+            conn.commit()
+        b_ids: list[int] = []
+        started: list[Any] = []
+
+        def on_start(_sim: Any) -> None:
+            with engine.connect() as conn:
+                started.append(conn.execute(sa.text("SELECT clock_timestamp()")).scalar_one())
+
+            def produce() -> None:
+                for _ in range(b_messages):
+                    time.sleep(span / (b_messages + 1))
+                    with engine.begin() as conn:
+                        b = outbox.enqueue(conn, lambda_sim.CHANNEL, {"n": -2}, tenant="b")
+                    b_ids.append(b)
+                    ids.append(b)
+
+            threading.Thread(target=produce, daemon=True).start()
+
+        report = lambda_sim.run(
+            engine,
+            settings,
+            Faults(),
+            ids=ids,
+            concurrency=concurrency,
+            latency_seconds=latency_ms / 1000,
+            timeout_seconds=span * 6 + 60,
+            on_start=on_start,
+        )
+        with engine.connect() as conn:
+            a_done, a_seconds = conn.execute(
+                sa.text(
+                    "SELECT count(*), EXTRACT(EPOCH FROM max(settled_at) - :started)::float8 "
+                    "FROM outbox_message WHERE tenant = 'a' AND status = 'delivered'"
+                ),
+                {"started": started[0]},
+            ).one()
+        times = sorted(_latencies(engine, b_ids))
+    finally:
+        engine.dispose()
+    return {
+        "a_rows_per_s": a_done / a_seconds if backlog and a_seconds else None,
+        "a_of_ideal": a_done / a_seconds / bound if backlog and a_seconds else None,
+        "b_p50_ms": common.percentile(times, 50) * 1000 if times else None,
+        "b_p99_ms": common.percentile(times, 99) * 1000 if times else None,
+        "b_delivered": len(times),
+        "lost": len(report.lost),
+        "dropped_for_age": len(report.record.dropped_for_age),
+    }
+
+
+def run_simulated(
+    backlog: int, b_messages: int, latency_ms: int, concurrency: int
+) -> dict[str, Any]:
+    """The noisy neighbour under Lambda's limits: idle, a alone, a with b."""
+    admin = sa.create_engine(common.server_url(), isolation_level="AUTOCOMMIT")
+    names: list[str] = []
+    result: dict[str, Any] = {
+        "backlog": backlog,
+        "b_messages": b_messages,
+        "latency_ms": latency_ms,
+        "reserved_concurrency": concurrency,
+    }
+    try:
+        for label, a_rows, b_rows in (
+            ("idle", 0, b_messages),
+            ("alone", backlog, 0),
+            ("two_tenants", backlog, b_messages),
+        ):
+            name = f"bench_tenants_sim_{os.getpid()}_{label}"
+            names.append(name)
+            url, engine = _database(admin, name)
+            engine.dispose()
+            result[label] = _simulated_cell(url, a_rows, b_rows, latency_ms, concurrency)
+        result["b_p99_vs_idle"] = result["two_tenants"]["b_p99_ms"] / result["idle"]["b_p99_ms"]
+        result["a_rate_vs_alone"] = (
+            result["two_tenants"]["a_rows_per_s"] / result["alone"]["a_rows_per_s"]
+        )
+        return result
+    finally:
+        with admin.connect() as conn:
+            for name in names:
+                conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name}"))
+        admin.dispose()
+
+
 def run(backlog: int, b_messages: int, rows: int, tenants: int) -> dict[str, Any]:
     common.register_channel()
     admin = sa.create_engine(common.server_url(), isolation_level="AUTOCOMMIT")
@@ -188,11 +325,24 @@ def main() -> None:
     parser.add_argument("--b-messages", type=int, default=10)
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--tenants", type=int, default=1000)
+    parser.add_argument(
+        "--simulated",
+        action="store_true",
+        help="the noisy neighbour through the Lambda simulator instead",
+    )
+    parser.add_argument("--latency-ms", type=int, default=50, help="(--simulated) a call's time")
+    parser.add_argument(
+        "--concurrency", type=int, default=10, help="(--simulated) reserved environments"
+    )
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run")
     args = parser.parse_args()
     if args.quick:
         args.backlog, args.rows, args.tenants = 3000, 2000, 50
-    print(json.dumps(run(args.backlog, args.b_messages, args.rows, args.tenants), indent=1))
+    if args.simulated:
+        result = run_simulated(args.backlog, args.b_messages, args.latency_ms, args.concurrency)
+    else:
+        result = run(args.backlog, args.b_messages, args.rows, args.tenants)
+    print(json.dumps(result, indent=1, default=str))
 
 
 if __name__ == "__main__":
