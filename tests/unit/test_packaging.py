@@ -192,8 +192,22 @@ def test_each_missing_extra_hint_names_the_extra_that_brings_the_module() -> Non
 def test_dev_tools_are_a_dependency_group_not_an_extra() -> None:
     project = pyproject()
     assert set(project["project"]["optional-dependencies"]) == {"cli", "lambda", "worker", "local"}
-    dev = {Requirement(r).name for r in project["dependency-groups"]["dev"]}
-    assert {"pytest", "mypy", "ruff", "cfn-lint-serverless"} <= dev
+    groups = project["dependency-groups"]
+
+    def group(name: str) -> set[str]:
+        """A group's requirements, its included groups' too (PEP 735)."""
+        names: set[str] = set()
+        for item in groups[name]:
+            names |= (
+                group(item["include-group"]) if isinstance(item, dict) else {Requirement(item).name}
+            )
+        return names
+
+    dev = group("dev")
+    assert {"pytest", "mypy", "ruff", "cfn-lint-serverless", "mkdocs", "build"} <= dev
+    # `make docs` and `make wheel` need only their own small groups.
+    assert group("docs") == {"mkdocs", "mkdocs-material", "mkdocs-click", "pymdown-extensions"}
+    assert group("build") == {"build", "setuptools"}
     # The extras a user installs never pull a development tool.
     published = set().union(*(extra_requirements(e) for e in ("cli", "lambda", "worker", "local")))
     assert not published & {"pytest", "mypy", "ruff", "hypothesis", "pgqueuer", "checkov"}
