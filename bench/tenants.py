@@ -145,7 +145,12 @@ def _drain_rate(engine: sa.Engine, rows: int, tenants: int) -> float:
 
 
 def _simulated_cell(
-    url: str, backlog: int, b_messages: int, latency_ms: int, concurrency: int
+    url: str,
+    backlog: int,
+    b_messages: int,
+    latency_ms: int,
+    concurrency: int,
+    max_in_flight: int | None = None,
 ) -> dict[str, Any]:
     """The noisy neighbour through the Lambda simulator (the real dispatcher,
     senders and reaper; the channel function at ``concurrency`` reserved
@@ -170,6 +175,10 @@ def _simulated_cell(
         settings = lambda_sim.sim_settings(
             handoff_chunk_size=defaults.handoff_chunk_size,
             send_concurrency=defaults.send_concurrency,
+            channel_concurrency={lambda_sim.CHANNEL: concurrency},
+            channel_max_in_flight={}
+            if max_in_flight is None
+            else {lambda_sim.CHANNEL: max_in_flight},
         )
         # The simulator registers its channel when it starts; the rows are
         # enqueued before, through the same registration.
@@ -239,7 +248,11 @@ def _simulated_cell(
 
 
 def run_simulated(
-    backlog: int, b_messages: int, latency_ms: int, concurrency: int
+    backlog: int,
+    b_messages: int,
+    latency_ms: int,
+    concurrency: int,
+    max_in_flight: int | None = None,
 ) -> dict[str, Any]:
     """The noisy neighbour under Lambda's limits: idle, a alone, a with b."""
     admin = sa.create_engine(common.server_url(), isolation_level="AUTOCOMMIT")
@@ -249,6 +262,7 @@ def run_simulated(
         "b_messages": b_messages,
         "latency_ms": latency_ms,
         "reserved_concurrency": concurrency,
+        "max_in_flight": max_in_flight,
     }
     try:
         for label, a_rows, b_rows in (
@@ -260,7 +274,9 @@ def run_simulated(
             names.append(name)
             url, engine = _database(admin, name)
             engine.dispose()
-            result[label] = _simulated_cell(url, a_rows, b_rows, latency_ms, concurrency)
+            result[label] = _simulated_cell(
+                url, a_rows, b_rows, latency_ms, concurrency, max_in_flight
+            )
         result["b_p99_vs_idle"] = result["two_tenants"]["b_p99_ms"] / result["idle"]["b_p99_ms"]
         result["a_rate_vs_alone"] = (
             result["two_tenants"]["a_rows_per_s"] / result["alone"]["a_rows_per_s"]
@@ -334,12 +350,17 @@ def main() -> None:
     parser.add_argument(
         "--concurrency", type=int, default=10, help="(--simulated) reserved environments"
     )
+    parser.add_argument(
+        "--max-in-flight", type=int, default=None, help="(--simulated) CHANNEL_MAX_IN_FLIGHT"
+    )
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke run")
     args = parser.parse_args()
     if args.quick:
         args.backlog, args.rows, args.tenants = 3000, 2000, 50
     if args.simulated:
-        result = run_simulated(args.backlog, args.b_messages, args.latency_ms, args.concurrency)
+        result = run_simulated(
+            args.backlog, args.b_messages, args.latency_ms, args.concurrency, args.max_in_flight
+        )
     else:
         result = run(args.backlog, args.b_messages, args.rows, args.tenants)
     print(json.dumps(result, indent=1, default=str))
