@@ -22,24 +22,32 @@ import sqlalchemy as sa
 _TESTS = Path(__file__).resolve().parents[1] / "tests"
 
 
-def run(url: str, rows: int, latency_ms: int, concurrency: int = 10) -> dict[str, Any]:
+def simulator(**overrides: Any) -> tuple[Any, Any]:
+    """The Lambda simulator's module, and its settings: the simulator's time
+    scale with the production chunk and send concurrency (and ``overrides``)."""
     if str(_TESTS) not in sys.path:
         sys.path.insert(0, str(_TESTS))
     from reliability import lambda_sim
-    from reliability.lambda_sim import Faults
 
     from outbox.relay_settings import RelaySettings
 
+    defaults = RelaySettings()
+    settings = lambda_sim.sim_settings(
+        handoff_chunk_size=defaults.handoff_chunk_size,
+        send_concurrency=defaults.send_concurrency,
+        **overrides,
+    )
+    return lambda_sim, settings
+
+
+def run(url: str, rows: int, latency_ms: int, concurrency: int = 10) -> dict[str, Any]:
     from . import common
+
+    lambda_sim, settings = simulator()
+    from reliability.lambda_sim import Faults
 
     engine = common.engine_for(url, pool_size=concurrency + 4)
     try:
-        # The simulator's time scale, the production chunk and send concurrency.
-        defaults = RelaySettings()
-        settings = lambda_sim.sim_settings(
-            handoff_chunk_size=defaults.handoff_chunk_size,
-            send_concurrency=defaults.send_concurrency,
-        )
         report = lambda_sim.run(
             engine,
             settings,

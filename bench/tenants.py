@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -35,7 +33,6 @@ import sqlalchemy as sa
 from . import common
 
 BATCH = 100
-_TESTS = Path(__file__).resolve().parents[1] / "tests"  # the Lambda simulator
 
 
 def _database(admin: sa.Engine, name: str) -> tuple[str, sa.Engine]:
@@ -161,25 +158,18 @@ def _simulated_cell(
     start (the database's clock) to its last row settled."""
     import threading
 
-    if str(_TESTS) not in sys.path:
-        sys.path.insert(0, str(_TESTS))
-    from reliability import lambda_sim
-    from reliability.lambda_sim import Faults
-
     import outbox
-    from outbox.relay_settings import RelaySettings
+
+    from .drain import simulator
+
+    lambda_sim, settings = simulator(
+        channel_concurrency={"sim": concurrency},  # (lambda_sim.CHANNEL)
+        channel_max_in_flight={} if max_in_flight is None else {"sim": max_in_flight},
+    )
+    from reliability.lambda_sim import Faults
 
     engine = common.engine_for(url, pool_size=concurrency + 6)
     try:
-        defaults = RelaySettings()
-        settings = lambda_sim.sim_settings(
-            handoff_chunk_size=defaults.handoff_chunk_size,
-            send_concurrency=defaults.send_concurrency,
-            channel_concurrency={lambda_sim.CHANNEL: concurrency},
-            channel_max_in_flight={}
-            if max_in_flight is None
-            else {lambda_sim.CHANNEL: max_in_flight},
-        )
         # The simulator registers its channel when it starts; the rows are
         # enqueued before, through the same registration.
         from outbox import channels
