@@ -27,9 +27,6 @@ ACCOUNT = "123456789012"
 PARTITION = "aws"
 STACK = "local"  # outbox invoke's AWS::StackName
 NO_VALUE = object()
-# A role's statements that no code path of the relay exercises, with why.
-# AWSLambdaBasicExecutionRole (logs) is the Lambda service's, not the code's.
-BASIC_EXECUTION = "arn:aws:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
 
 
 # --- the translated template, resolved --------------------------------------

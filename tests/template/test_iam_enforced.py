@@ -91,7 +91,6 @@ class Stack:
     env_file: Path
     credentials: dict[str, dict[str, str]] = field(default_factory=dict)
     arn: dict[str, str] = field(default_factory=dict)  # what the harness made, by name
-    last_stderr: str = ""
 
     def client(self, service: str) -> Any:
         import boto3
@@ -303,7 +302,7 @@ def deploy(world: Stack, database_url: str, port: int, ca_file: Path, invoke: An
 
 
 @dataclass(frozen=True)
-class Path_:
+class Route:
     """A function's run: what is due first, its arguments, and what it must have done."""
 
     name: str
@@ -391,45 +390,45 @@ def _reaper(world: Stack) -> list[str]:
 
 
 PATHS = [
-    Path_(
+    Route(
         "migrate",
         "MigrateFunction",
         lambda w: ["events/migrate-invoke.json"],
         lambda w, r: bool(r.get("revision")),
     ),
-    Path_(
+    Route(
         "hand-off and successor",
         "DispatcherFunction",
         _hand_off,
         lambda w, r: r.get("handed_off") == 1 and r.get("successor") is True,
     ),
-    Path_("wake schedule and reaper", "DispatcherFunction", _later, _schedule_moved),
-    Path_(
+    Route("wake schedule and reaper", "DispatcherFunction", _later, _schedule_moved),
+    Route(
         "outcome events",
         "ReaperFunction",
         _reaper,
         lambda w, r: r.get("outcome_events", {}).get("published") == 1,
     ),
-    Path_(
+    Route(
         "feedback",
         "FeedbackFunction",
         lambda w: ["events/feedback-bounce.json"],
         lambda w, r: r.get("unmatched") == 1,
     ),
-    Path_("email", "EmailFunction", _channel("email", lambda w: EMAIL), _delivered),
-    Path_(
+    Route("email", "EmailFunction", _channel("email", lambda w: EMAIL), _delivered),
+    Route(
         "sms",
         "SmsFunction",
         _channel("sms", lambda w: {"to": "+15555550100", "message": "Your code is 1234"}),
         _delivered,
     ),
-    Path_(
+    Route(
         "push",
         "PushFunction",
         _channel("push", lambda w: {"endpoint_arn": w.push_endpoint, "body": "Shipped"}),
         _delivered,
     ),
-    Path_(
+    Route(
         "webhook",
         "WebhookFunction",
         _channel(
@@ -438,7 +437,7 @@ PATHS = [
         ),
         _delivered,
     ),
-    Path_(
+    Route(
         "eventbridge",
         "EventBridgeFunction",
         _channel(
@@ -447,7 +446,7 @@ PATHS = [
         ),
         _delivered,
     ),
-    Path_(
+    Route(
         "sqs",
         "SqsFunction",
         _channel(
@@ -464,7 +463,7 @@ PATHS = [
 
 @dataclass
 class Run:
-    path: Path_
+    path: Route
     ok: bool
     result: dict[str, Any]
     refusals: list[Any]
@@ -472,7 +471,7 @@ class Run:
     stdout: str
 
 
-def run(world: Stack, path: Path_) -> Run:
+def run(world: Stack, path: Route) -> Run:
     """The path from empty tables, its function's calls checked against its role."""
     _clear(world)
     args = path.prepare(world)
@@ -483,7 +482,6 @@ def run(world: Stack, path: Path_) -> Run:
         process = world.invoke(path.function, *args)
     finally:
         world.authorizer.enforcing = False
-    world.last_stderr = process.stderr
     try:
         result = json.loads(process.stdout) if process.returncode == 0 else {}
     except ValueError:
