@@ -167,6 +167,50 @@ def test_a_role_bound_to_a_tenant_writes_that_tenant_and_no_other(
         conn.execute(sa.text("DELETE FROM outbox_tenant_role"))  # producers get the door only
 
 
+def test_a_bound_producer_cannot_learn_whether_another_tenants_keys_or_secrets_exist(
+    engine: sa.Engine, producer_login: tuple[str, sa.Engine]
+) -> None:
+    """beta's dedupe key, cooldown key and ordering key are invisible to a
+    producer bound to acme: the same answer as for a key nobody uses (a new
+    message, nothing conflicts, waits or is held); beta's secret is refused in
+    the very words of a secret that does not exist."""
+    role, login = producer_login
+    with engine.begin() as conn:
+        store.bind_role(conn, role, "acme")
+        store.map_secret(conn, "beta-key", "beta")
+        theirs = outbox.enqueue(
+            conn, "email", {**EMAIL, "subject": "beta's"}, dedupe_key="order-7", tenant="beta",
+            ordering_key="customer-1", cooldown=timedelta(days=1), cooldown_key="digest",
+        )  # fmt: skip
+        theirs_8 = outbox.enqueue(
+            conn, "email", {**EMAIL, "subject": "beta's"}, dedupe_key="order-8", tenant="beta"
+        )
+    with login.begin() as conn:
+        mine = outbox.enqueue(
+            conn, "email", EMAIL, dedupe_key="order-7", ordering_key="customer-1",
+            cooldown=timedelta(days=1), cooldown_key="digest",
+        )  # fmt: skip
+        by_sql = conn.execute(
+            sa.text("SELECT outbox_enqueue('email', CAST(:p AS jsonb), dedupe_key => 'order-8')"),
+            {"p": json.dumps(EMAIL)},
+        ).scalar_one()
+    assert tenants_of(engine) == {theirs: "beta", theirs_8: "beta", mine: "acme", by_sql: "acme"}
+
+    def refusal(secret_id: str) -> str:
+        with pytest.raises(ValidationError) as error, login.begin() as conn:
+            outbox.enqueue(conn, "webhook", signed(secret_id))
+        with pytest.raises(sa.exc.DBAPIError) as sql_error, login.begin() as conn:
+            conn.execute(
+                sa.text("SELECT outbox_enqueue('webhook', CAST(:p AS jsonb))"),
+                {"p": json.dumps(signed(secret_id))},
+            )
+        return f"{error.value} | {str(sql_error.value.orig).replace(secret_id, '?')}"
+
+    assert refusal("beta-key") == refusal("no-such-key")
+    # Claimed in one batch: neither's ordering or cooldown key holds the other.
+    assert {c.id for c in claim(engine)} == {theirs, theirs_8, mine, by_sql}
+
+
 def test_a_message_may_name_only_its_own_tenants_signing_secret(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         store.map_secret(conn, "acme-key", "acme")
