@@ -12,7 +12,7 @@ wake-up claims and, if it claimed, sends through the real sender. The
 figures: the calls the receiver got and the dispatcher's runs in the first
 hour, against the safety net's own runs, and how the message ended.
 
-Before 0.4.0 (issue 31): about one request a second for ever (39 in 40 s),
+Before the fix (issue 31, found on 0.3.x): about one request a second for ever (39 in 40 s),
 never ``dead``, and a sleeping dispatcher that ran its whole budget and
 started its successor again and again (25 hand-offs in 25 s).
 """
