@@ -31,7 +31,7 @@ from . import common
 HOUR = 3600.0
 
 
-def _jump(conn: sa.Connection, seconds: float) -> None:
+def jump(conn: sa.Connection, seconds: float) -> None:
     """Every time the relay reads moves ``seconds`` into the past."""
     shift = {"s": seconds}
     conn.execute(
@@ -100,7 +100,7 @@ def run(url: str, safety_net_minutes: float, max_hours: float) -> dict[str, Any]
                 step = to_net if step is None else min(max(step, 0.0) + 0.01, to_net)
                 if runs_first_hour is None and simulated + step > HOUR:
                     runs_first_hour, calls_first_hour = wakeups, Refusing.calls
-                _jump(conn, step)
+                jump(conn, step)
             simulated += step
         with engine.connect() as conn:
             row = conn.execute(

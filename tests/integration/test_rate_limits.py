@@ -909,24 +909,10 @@ class AlwaysRefusing(DestinationChannel):
 
 def jump(engine: sa.Engine, seconds: float) -> None:
     """Simulated time: every time the relay reads moves ``seconds`` into the past."""
+    from bench.refusing import jump as shift
+
     with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "UPDATE outbox_destination SET"
-                " paused_until = paused_until - make_interval(secs => :s),"
-                " rate_at = rate_at - make_interval(secs => :s),"
-                " tokens_at = tokens_at - make_interval(secs => :s),"
-                " minute_start = minute_start - make_interval(secs => :s)"
-            ),
-            {"s": seconds},
-        )
-        conn.execute(
-            sa.text(
-                "UPDATE outbox_message SET available_at = available_at - make_interval(secs => :s),"
-                " expires_at = expires_at - make_interval(secs => :s)"
-            ),
-            {"s": seconds},
-        )
+        shift(conn, seconds)
 
 
 def test_a_receiver_that_always_refuses_backs_off_and_ends_dead(engine: sa.Engine) -> None:
