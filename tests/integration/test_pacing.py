@@ -94,6 +94,89 @@ def test_rows_due_but_not_claimable_do_not_wake_the_dispatcher_in_a_loop(
     assert wake.earliest is None
 
 
+def _paused(conn: sa.Connection, seconds: float) -> None:
+    """Every destination of the email rows paused ``seconds`` from now."""
+    conn.execute(
+        sa.text(
+            "INSERT INTO outbox_destination (channel, destination, paused_until) "
+            "SELECT DISTINCT channel, destination, now() + make_interval(secs => :s) "
+            "FROM outbox_message"
+        ),
+        {"s": seconds},
+    )
+
+
+def test_a_pause_ending_before_its_rows_come_due_is_no_wake_up(engine: sa.Engine) -> None:
+    """A paused destination whose only row backs off past the pause's end: at
+    the pause's end nothing can be claimed, so the wake-up is the row's time."""
+    with engine.begin() as conn:
+        (row,) = enqueue(conn, delay=900)
+        _paused(conn, 300)
+        conn.execute(sa.text("DELETE FROM outbox_outcome_event"))
+        wake = store.next_wake(conn)
+        available_at = conn.execute(
+            sa.text("SELECT available_at FROM outbox_message WHERE id = :id"), {"id": row}
+        ).scalar_one()
+    assert wake.earliest == available_at
+
+
+def test_a_row_retried_while_its_destination_is_paused_waits_for_the_pause(
+    engine: sa.Engine,
+) -> None:
+    """A retry's backoff ending inside its destination's pause would wake the
+    dispatcher for nothing: the row's wake-up is when the pause ends."""
+    with engine.begin() as conn:
+        enqueue(conn)
+        (claim,) = store.claim(conn, 10, 60)
+        _paused(conn, 600)
+        store.settle(
+            conn,
+            [store.Settlement(claim.id, claim.claim_token, "retry", "HTTP 503", None, None, 1)],
+            store.Backoff(base_seconds=5, cap_seconds=60, default_max_attempts=8),
+        )
+        conn.execute(sa.text("DELETE FROM outbox_outcome_event"))
+        wake = store.next_wake(conn)
+        paused_until, available_at = conn.execute(
+            sa.text(
+                "SELECT d.paused_until, m.available_at FROM outbox_message AS m "
+                "JOIN outbox_destination AS d USING (channel, destination)"
+            )
+        ).one()
+    assert available_at < paused_until  # (an operator's resume makes it due at once)
+    assert wake.earliest == paused_until
+
+
+def test_rows_behind_a_pause_never_make_the_wake_up_late(engine: sa.Engine) -> None:
+    """A row of a destination not paused, coming due after rows that wait for
+    a pause: it wakes the dispatcher at its own time; past the rows the
+    statement looks at (store.pacing.LOOKAHEAD), a row's own time is the
+    bound (early, never late)."""
+    with engine.begin() as conn:
+        behind = enqueue(conn, store.pacing.LOOKAHEAD + 1, delay=100)
+        _paused(conn, 600)
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_message SET available_at = available_at + make_interval(secs => id)"
+            )
+        )
+        (free,) = outbox_webhook(conn, delay=300)
+        conn.execute(sa.text("DELETE FROM outbox_outcome_event"))
+        times = dict(conn.execute(sa.text("SELECT id, available_at FROM outbox_message")).all())
+        wake = store.next_wake(conn)
+        # the last of them is past the lookahead: its own time, though paused
+        assert wake.earliest == times[behind[-1]] < times[free]
+        conn.execute(sa.text("DELETE FROM outbox_message WHERE id = :id"), {"id": behind[-1]})
+        wake = store.next_wake(conn)
+    assert wake.earliest == times[free]
+
+
+def outbox_webhook(conn: sa.Connection, delay: float) -> list[int]:
+    import outbox
+
+    hook = {"url": "https://free.example/h", "event_type": "t", "body": {}}
+    return [outbox.enqueue(conn, "webhook", hook, delay=delay)]
+
+
 def test_the_next_wake_reads_indexes_not_the_table(engine: sa.Engine) -> None:
     """A large delayed backlog (50,000 rows due tomorrow) must not be read
     whole at the end of every run: the plan walks the indexes."""

@@ -779,11 +779,25 @@ def test_a_limited_destination_behind_a_long_backlog_still_gets_its_share(
 
 
 def test_next_resume_is_when_a_pause_ends_or_a_token_comes(engine: sa.Engine) -> None:
-    """What a relay that sleeps until its next event must wake for."""
+    """What a relay that sleeps until its next event must wake for: the end
+    of a pause or an empty bucket's next token, of a destination or channel
+    with rows due by then."""
     with engine.begin() as conn:
         assert store.next_resume(conn) is None
         store.record_throttling(conn, "webhook", {"a.example": store.Throttled(30, 1, 10)})
         store.record_throttling(conn, "email", {}, ("quota: daily", 10))
+        store.set_limit(conn, "webhook", "b.example", 2, 1)
+        conn.execute(
+            sa.text(
+                "UPDATE outbox_destination SET tokens = 0, tokens_at = now()"
+                " WHERE destination = 'b.example'"
+            )
+        )
+        assert store.next_resume(conn) is None  # nothing waits for any of them
+    enqueue_hooks(engine, "a.example", 1)
+    enqueue(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM outbox_destination WHERE destination = 'b.example'"))
         seconds = conn.execute(
             sa.text("SELECT EXTRACT(EPOCH FROM CAST(:t AS timestamptz) - now())"),
             {"t": store.next_resume(conn)},
@@ -792,6 +806,10 @@ def test_next_resume_is_when_a_pause_ends_or_a_token_comes(engine: sa.Engine) ->
         conn.execute(sa.text("DELETE FROM outbox_channel_pause"))
         conn.execute(sa.text("DELETE FROM outbox_destination"))
         store.set_limit(conn, "webhook", "b.example", 2, 1)
+        conn.execute(sa.text("UPDATE outbox_destination SET tokens = 0, tokens_at = now()"))
+        assert store.next_resume(conn) is None  # no row of b.example yet
+    enqueue_hooks(engine, "b.example", 1)
+    with engine.begin() as conn:
         conn.execute(sa.text("UPDATE outbox_destination SET tokens = 0, tokens_at = now()"))
         seconds = conn.execute(
             sa.text("SELECT EXTRACT(EPOCH FROM CAST(:t AS timestamptz) - now())"),
@@ -921,28 +939,25 @@ def test_a_receiver_that_always_refuses_backs_off_and_ends_dead(engine: sa.Engin
     request a second for ever, never dead."""
     channel = install_channel(AlwaysRefusing())
     (message_id,) = enqueue(engine, 1, "scripted")
-    simulated, calls_in_first_hour, steps = 0.0, None, 0
+    simulated, calls_in_first_hour, steps, idle_wakes = 0.0, None, 0, 0
     while simulated < 6 * 3600 and steps < 200:  # (before: a step a second)
         steps += 1
         claims = claim(engine)
         if claims:
             run_sender(engine, claims)
+        elif steps > 1:
+            idle_wakes += 1
         with engine.connect() as conn:
             status = conn.execute(
                 sa.text("SELECT status FROM outbox_message WHERE id = :id"), {"id": message_id}
             ).scalar_one()
             if status != "pending":
                 break
-            wake = conn.execute(
-                sa.text(
-                    # claimable once both its destination's pause ended and it is due
-                    "SELECT EXTRACT(EPOCH FROM GREATEST("
-                    "(SELECT min(paused_until) FROM outbox_destination),"
-                    "(SELECT available_at FROM outbox_message WHERE id = :id)) - now())"
-                ),
-                {"id": message_id},
-            ).scalar_one()
-        step = max(float(wake), 0.0) + 0.01
+            # the sleeping dispatcher's wake-up: claimable once both its
+            # destination's pause ended and it is due, not at either alone
+            wake = store.next_wake(conn)
+        assert wake.earliest is not None
+        step = max((wake.earliest - wake.now).total_seconds(), 0.0) + 0.01
         if calls_in_first_hour is None and simulated + step > 3600:
             calls_in_first_hour = channel.calls
         jump(engine, step)
@@ -963,6 +978,7 @@ def test_a_receiver_that_always_refuses_backs_off_and_ends_dead(engine: sa.Engin
         channel.calls,
     )
     assert row.status == "dead", (row, simulated, channel.calls)
+    assert idle_wakes == 0  # every wake-up the database named could claim the row
     assert row.attempts == settings().max_attempts
     print(
         f"simulated {simulated:.0f} s, {channel.calls} calls, {calls_in_first_hour} in the first hour"

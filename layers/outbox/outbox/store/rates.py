@@ -507,13 +507,33 @@ def forget_learned(conn: sa.Connection, channel: str, destination: str) -> bool:
 # For a relay that sleeps until its next event (docs/how-to/pacing.md): the
 # rows of a paused destination or channel, or of an empty bucket, are due but
 # not claimable, so their next chance is when the pause ends or a token comes.
+# Such a time counts only when a pending row of that destination or channel
+# is due by then (a pause that ends before its rows' backoff does is no
+# wake-up: the rows' own time is, in next_wake's next_due). A scalar subquery
+# ordered as the due index is (the first row, never the table), as
+# delivery._BUCKET_HAS_DUE is.
+def _due_by(key: str, at: str) -> str:
+    columns = {
+        "d": (
+            "m.channel, m.destination",
+            "m.channel = d.channel AND m.destination = d.destination",
+        ),
+        "cp": ("m.channel", "m.channel = cp.channel"),
+    }[key]
+    return f"""COALESCE((SELECT true FROM outbox_message AS m
+              WHERE {columns[1]} AND m.status = 'pending' AND m.available_at <= {at}
+              ORDER BY {columns[0]}, m.priority DESC, m.available_at, m.id LIMIT 1), false)"""
+
+
+_TOKEN_AT_SQL = f"now() + make_interval(secs => (1 - {TOKENS_NOW_SQL}) / {_REFILL_SQL})"
 NEXT_RESUME_SQL = f"""LEAST(
-        (SELECT min(paused_until) FROM outbox_destination WHERE paused_until > now()),
-        (SELECT min(paused_until) FROM outbox_channel_pause WHERE paused_until > now()),
-        (SELECT min(now() + make_interval(secs => (1 - {TOKENS_NOW_SQL}) / {_REFILL_SQL}))
-         FROM outbox_destination AS d
+        (SELECT min(d.paused_until) FROM outbox_destination AS d
+         WHERE d.paused_until > now() AND {_due_by("d", "d.paused_until")}),
+        (SELECT min(cp.paused_until) FROM outbox_channel_pause AS cp
+         WHERE cp.paused_until > now() AND {_due_by("cp", "cp.paused_until")}),
+        (SELECT min({_TOKEN_AT_SQL}) FROM outbox_destination AS d
          WHERE {BUCKETED_SQL} AND (d.paused_until IS NULL OR d.paused_until <= now())
-           AND {TOKENS_NOW_SQL} < 1))"""
+           AND {TOKENS_NOW_SQL} < 1 AND {_due_by("d", _TOKEN_AT_SQL)}))"""
 _NEXT_RESUME = statement(f"SELECT {NEXT_RESUME_SQL} AS next_resume")
 
 
