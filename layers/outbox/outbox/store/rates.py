@@ -507,33 +507,36 @@ def forget_learned(conn: sa.Connection, channel: str, destination: str) -> bool:
 # For a relay that sleeps until its next event (docs/how-to/pacing.md): the
 # rows of a paused destination or channel, or of an empty bucket, are due but
 # not claimable, so their next chance is when the pause ends or a token comes.
-# Such a time counts only when a pending row of that destination or channel
-# is due by then (a pause that ends before its rows' backoff does is no
-# wake-up: the rows' own time is, in next_wake's next_due). A scalar subquery
-# ordered as the due index is (the first row, never the table), as
-# delivery._BUCKET_HAS_DUE is.
-def _due_by(key: str, at: str) -> str:
-    columns = {
-        "d": (
-            "m.channel, m.destination",
-            "m.channel = d.channel AND m.destination = d.destination",
-        ),
-        "cp": ("m.channel", "m.channel = cp.channel"),
-    }[key]
+# Such a time counts only when a pending row of that destination (of the
+# channel, for a channel-wide limit '*') or channel is due by then: a pause
+# that ends before its rows' backoff does is no wake-up (the rows' own time
+# is, in next_wake's next_due). A scalar subquery ordered as a due index is
+# (its first row, never the table), as delivery._BUCKET_HAS_DUE is.
+def _row_due_by(at: str, channel: str, destination: str | None = None) -> str:
+    match, order = f"m.channel = {channel}", "m.channel"
+    if destination is not None:
+        match, order = f"{match} AND m.destination = {destination}", "m.channel, m.destination"
     return f"""COALESCE((SELECT true FROM outbox_message AS m
-              WHERE {columns[1]} AND m.status = 'pending' AND m.available_at <= {at}
-              ORDER BY {columns[0]}, m.priority DESC, m.available_at, m.id LIMIT 1), false)"""
+              WHERE {match} AND m.status = 'pending' AND m.available_at <= {at}
+              ORDER BY {order}, m.priority DESC, m.available_at, m.id LIMIT 1), false)"""
+
+
+def _destination_row_due_by(at: str) -> str:
+    return (
+        f"CASE WHEN d.destination = '*' THEN {_row_due_by(at, 'd.channel')} "
+        f"ELSE {_row_due_by(at, 'd.channel', 'd.destination')} END"
+    )
 
 
 _TOKEN_AT_SQL = f"now() + make_interval(secs => (1 - {TOKENS_NOW_SQL}) / {_REFILL_SQL})"
 NEXT_RESUME_SQL = f"""LEAST(
         (SELECT min(d.paused_until) FROM outbox_destination AS d
-         WHERE d.paused_until > now() AND {_due_by("d", "d.paused_until")}),
+         WHERE d.paused_until > now() AND {_destination_row_due_by("d.paused_until")}),
         (SELECT min(cp.paused_until) FROM outbox_channel_pause AS cp
-         WHERE cp.paused_until > now() AND {_due_by("cp", "cp.paused_until")}),
+         WHERE cp.paused_until > now() AND {_row_due_by("cp.paused_until", "cp.channel")}),
         (SELECT min({_TOKEN_AT_SQL}) FROM outbox_destination AS d
          WHERE {BUCKETED_SQL} AND (d.paused_until IS NULL OR d.paused_until <= now())
-           AND {TOKENS_NOW_SQL} < 1 AND {_due_by("d", _TOKEN_AT_SQL)}))"""
+           AND {TOKENS_NOW_SQL} < 1 AND {_destination_row_due_by(_TOKEN_AT_SQL)}))"""
 _NEXT_RESUME = statement(f"SELECT {NEXT_RESUME_SQL} AS next_resume")
 
 
