@@ -154,7 +154,7 @@ def engine(migrated_engine: sa.Engine) -> sa.Engine:
             sa.text(
                 "TRUNCATE outbox_attempt, outbox_message, outbox_outcome_event, outbox_dedupe, "
                 "outbox_channel_pause, outbox_destination, outbox_cooldown, outbox_tenant, "
-                "outbox_tenant_role, outbox_tenant_secret RESTART IDENTITY"
+                "outbox_tenant_role, outbox_tenant_secret, outbox_tenant_channel RESTART IDENTITY"
             )
         )
     return migrated_engine

@@ -693,9 +693,10 @@ def status(by: str, as_json: bool) -> None:
         groups = store.channel_status_counts(conn)
         backlog = store.backlog(conn)
         paused = store.paused_channels(conn)
+        tenant_paused = [t for t in store.tenant_channels(conn) if t.paused]
         destinations = store.destination_figures(conn)
         snapshot = store.oldest_snapshot(conn)
-    render_status(groups, backlog, STATUSES, as_json, paused, destinations, snapshot)
+    render_status(groups, backlog, STATUSES, as_json, paused, destinations, snapshot, tenant_paused)
 
 
 @cli.command("list")
@@ -1072,43 +1073,68 @@ def _pausable_channel(conn: sa.Connection, channel: str) -> str:
     return channel
 
 
+def _for_tenant(tenant: str | None) -> str:
+    """How a command's answer names the tenant it was for, if one."""
+    return "" if tenant is None else f" for tenant {inert(tenant)}"
+
+
 @cli.command()
 @database_url_option
 @click.argument("channel")
 @click.option("--reason", default=None, help="Why, shown by `outbox status`.")
+@_tenant_option("Only this tenant's messages of CHANNEL (nobody else's wait).")
 @json_option
-def pause(channel: str, reason: str | None, as_json: bool) -> None:
+def pause(channel: str, reason: str | None, tenant: str | None, as_json: bool) -> None:
     """Stop claiming CHANNEL's messages: they stay pending, no attempt counted.
 
     Batches a sender is already sending finish; claims handed off but not yet
-    taken by a sender go back pending, not started. Undo with `outbox resume`."""
+    taken by a sender go back pending, not started. Undo with `outbox resume`.
+    With --tenant, only that tenant's messages of CHANNEL wait (`outbox tenant
+    pause` holds all of a tenant's channels)."""
     from outbox import store
 
+    tenant = _tenant(tenant)
     with database() as engine, engine.begin() as conn:
-        newly = store.pause_channel(conn, _pausable_channel(conn, channel), reason)
+        channel = _pausable_channel(conn, channel)
+        try:
+            newly = (
+                store.pause_channel(conn, channel, reason)
+                if tenant is None
+                else store.pause_tenant_channel(conn, tenant, channel, reason)
+            )
+        except ValueError as exc:
+            fail(str(exc), 2)
     if as_json:
-        emit_json({"channel": channel, "paused": True, "changed": newly})
+        emit_json({"channel": channel, "tenant": tenant, "paused": True, "changed": newly})
     else:
-        click.echo(f"channel {channel} {'paused' if newly else 'was already paused'}")
+        said = "paused" if newly else "was already paused"
+        click.echo(f"channel {channel}{_for_tenant(tenant)} {said}")
 
 
 @cli.command()
 @database_url_option
 @click.argument("channel")
+@_tenant_option("Only this tenant's messages of CHANNEL (paused with `pause --tenant`).")
 @json_option
-def resume(channel: str, as_json: bool) -> None:
+def resume(channel: str, tenant: str | None, as_json: bool) -> None:
     """Claim CHANNEL's messages again."""
     from outbox import store
 
+    tenant = _tenant(tenant)
     with database() as engine, engine.begin() as conn:
         try:
-            was_paused = store.resume_channel(conn, channel)
+            was_paused = (
+                store.resume_channel(conn, channel)
+                if tenant is None
+                else store.resume_tenant_channel(conn, tenant, channel)
+            )
         except ValueError as exc:
             fail(str(exc), 2)
     if as_json:
-        emit_json({"channel": channel, "paused": False, "changed": was_paused})
+        emit_json({"channel": channel, "tenant": tenant, "paused": False, "changed": was_paused})
     else:
-        click.echo(f"channel {channel} {'resumed' if was_paused else 'was not paused'}")
+        said = "resumed" if was_paused else "was not paused"
+        click.echo(f"channel {inert(channel)}{_for_tenant(tenant)} {said}")
 
 
 # --- rate limits ---------------------------------------------------------------
@@ -1130,26 +1156,63 @@ def _destination_option(f: F) -> F:
     )(f)
 
 
+def _limit_tenant_option(f: F) -> F:
+    return _tenant_option(
+        "This tenant's messages of CHANNEL, all its destinations together (not with "
+        "--destination); everyone else's are not held by it."
+    )(f)
+
+
+def _tenant_or_destination(tenant: str | None, destination: str) -> str | None:
+    """The tenant of a limit command, checked; a limit is a tenant's or a
+    destination's, not both."""
+    if tenant is not None and destination:
+        fail(
+            "give --tenant or --destination, not both: a tenant's limit holds all its "
+            "destinations of the channel",
+            2,
+        )
+    return _tenant(tenant)
+
+
 @limit.command("set")
 @click.argument("channel")
 @_destination_option
+@_limit_tenant_option
 @click.option("--rate", type=float, required=True, help="Messages a second.")
 @click.option("--burst", type=float, default=None, help="Messages at once (default: a second's).")
 @json_option
 def limit_set(
-    channel: str, destination: str, rate: float, burst: float | None, as_json: bool
+    channel: str,
+    destination: str,
+    tenant: str | None,
+    rate: float,
+    burst: float | None,
+    as_json: bool,
 ) -> None:
-    """Hold CHANNEL (or one of its destinations) to RATE messages a second."""
+    """Hold CHANNEL (or one of its destinations, or a tenant's messages of it)
+    to RATE messages a second."""
     from outbox import store
 
+    tenant = _tenant_or_destination(tenant, destination)
     with database() as engine, engine.begin() as conn:
         _pausable_channel(conn, channel)
         try:
-            destination = store.check_destination(channel, destination)
-            rate, burst = store.set_limit(conn, channel, destination, rate, burst)
+            if tenant is not None:
+                rate, burst = store.set_tenant_limit(conn, tenant, channel, rate, burst)
+            else:
+                destination = store.check_destination(channel, destination)
+                rate, burst = store.set_limit(conn, channel, destination, rate, burst)
         except ValueError as exc:
             fail(str(exc), 2)
-    if as_json:
+    if tenant is not None:
+        if as_json:
+            emit_json({"channel": channel, "tenant": tenant, "rate": rate, "burst": burst})
+        else:
+            click.echo(
+                f"{inert(channel)}{_for_tenant(tenant)}: at most {rate:g}/s, {burst:g} at once"
+            )
+    elif as_json:
         emit_json({"channel": channel, "destination": destination, "rate": rate, "burst": burst})
     else:
         where = destination_label(destination)
@@ -1166,11 +1229,28 @@ def limit_set(
     "asked at full speed again. The reaper forgets that by itself 15 minutes after the "
     "last throttling answer.",
 )
+@_limit_tenant_option
 @json_option
-def limit_clear(channel: str, destination: str, learned: bool, as_json: bool) -> None:
-    """Remove CHANNEL's (or its destination's) limit."""
+def limit_clear(
+    channel: str, destination: str, learned: bool, tenant: str | None, as_json: bool
+) -> None:
+    """Remove CHANNEL's (or its destination's, or a tenant's) limit."""
     from outbox import store
 
+    tenant = _tenant_or_destination(tenant, destination)
+    if tenant is not None:
+        if learned:
+            fail("--learned is a destination's: a tenant's limit learns nothing", 2)
+        with database() as engine, engine.begin() as conn:
+            try:
+                cleared = store.clear_tenant_limit(conn, tenant, channel)
+            except ValueError as exc:
+                fail(str(exc), 2)
+        if as_json:
+            emit_json({"channel": channel, "tenant": tenant, "changed": cleared})
+        else:
+            click.echo("limit cleared" if cleared else "no limit was set")
+        return
     with database() as engine, engine.begin() as conn:
         try:
             destination = store.check_destination(channel, destination)
@@ -1203,7 +1283,8 @@ def limit_show(as_json: bool) -> None:
 
     with database() as engine, engine.connect() as conn:
         destinations = store.destination_figures(conn)
-    render_destinations(destinations, as_json)
+        tenants = [t for t in store.tenant_channels(conn) if t.limit_rate is not None]
+    render_destinations(destinations, as_json, tenants)
 
 
 # --- tenants -------------------------------------------------------------------
@@ -1233,8 +1314,11 @@ def tenant_show(tenant_name: str | None, as_json: bool) -> None:
     """What is set for each tenant (or TENANT): weight, pause, roles, secrets."""
     from outbox import store
 
+    name = _tenant(tenant_name)
     with database() as engine, engine.connect() as conn:
-        render_tenants(store.tenant_settings(conn, _tenant(tenant_name)), as_json)
+        render_tenants(
+            store.tenant_settings(conn, name), as_json, store.tenant_channels(conn, name)
+        )
 
 
 def _set_tenant(tenant_name: str, said: str, as_json: bool, **change: Any) -> None:

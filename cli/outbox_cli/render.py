@@ -184,6 +184,7 @@ def render_status(
     paused: Sequence[Any] = (),
     destinations: Sequence[Any] = (),
     snapshot: Any = None,
+    tenant_paused: Sequence[Any] = (),
 ) -> None:
     if as_json:
         emit_json(
@@ -214,6 +215,10 @@ def render_status(
                     }
                     for p in paused
                 ],
+                "paused_tenant_channels": [
+                    {"tenant": t.tenant, "channel": t.channel, "reason": t.reason}
+                    for t in tenant_paused
+                ],
                 "destinations": [destination_json(d) for d in destinations],
                 "oldest_snapshot": None
                 if snapshot is None
@@ -240,6 +245,13 @@ def render_status(
         )
         click.echo(
             f"channel {channel} is PAUSED since {since}{why}{until} outbox resume {channel})"
+        )
+    for t in tenant_paused:
+        why = f": {inert(t.reason)}" if t.reason else ""
+        channel, tenant = inert(t.channel), inert(t.tenant)
+        click.echo(
+            f"channel {channel} is PAUSED for tenant {tenant}{why} "
+            f"(outbox resume {channel} --tenant {tenant})"
         )
     if destinations:
         render_destinations(destinations, False)
@@ -292,14 +304,64 @@ def destination_json(d: Any) -> dict[str, Any]:
     }
 
 
-def render_destinations(destinations: Sequence[Any], as_json: bool) -> None:
+def tenant_channel_json(t: Any) -> dict[str, Any]:
+    """One tenant's channel (``store.TenantChannel``) as JSON."""
+    return {
+        "tenant": t.tenant,
+        "channel": t.channel,
+        "paused": t.paused,
+        "reason": t.reason,
+        "limit_per_second": t.limit_rate,
+        "limit_burst": t.limit_burst,
+        "tokens": None if t.tokens is None else round(t.tokens, 3),
+    }
+
+
+def render_tenant_channels(rows: Sequence[Any]) -> None:
+    """The tenants' channels paused or limited for them alone."""
+    table = _table(
+        "tenant",
+        "channel",
+        "paused",
+        "reason",
+        "limit/s",
+        "burst",
+        "tokens",
+        title="tenants' channels",
+    )
+    for t in rows:
+        add_row(
+            table,
+            t.tenant,
+            t.channel,
+            "yes" if t.paused else "",
+            t.reason or "",
+            "" if t.limit_rate is None else f"{t.limit_rate:g}",
+            "" if t.limit_burst is None else f"{t.limit_burst:g}",
+            "" if t.tokens is None else f"{t.tokens:.1f}",
+        )
+    console().print(table)
+
+
+def render_destinations(
+    destinations: Sequence[Any], as_json: bool, tenants: Sequence[Any] = ()
+) -> None:
     """The destinations with a limit or that asked the relay to slow down: the
-    limit, the rate it learned, how often they throttled, until when paused."""
+    limit, the rate it learned, how often they throttled, until when paused;
+    and the limits of tenants' channels (``tenants``)."""
     if as_json:
-        emit_json({"destinations": [destination_json(d) for d in destinations]})
+        emit_json(
+            {
+                "destinations": [destination_json(d) for d in destinations],
+                "tenants": [tenant_channel_json(t) for t in tenants],
+            }
+        )
         return
+    if tenants:
+        render_tenant_channels(tenants)
     if not destinations:
-        click.echo("no limits set, and no destination has throttled")
+        if not tenants:
+            click.echo("no limits set, and no destination has throttled")
         return
     table = _table(
         "channel",
@@ -483,13 +545,23 @@ def render_worker_report(report: Mapping[str, Any], as_json: bool) -> None:
     )
 
 
-def render_tenants(tenants: Sequence[Any], as_json: bool) -> None:
-    """What an operator set per tenant: weight, pause, bound roles, secrets."""
+def render_tenants(tenants: Sequence[Any], as_json: bool, channels: Sequence[Any] = ()) -> None:
+    """What an operator set per tenant: weight, pause, bound roles, secrets;
+    and per tenant and channel (``channels``): a pause, a limit."""
     if as_json:
-        emit_json({"tenants": [t._asdict() for t in tenants]})
+        emit_json(
+            {
+                "tenants": [t._asdict() for t in tenants],
+                "channels": [tenant_channel_json(c) for c in channels],
+            }
+        )
         return
-    if not tenants:
+    if not tenants and not channels:
         click.echo("no tenant has settings, a bound role or a secret")
+        return
+    if channels:
+        render_tenant_channels(channels)
+    if not tenants:
         return
     table = _table("tenant", "weight", "paused", "roles", "secrets", title="tenants")
     for t in tenants:

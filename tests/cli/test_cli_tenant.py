@@ -131,3 +131,53 @@ def test_history_and_show_by_tenant(run: Any, engine: sa.Engine) -> None:
     assert elsewhere.exit_code == 1
     assert f"no message with id {acme} of tenant 'beta'" in elsewhere.output
     assert run("history", "--recipient", recipient, "--tenant", "no way").exit_code == 2
+
+
+def test_pause_and_resume_a_channel_for_one_tenant(run: Any, engine: sa.Engine) -> None:
+    import outbox
+
+    with engine.begin() as conn:
+        held = outbox.enqueue(conn, "email", EMAIL, tenant="acme")
+        other = outbox.enqueue(conn, "email", EMAIL, tenant="beta")
+    paused = run("pause", "email", "--tenant", "acme", "--reason", "\x1b[31min review", "--json")
+    assert paused.exit_code == 0, paused.output
+    assert json.loads(paused.stdout) == {
+        "channel": "email", "tenant": "acme", "paused": True, "changed": True,
+    }  # fmt: skip
+    again = run("pause", "email", "--tenant", "acme")
+    assert again.output.strip() == "channel email for tenant acme was already paused"
+    status = run("status")
+    assert "channel email is PAUSED for tenant acme" in status.output
+    assert "outbox resume email --tenant acme" in status.output
+    assert "\x1b" not in status.output  # the reason is inert text
+    shown = json.loads(run("tenant", "show", "acme", "--json").stdout)
+    assert [(c["channel"], c["paused"]) for c in shown["channels"]] == [("email", True)]
+    assert [c.id for c in claim(engine)] == [other]
+    resumed = run("resume", "email", "--tenant", "acme")
+    assert resumed.output.strip() == "channel email for tenant acme resumed"
+    assert [c.id for c in claim(engine)] == [held]
+    assert run("pause", "email", "--tenant", "not a tenant").exit_code == 2
+
+
+def test_a_rate_limit_for_one_tenants_channel(run: Any, engine: sa.Engine) -> None:
+    set_ = run("limit", "set", "webhook", "--tenant", "acme", "--rate", "0.5", "--burst", "2")
+    assert set_.exit_code == 0, set_.output
+    assert set_.output.strip() == "webhook for tenant acme: at most 0.5/s, 2 at once"
+    shown = json.loads(run("limit", "show", "--json").stdout)
+    assert shown["tenants"] == [
+        {"tenant": "acme", "channel": "webhook", "paused": False, "reason": None,
+         "limit_per_second": 0.5, "limit_burst": 2.0, "tokens": 2.0},
+    ]  # fmt: skip
+    assert "acme" in run("limit", "show").output
+    both = run("limit", "set", "webhook", "--tenant", "acme", "--destination", "a.example",
+               "--rate", "1")  # fmt: skip
+    assert both.exit_code == 2 and "not both" in both.output
+    bad = run("limit", "set", "webhook", "--tenant", "acme", "--rate", "-1")
+    assert bad.exit_code == 2 and "rate" in bad.output
+    cleared = run("limit", "clear", "webhook", "--tenant", "acme", "--json")
+    assert json.loads(cleared.stdout) == {"channel": "webhook", "tenant": "acme", "changed": True}
+    assert run("limit", "clear", "webhook", "--tenant", "acme").output.strip() == (
+        "no limit was set"
+    )
+    with engine.connect() as conn:
+        assert store.tenant_channels(conn) == []

@@ -328,6 +328,150 @@ def test_a_paused_tenants_rows_wait_and_nobody_elses_do(engine: sa.Engine) -> No
     assert sorted(c.id for c in claim(engine)) == paused
 
 
+def enqueue_hooks_for(engine: sa.Engine, tenant: str | None, n: int, host: str) -> list[int]:
+    hook = {**WEBHOOK, "url": f"https://{host}/in"}
+    with engine.begin() as conn:
+        return outbox.enqueue_many(
+            conn, [{"channel": "webhook", "payload": hook}] * n, tenant=tenant
+        )
+
+
+def test_a_tenants_paused_channel_waits_and_its_other_channels_and_everyone_else_go(
+    engine: sa.Engine,
+) -> None:
+    held = enqueue_for(engine, "acme", 5)
+    acme_hooks = enqueue_hooks_for(engine, "acme", 2, "a.example")
+    others = enqueue_for(engine, "beta", 3) + enqueue_for(engine, None, 2)
+    with engine.begin() as conn:
+        store.pause_tenant_channel(conn, "acme", "email", "their SES is in review")
+        [paused] = store.tenant_channels(conn, "acme")
+    assert (paused.channel, paused.paused, paused.reason) == (
+        "email",
+        True,
+        "their SES is in review",
+    )
+    make_due(engine)
+    assert sorted(c.id for c in claim(engine)) == sorted(acme_hooks + others)
+    assert claim(engine) == []
+    with engine.begin() as conn:
+        assert store.resume_tenant_channel(conn, "acme", "email")
+        assert not store.resume_tenant_channel(conn, "acme", "email")
+        assert store.tenant_channels(conn) == []  # nothing left set: the row went
+    assert sorted(c.id for c in claim(engine)) == held
+
+
+def test_a_tenants_channel_limit_holds_its_rows_across_destinations_and_nobody_elses(
+    engine: sa.Engine,
+) -> None:
+    """acme's webhooks to three receivers are held to acme's limit together;
+    beta's webhooks and acme's email are not."""
+    acme = [i for host in ("a.example", "b.example", "c.example")
+            for i in enqueue_hooks_for(engine, "acme", 20, host)]  # fmt: skip
+    acme_mail = enqueue_for(engine, "acme", 5)
+    beta = enqueue_hooks_for(engine, "beta", 10, "a.example")
+    with engine.begin() as conn:
+        assert store.set_tenant_limit(conn, "acme", "webhook", 0.001, 4) == (0.001, 4)
+    make_due(engine)
+    first = {c.id for c in claim(engine, batch=100)}
+    assert len(first & set(acme)) == 4  # the burst, whatever the destinations
+    assert set(beta) | set(acme_mail) <= first
+    assert {c.id for c in claim(engine, batch=100)} == set()  # the bucket is empty
+    with engine.begin() as conn:
+        [limit] = store.tenant_channels(conn, "acme")
+        assert limit.tokens is not None and limit.tokens < 1
+        assert store.clear_tenant_limit(conn, "acme", "webhook")
+        assert not store.clear_tenant_limit(conn, "acme", "webhook")
+    assert len({c.id for c in claim(engine, batch=100)}) == len(acme) - 4
+
+
+def test_a_tenants_limited_backlog_never_hides_its_other_channels(engine: sa.Engine) -> None:
+    """Its webhooks, first in the claim order and far past the batch, are
+    left to their bucket's scan: the tenant's email behind them goes."""
+    enqueue_hooks_for(engine, "acme", 500, "a.example")
+    mail = enqueue_for(engine, "acme", 5)
+    with engine.begin() as conn:
+        store.set_tenant_limit(conn, "acme", "webhook", 0.001, 2)
+    make_due(engine)
+    first = {c.id for c in claim(engine, batch=50)}
+    assert set(mail) <= first and len(first) == 7
+
+
+def test_concurrent_claimers_never_exceed_a_tenants_channel_limit(engine: sa.Engine) -> None:
+    import threading
+
+    for host in ("a.example", "b.example"):
+        enqueue_hooks_for(engine, "acme", 150, host)
+    enqueue_hooks_for(engine, "beta", 100, "a.example")
+    with engine.begin() as conn:
+        store.set_tenant_limit(conn, "acme", "webhook", 5, 5)
+        since = conn.execute(sa.text("SELECT now()")).scalar_one()
+    make_due(engine)
+    start = threading.Barrier(6)
+    failures: list[BaseException] = []
+
+    def claimer() -> None:
+        try:
+            start.wait()
+            for _ in range(5):
+                claim(engine, batch=50)
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=claimer) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not failures, failures
+    with engine.connect() as conn:
+        taken, last = conn.execute(
+            sa.text(
+                "SELECT count(*), max(claimed_at) FROM outbox_message "
+                "WHERE status = 'claimed' AND tenant = 'acme'"
+            )
+        ).one()
+        beta = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM outbox_message WHERE status = 'claimed' AND tenant = 'beta'"
+            )
+        ).scalar_one()
+    # The burst, plus the refill over the claims' span by the database's clock.
+    span = (last - since).total_seconds()
+    assert 5 <= taken <= 5 + 5 * span + 1e-9
+    assert beta == 100
+
+
+def test_a_sleeping_relay_wakes_for_a_tenants_next_token(engine: sa.Engine) -> None:
+    enqueue_hooks_for(engine, "acme", 3, "a.example")
+    with engine.begin() as conn:
+        store.set_tenant_limit(conn, "acme", "webhook", 2, 1)
+    make_due(engine)
+    assert len(claim(engine)) == 1
+    with engine.begin() as conn:
+        wake = store.next_wake(conn)
+    assert wake.next_resume is not None
+    assert 0 < (wake.next_resume - wake.now).total_seconds() <= 0.5
+
+
+@pytest.mark.parametrize(
+    ("tenant", "channel", "rate", "problem"),
+    [
+        ("", "webhook", 1, "tenant"),
+        ("bad tenant", "webhook", 1, "tenant"),
+        ("acme", "Not A Channel", 1, "channel"),
+        ("acme", "webhook", 0, "rate"),
+        ("acme", "webhook", float("nan"), "rate"),
+    ],
+)
+def test_a_bad_tenant_limit_is_refused_and_changes_nothing(
+    engine: sa.Engine, tenant: str, channel: str, rate: float, problem: str
+) -> None:
+    with pytest.raises(ValueError, match=problem), engine.begin() as conn:
+        store.set_tenant_limit(conn, tenant, channel, rate)
+    with engine.connect() as conn:
+        assert store.tenant_channels(conn) == []
+
+
 def test_an_outcome_event_carries_the_messages_tenant(engine: sa.Engine) -> None:
     from outbox import outcomes
 

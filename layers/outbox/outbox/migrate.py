@@ -52,6 +52,7 @@ RELAY_TABLES = frozenset(
         "outbox_tenant_role",
         "outbox_tenant_secret",
         "outbox_tenant_turn",
+        "outbox_tenant_channel",
         VERSION_TABLE,
     }
 )

@@ -23,6 +23,7 @@ from .cooldown import CLAIM_PASSES as COOLDOWN_PASSES
 from .cooldown import SETTLE_WINDOW as COOLDOWN_WINDOW
 from .policy import BACKOFF_SQL, DEADLINE_SQL, EXHAUSTED_SQL, EXPIRED_PREFIX, Backoff, bounded_delay
 from .rates import BUCKETED_SQL, TOKENS_NOW_SQL
+from .tenants import TENANT_TOKENS_NOW_SQL
 
 __all__ = [
     "ChannelLoad",
@@ -151,6 +152,15 @@ _BUCKET_HAS_DUE = """COALESCE((
                 ORDER BY m.channel, m.destination, m.priority DESC, m.available_at, m.id
                 LIMIT 1), false)"""
 
+# Whether tenant's channel ``t`` has a row due (as _BUCKET_HAS_DUE, on the
+# per-tenant due index).
+_TENANT_BUCKET_HAS_DUE = """COALESCE((
+                SELECT true FROM outbox_message AS m
+                WHERE m.tenant = t.tenant AND m.channel = t.channel
+                  AND m.status = 'pending' AND m.available_at <= now() {channel_filter}
+                ORDER BY m.tenant, m.priority DESC, m.available_at, m.id
+                LIMIT 1), false)"""
+
 
 # A claim test that the planner must take as passing nearly every row, as it
 # does on a due row, whatever the statistics say: ``(CASE WHEN test THEN 1
@@ -194,9 +204,17 @@ _CLAIMABLE = f"""
         "WHERE cp.paused_until IS NULL OR cp.paused_until > now())"
     )
 }
-          -- A paused tenant's rows wait (outbox tenant pause), as a channel's do.
+          -- A paused tenant's rows wait (outbox tenant pause), as a channel's do,
+          -- and so do a tenant's rows of a channel paused for it alone
+          -- (outbox pause CHANNEL --tenant T): hashed subplans, read once.
           AND {
     _passes("m.tenant NOT IN (SELECT tp.tenant FROM outbox_tenant AS tp WHERE tp.paused)")
+}
+          AND {
+    _passes(
+        "(m.tenant, m.channel) NOT IN (SELECT tc.tenant, tc.channel "
+        "FROM outbox_tenant_channel AS tc WHERE tc.paused)"
+    )
 }
           -- One row of a tenant's ordering key at a time, in id order: none of its key
           -- is claimed, and no earlier one is unfinished or holds the key
@@ -284,6 +302,7 @@ _CLAIM = f"""
           AND {{claimable}}
           AND {{unskipped_destination}}
           AND {{not_limited_channel}}
+          AND {{not_limited_tenant_channel}}
         FOR UPDATE SKIP LOCKED
     ),
     bucket_turn AS (
@@ -346,6 +365,64 @@ _CLAIM = f"""
           AND (SELECT count(*) FROM bucket) >= 0
         FOR UPDATE
     ),
+    tenant_bucket_turn AS (
+        -- The tenants' channels with a limit of their own (outbox limit set
+        -- CHANNEL --tenant T) that hold a token, the least recently drawn
+        -- first, at most BUCKET_CANDIDATES: the destinations' turn, for them.
+        SELECT tc.tenant, tc.channel FROM outbox_tenant_channel AS tc
+        WHERE tc.limit_rate IS NOT NULL AND NOT tc.paused AND {TENANT_TOKENS_NOW_SQL} >= 1
+          {{tenant_channel_filter}}
+        ORDER BY tc.tokens_at NULLS FIRST
+        LIMIT {BUCKET_CANDIDATES}
+    ),
+    tenant_due_turn AS MATERIALIZED (
+        -- Of those, the ones with a row due (a probe of the per-tenant due index).
+        SELECT t.tenant, t.channel FROM tenant_bucket_turn AS t
+        WHERE {{tenant_bucket_has_due}}
+    ),
+    tenant_bucket AS (
+        -- Of those, the rows each may have now, locked as a destination's
+        -- bucket is, and always after the destinations' and channels' (the
+        -- scalar subquery reads all of channel_bucket first).
+        SELECT tc.tenant, tc.channel, {TENANT_TOKENS_NOW_SQL} AS tokens
+        FROM outbox_tenant_channel AS tc
+        WHERE (tc.tenant, tc.channel) IN (SELECT tenant, channel FROM tenant_due_turn)
+          AND tc.limit_rate IS NOT NULL AND {TENANT_TOKENS_NOW_SQL} >= 1
+          AND (SELECT count(*) FROM channel_bucket) >= 0
+        ORDER BY tc.tokens_at NULLS FIRST
+        LIMIT {BUCKETS_PER_CLAIM}
+        FOR UPDATE
+    ),
+    idle_tenant_bucket AS (
+        -- The turn's ones with nothing due go to the back of the turn, as idle
+        -- destinations do (only rows nobody holds: never a wait).
+        UPDATE outbox_tenant_channel AS tc
+        SET tokens = {TENANT_TOKENS_NOW_SQL}, tokens_at = now()
+        FROM (SELECT i.tenant, i.channel FROM outbox_tenant_channel AS i
+              WHERE (i.tenant, i.channel) IN (
+                    SELECT tenant, channel FROM tenant_bucket_turn
+                    EXCEPT SELECT tenant, channel FROM tenant_due_turn)
+              FOR UPDATE SKIP LOCKED) AS t
+        WHERE tc.tenant = t.tenant AND tc.channel = t.channel
+    ),
+    tenant_limited AS (
+        -- Each of them that holds a token: its first due rows in its own claim
+        -- order (the per-tenant due index), but those of its paused or
+        -- bucketed destinations. The other scans leave a limited tenant's
+        -- channel out, so that a campaign beyond its limit never fills them
+        -- while the tenant's other channels and everyone else's rows wait.
+        SELECT r.* FROM tenant_bucket AS tb
+        CROSS JOIN LATERAL (
+            SELECT m.id, m.priority, m.available_at, m.channel,
+                   COALESCE(m.destination, '') AS destination, m.cooldown_key, m.tenant
+            FROM outbox_message AS m
+            WHERE m.tenant = tb.tenant AND m.channel = tb.channel AND {{claimable}}
+              AND {{unskipped_destination}}
+            ORDER BY m.tenant, m.priority DESC, m.available_at, m.id
+            LIMIT CAST(:batch_size AS int)
+            FOR UPDATE SKIP LOCKED
+        ) AS r
+    ),
     unbucketed AS (
         -- The due rows of every other destination, in claim order (the due index).
         -- A paused or bucketed destination is skipped in the scan (one hashed
@@ -355,8 +432,10 @@ _CLAIM = f"""
         FROM outbox_message AS m
         WHERE {{claimable}}
           AND {{unskipped_destination}}
-          -- A channel limited as a whole has a scan of its own (channel_limited).
+          -- A channel limited as a whole has a scan of its own (channel_limited),
+          -- and so has a tenant's channel limited for it (tenant_limited).
           AND {{not_limited_channel}}
+          AND {{not_limited_tenant_channel}}
         ORDER BY m.priority DESC, m.available_at, m.id
         -- Twice the batch, for the fair share below to choose from; locked, so
         -- that concurrent claimers each get rows of their own.
@@ -391,7 +470,7 @@ _CLAIM = f"""
                    COALESCE(m.destination, '') AS destination, m.cooldown_key, m.tenant
             FROM outbox_message AS m
             WHERE m.channel = cb.channel AND {{claimable}}
-              AND {{unskipped_destination}}
+              AND {{unskipped_destination}} AND {{not_limited_tenant_channel}}
             ORDER BY m.priority DESC, m.available_at, m.id
             LIMIT CAST(:batch_size AS int) * 2
             FOR UPDATE SKIP LOCKED
@@ -401,6 +480,9 @@ _CLAIM = f"""
     candidate AS (
         SELECT * FROM unbucketed UNION ALL SELECT * FROM bucketed
         UNION ALL SELECT * FROM channel_limited
+        -- (UNION: a row of a limited tenant's channel that its destination's
+        -- bucket found too, once)
+        UNION SELECT * FROM tenant_limited
         -- (UNION: a row both the scan above and the tenant's share found, once)
         UNION SELECT * FROM tenant_share
     ),
@@ -440,7 +522,11 @@ _CLAIM = f"""
         SELECT t.*, row_number() OVER (
                    PARTITION BY t.channel
                    ORDER BY t.round, t.tenant_k, t.priority DESC, t.turn, t.available_at, t.id
-               ) AS in_channel
+               ) AS in_channel,
+               row_number() OVER (
+                   PARTITION BY t.tenant, t.channel
+                   ORDER BY t.round, t.tenant_k, t.priority DESC, t.turn, t.available_at, t.id
+               ) AS in_tenant_channel
         FROM rounds AS t
         LEFT JOIN bucket AS b ON b.channel = t.channel AND b.destination = t.destination
         WHERE b.tokens IS NULL OR t.turn <= floor(b.tokens)
@@ -453,7 +539,13 @@ _CLAIM = f"""
                a.round, a.tenant_k
         FROM allowed AS a
         LEFT JOIN channel_bucket AS cb ON cb.channel = a.channel
-        WHERE cb.tokens IS NULL OR a.in_channel <= floor(cb.tokens)
+        LEFT JOIN tenant_bucket AS tb ON tb.tenant = a.tenant AND tb.channel = a.channel
+        WHERE (cb.tokens IS NULL OR a.in_channel <= floor(cb.tokens))
+          -- a tenant's channel limited for it: only from its bucket, locked
+          -- above, at most the tokens it holds (a row another scan found, of
+          -- a bucket this claim did not draw from, waits for its turn)
+          AND CASE WHEN tb.tokens IS NOT NULL THEN a.in_tenant_channel <= floor(tb.tokens)
+                   ELSE {{not_limited_tenant_channel_a}} END
         ORDER BY a.round, a.tenant_k, a.priority DESC, a.turn, a.available_at, a.id
         LIMIT :batch_size
     ),
@@ -507,6 +599,17 @@ _CLAIM = f"""
               ON c.channel = cb.channel
         ) AS p
         WHERE d.channel = p.channel AND d.destination = p.destination
+    ),
+    tenant_spent AS (
+        -- And a tenant's channel limited for it pays for the rows it gave.
+        UPDATE outbox_tenant_channel AS tc
+        SET tokens = tb.tokens - c.rows, tokens_at = now()
+        FROM tenant_bucket AS tb
+        JOIN (SELECT d.tenant, d.channel, count(*) AS rows
+              FROM due AS d WHERE d.id IN (SELECT id FROM claimed)
+              GROUP BY d.tenant, d.channel) AS c
+          ON c.tenant = tb.tenant AND c.channel = tb.channel
+        WHERE tc.tenant = tb.tenant AND tc.channel = tb.channel
     )
     SELECT {{columns}} FROM claimed
 """
@@ -527,6 +630,12 @@ _CHANNELS_LIMITED = (
 )
 
 
+# The tenants' channels limited for them (``outbox limit set CHANNEL --tenant T``).
+_TENANT_CHANNELS_LIMITED = (
+    "SELECT tc.tenant, tc.channel FROM outbox_tenant_channel AS tc WHERE tc.limit_rate IS NOT NULL"
+)
+
+
 def _claim_statement(channel_filter: str, received_at: str, returning: str, columns: str) -> Any:
     return statement(
         _CLAIM.format(
@@ -534,6 +643,14 @@ def _claim_statement(channel_filter: str, received_at: str, returning: str, colu
             bucket_has_due=_BUCKET_HAS_DUE.format(channel_filter=channel_filter),
             unskipped_destination=_passes(f"NOT {_SKIPPED_DESTINATION}"),
             not_limited_channel=_passes(f"m.channel NOT IN ({_CHANNELS_LIMITED})"),
+            not_limited_tenant_channel=_passes(
+                f"(m.tenant, m.channel) NOT IN ({_TENANT_CHANNELS_LIMITED})"
+            ),
+            not_limited_tenant_channel_a=(
+                f"(a.tenant, a.channel) NOT IN ({_TENANT_CHANNELS_LIMITED})"
+            ),
+            tenant_channel_filter=channel_filter.replace("m.channel", "tc.channel"),
+            tenant_bucket_has_due=_TENANT_BUCKET_HAS_DUE.format(channel_filter=channel_filter),
             claimable=_CLAIMABLE.format(channel_filter=channel_filter),
             received_at=received_at,
             returning=returning,

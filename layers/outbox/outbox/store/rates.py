@@ -39,6 +39,7 @@ import sqlalchemy as sa
 
 from ..limits import CONFIG, OPERATOR, PROVIDER, RateLimit, check_limit
 from ._sql import array_literal, check_channels, json_document, statement
+from .tenants import TENANT_TOKENS_NOW_SQL
 
 __all__ = [
     "MAX_BACKOFF_SECONDS",
@@ -528,6 +529,18 @@ def _destination_row_due_by(at: str) -> str:
     )
 
 
+def _tenant_row_due_by(at: str) -> str:
+    """Whether tenant's channel ``tc`` has a pending row due by ``at`` (the
+    per-tenant due index)."""
+    return f"""COALESCE((SELECT true FROM outbox_message AS m
+              WHERE m.tenant = tc.tenant AND m.channel = tc.channel
+                AND m.status = 'pending' AND m.available_at <= {at}
+              ORDER BY m.tenant, m.priority DESC, m.available_at, m.id LIMIT 1), false)"""
+
+
+_TENANT_TOKEN_AT_SQL = (
+    f"now() + make_interval(secs => (1 - {TENANT_TOKENS_NOW_SQL}) / tc.limit_rate)"
+)
 _TOKEN_AT_SQL = f"now() + make_interval(secs => (1 - {TOKENS_NOW_SQL}) / {_REFILL_SQL})"
 NEXT_RESUME_SQL = f"""LEAST(
         (SELECT min(d.paused_until) FROM outbox_destination AS d
@@ -536,7 +549,10 @@ NEXT_RESUME_SQL = f"""LEAST(
          WHERE cp.paused_until > now() AND {_row_due_by("cp.paused_until", "cp.channel")}),
         (SELECT min({_TOKEN_AT_SQL}) FROM outbox_destination AS d
          WHERE {BUCKETED_SQL} AND (d.paused_until IS NULL OR d.paused_until <= now())
-           AND {TOKENS_NOW_SQL} < 1 AND {_destination_row_due_by(_TOKEN_AT_SQL)}))"""
+           AND {TOKENS_NOW_SQL} < 1 AND {_destination_row_due_by(_TOKEN_AT_SQL)}),
+        (SELECT min({_TENANT_TOKEN_AT_SQL}) FROM outbox_tenant_channel AS tc
+         WHERE tc.limit_rate IS NOT NULL AND NOT tc.paused AND {TENANT_TOKENS_NOW_SQL} < 1
+           AND {_tenant_row_due_by(_TENANT_TOKEN_AT_SQL)}))"""
 _NEXT_RESUME = statement(f"SELECT {NEXT_RESUME_SQL} AS next_resume")
 
 

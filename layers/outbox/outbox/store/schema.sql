@@ -1511,6 +1511,26 @@ CREATE TABLE public.outbox_tenant (
     CONSTRAINT outbox_tenant_weight_check CHECK (((weight >= 1) AND (weight <= 1000)))
 );
 
+-- Name: outbox_tenant_channel; Type: TABLE
+
+CREATE TABLE public.outbox_tenant_channel (
+    tenant text NOT NULL,
+    channel text NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    reason text,
+    limit_rate double precision,
+    limit_burst double precision,
+    tokens double precision,
+    tokens_at timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT outbox_tenant_channel_burst_has_rate CHECK (((limit_burst IS NULL) OR (limit_rate IS NOT NULL))),
+    CONSTRAINT outbox_tenant_channel_channel_check CHECK ((channel ~ '^[a-z][a-z0-9_-]{0,63}$'::text)),
+    CONSTRAINT outbox_tenant_channel_limit_burst_check CHECK (((limit_burst >= (1)::double precision) AND (limit_burst <= (1000000)::double precision))),
+    CONSTRAINT outbox_tenant_channel_limit_rate_check CHECK (((limit_rate > (0)::double precision) AND (limit_rate <= (100000)::double precision))),
+    CONSTRAINT outbox_tenant_channel_reason_check CHECK ((char_length(reason) <= 500)),
+    CONSTRAINT outbox_tenant_channel_tenant_check CHECK ((tenant ~ '^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$'::text))
+);
+
 -- Name: outbox_tenant_role; Type: TABLE
 
 CREATE TABLE public.outbox_tenant_role (
@@ -1603,6 +1623,11 @@ ALTER TABLE ONLY public.outbox_message_unresolved
 
 ALTER TABLE ONLY public.outbox_outcome_event
     ADD CONSTRAINT outbox_outcome_event_pkey PRIMARY KEY (id);
+
+-- Name: outbox_tenant_channel outbox_tenant_channel_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY public.outbox_tenant_channel
+    ADD CONSTRAINT outbox_tenant_channel_pkey PRIMARY KEY (tenant, channel);
 
 -- Name: outbox_tenant outbox_tenant_pkey; Type: CONSTRAINT
 
@@ -1727,6 +1752,10 @@ CREATE INDEX outbox_message_unresolved_settled ON public.outbox_message_unresolv
 -- Name: outbox_outcome_event_due; Type: INDEX
 
 CREATE INDEX outbox_outcome_event_due ON public.outbox_outcome_event USING btree (publish_after, id);
+
+-- Name: outbox_tenant_channel_turn; Type: INDEX
+
+CREATE INDEX outbox_tenant_channel_turn ON public.outbox_tenant_channel USING btree (tokens_at NULLS FIRST) WHERE (limit_rate IS NOT NULL);
 
 -- Name: outbox_tenant_secret_tenant; Type: INDEX
 
@@ -1878,6 +1907,10 @@ GRANT SELECT,DELETE,UPDATE ON TABLE public.outbox_outcome_event TO outbox_relay;
 -- Name: TABLE outbox_tenant; Type: ACL
 
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_tenant TO outbox_relay;
+
+-- Name: TABLE outbox_tenant_channel; Type: ACL
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.outbox_tenant_channel TO outbox_relay;
 
 -- Name: TABLE outbox_tenant_role; Type: ACL
 

@@ -1,6 +1,8 @@
 """What an operator sets per tenant (``outbox tenant ...``; migration 0022):
 the weight and pause the claim reads, a producer role bound to one tenant,
-and the webhook signing secrets mapped to a tenant."""
+and the webhook signing secrets mapped to a tenant; and per tenant and
+channel (migration 0024: ``outbox pause CHANNEL --tenant T``, ``outbox limit
+set CHANNEL --tenant T``) a pause and a rate limit, which the claim reads."""
 
 from __future__ import annotations
 
@@ -8,13 +10,22 @@ from typing import NamedTuple
 
 import sqlalchemy as sa
 
-from ._sql import statement
+from ..errors import ValidationError
+from ..limits import check_limit
+from ..tenants import check_tenant
+from ._sql import check_channels, statement
 
 __all__ = [
+    "TenantChannel",
     "TenantSettings",
     "bind_role",
+    "clear_tenant_limit",
     "map_secret",
+    "pause_tenant_channel",
+    "resume_tenant_channel",
     "set_tenant",
+    "set_tenant_limit",
+    "tenant_channels",
     "tenant_settings",
     "unbind_role",
     "unmap_secret",
@@ -110,3 +121,146 @@ def map_secret(conn: sa.Connection, secret_id: str, tenant: str) -> None:
 def unmap_secret(conn: sa.Connection, secret_id: str) -> bool:
     """Whether the secret was mapped (and now is no tenant's)."""
     return bool(conn.execute(_UNMAP, {"secret_id": secret_id}).rowcount)
+
+
+# --- a tenant's channel: a pause and a rate limit (migration 0024) -----------
+
+# The most a pause's reason may hold (the table's check).
+MAX_REASON_CHARS = 500
+# The tokens a tenant's channel bucket holds now: refilled at its limit since
+# ``tokens_at``, holding at most its burst (the claim's bucket, store/delivery.py).
+TENANT_TOKENS_NOW_SQL = (
+    "LEAST(tc.limit_burst, COALESCE(tc.tokens, 0) "
+    "+ tc.limit_rate * GREATEST(0, EXTRACT(EPOCH FROM now() - tc.tokens_at)))"
+)
+
+
+class TenantChannel(NamedTuple):
+    """What is set for one tenant's channel: a pause, a limit, its bucket."""
+
+    tenant: str
+    channel: str
+    paused: bool
+    reason: str | None
+    limit_rate: float | None
+    limit_burst: float | None
+    tokens: float | None  # the bucket now (None: no limit)
+
+
+_SET_TENANT_LIMIT = statement(
+    """
+    INSERT INTO outbox_tenant_channel AS tc
+        (tenant, channel, limit_rate, limit_burst, tokens, tokens_at)
+    VALUES (:tenant, :channel, :rate, :burst, :burst, now())
+    ON CONFLICT (tenant, channel) DO UPDATE SET
+        limit_rate = EXCLUDED.limit_rate, limit_burst = EXCLUDED.limit_burst,
+        tokens = LEAST(COALESCE(tc.tokens, EXCLUDED.limit_burst), EXCLUDED.limit_burst),
+        tokens_at = COALESCE(tc.tokens_at, now()), updated_at = now()
+    """
+)
+_CLEAR_TENANT_LIMIT = statement(
+    """
+    UPDATE outbox_tenant_channel
+    SET limit_rate = NULL, limit_burst = NULL, tokens = NULL, tokens_at = NULL,
+        updated_at = now()
+    WHERE tenant = :tenant AND channel = :channel AND limit_rate IS NOT NULL
+    RETURNING tenant
+    """
+)
+_PAUSE_TENANT_CHANNEL = statement(
+    """
+    WITH before AS (
+        SELECT paused FROM outbox_tenant_channel
+        WHERE tenant = :tenant AND channel = :channel FOR UPDATE
+    ),
+    paused AS (
+        INSERT INTO outbox_tenant_channel AS tc (tenant, channel, paused, reason)
+        VALUES (:tenant, :channel, true, :reason)
+        ON CONFLICT (tenant, channel) DO UPDATE SET
+            paused = true, reason = EXCLUDED.reason, updated_at = now()
+        WHERE (SELECT count(*) FROM before) >= 0
+    )
+    SELECT NOT COALESCE((SELECT paused FROM before), false)
+    """
+)
+_RESUME_TENANT_CHANNEL = statement(
+    """
+    UPDATE outbox_tenant_channel SET paused = false, reason = NULL, updated_at = now()
+    WHERE tenant = :tenant AND channel = :channel AND paused
+    RETURNING tenant
+    """
+)
+# A row that holds nothing any more goes.
+_DROP_EMPTY_TENANT_CHANNEL = statement(
+    """
+    DELETE FROM outbox_tenant_channel
+    WHERE tenant = :tenant AND channel = :channel AND NOT paused AND limit_rate IS NULL
+    """
+)
+_TENANT_CHANNELS = statement(
+    f"""
+    SELECT tc.tenant, tc.channel, tc.paused, tc.reason, tc.limit_rate, tc.limit_burst,
+           CASE WHEN tc.limit_rate IS NOT NULL THEN {TENANT_TOKENS_NOW_SQL} END AS tokens
+    FROM outbox_tenant_channel AS tc
+    WHERE CAST(:tenant AS text) IS NULL OR tc.tenant = CAST(:tenant AS text)
+    ORDER BY tc.tenant, tc.channel
+    """
+)
+
+
+def _key(tenant: str, channel: str) -> dict[str, str]:
+    """The (tenant, channel) key, checked: ValueError before anything is written."""
+    if not tenant:
+        raise ValueError("tenant: give the tenant's name")
+    try:
+        check_tenant(tenant)
+    except ValidationError as error:
+        raise ValueError(str(error)) from None
+    check_channels([channel])
+    return {"tenant": tenant, "channel": channel}
+
+
+def set_tenant_limit(
+    conn: sa.Connection, tenant: str, channel: str, rate: float, burst: float | None = None
+) -> tuple[float, float]:
+    """Hold ``tenant``'s messages of ``channel``, whatever their destinations,
+    to ``rate`` a second, ``burst`` at once, for every dispatcher and worker
+    (a bucket in the database, as a destination's limit is). Returns (rate,
+    burst) as stored; ValueError (nothing changed) for a bad one."""
+    key = _key(tenant, channel)
+    rate, burst = check_limit(rate, burst)
+    conn.execute(_SET_TENANT_LIMIT, {**key, "rate": rate, "burst": burst})
+    return rate, burst
+
+
+def clear_tenant_limit(conn: sa.Connection, tenant: str, channel: str) -> bool:
+    """Remove the limit; True if there was one."""
+    key = _key(tenant, channel)
+    cleared = conn.execute(_CLEAR_TENANT_LIMIT, key).first() is not None
+    conn.execute(_DROP_EMPTY_TENANT_CHANNEL, key)
+    return cleared
+
+
+def pause_tenant_channel(
+    conn: sa.Connection, tenant: str, channel: str, reason: str | None = None
+) -> bool:
+    """Hold ``tenant``'s messages of ``channel``: they wait, pending, no attempt
+    counted (nobody else's do, nor the tenant's other channels'). True if
+    they were not paused before."""
+    key = _key(tenant, channel)
+    if reason is not None and len(reason) > MAX_REASON_CHARS:
+        raise ValueError(f"reason: at most {MAX_REASON_CHARS} characters")
+    return bool(conn.execute(_PAUSE_TENANT_CHANNEL, {**key, "reason": reason}).scalar_one())
+
+
+def resume_tenant_channel(conn: sa.Connection, tenant: str, channel: str) -> bool:
+    """Let them go again; True if they were paused."""
+    key = _key(tenant, channel)
+    resumed = conn.execute(_RESUME_TENANT_CHANNEL, key).first() is not None
+    conn.execute(_DROP_EMPTY_TENANT_CHANNEL, key)
+    return resumed
+
+
+def tenant_channels(conn: sa.Connection, tenant: str | None = None) -> list[TenantChannel]:
+    """Every tenant's channel with a pause or a limit (or only ``tenant``'s)."""
+    return [TenantChannel(*r) for r in conn.execute(_TENANT_CHANNELS, {"tenant": tenant})]
