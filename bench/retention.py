@@ -201,24 +201,54 @@ def _upgrade(databases: common.Databases, settled: int) -> dict[str, Any]:
         with admin.connect() as conn:
             conn.execute(sa.text("VACUUM ANALYZE outbox_message"))
         admin.dispose()
+        # A relay beside it: one read of a message by id after another, each
+        # timed; the longest is how long the upgrade held the table.
+        stop = threading.Event()
+        waits: list[float] = []
+
+        beside = create_engine(DatabaseSettings(url=url, sslmode="disable"))
+
+        def relay() -> None:
+            with beside.connect() as conn:
+                while not stop.is_set():
+                    began = time.perf_counter()
+                    conn.execute(sa.text("SELECT status FROM outbox_message WHERE id = 1")).all()
+                    conn.commit()
+                    waits.append(time.perf_counter() - began)
+                    time.sleep(0.01)
+
+        reader = threading.Thread(target=relay)
+        reader.start()
+        time.sleep(0.5)
         started = time.perf_counter()
-        migrate.upgrade(engine)
-        elapsed = time.perf_counter() - started
+        try:
+            migrate.upgrade(engine)
+        finally:
+            elapsed = time.perf_counter() - started
+            stop.set()
+            reader.join()
+            beside.dispose()
     finally:
         engine.dispose()
-    return {"upgrade_settled": settled, "live": settled // 100, "seconds": round(elapsed, 2)}
+    return {
+        "upgrade_settled": settled,
+        "live": settled // 100,
+        "seconds": round(elapsed, 2),
+        "relay_longest_wait_seconds": round(max(waits), 2),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.retention")
     parser.add_argument("--settled", type=int, default=1_000_000)
     parser.add_argument("--no-upgrade", action="store_true")
+    parser.add_argument("--upgrade-only", action="store_true")
     args = parser.parse_args(argv)
     databases = common.Databases(common.server_url())
     results = []
     try:
         databases.prepare_template()
-        for drain in (False, True):
+        for drain in () if args.upgrade_only else (False, True):
             for by_day in (True, False):
                 with databases.fresh(f"{by_day}_{drain}") as url:
                     results.append(cell(url, args.settled, by_day, drain))

@@ -1073,6 +1073,12 @@ def _pausable_channel(conn: sa.Connection, channel: str) -> str:
     return channel
 
 
+def _tenant_key(tenant: str | None) -> dict[str, str]:
+    """A command's JSON names the tenant only when it was for one (the answer
+    for a whole channel stays as it was)."""
+    return {} if tenant is None else {"tenant": tenant}
+
+
 def _for_tenant(tenant: str | None) -> str:
     """How a command's answer names the tenant it was for, if one."""
     return "" if tenant is None else f" for tenant {inert(tenant)}"
@@ -1105,7 +1111,7 @@ def pause(channel: str, reason: str | None, tenant: str | None, as_json: bool) -
         except ValueError as exc:
             fail(str(exc), 2)
     if as_json:
-        emit_json({"channel": channel, "tenant": tenant, "paused": True, "changed": newly})
+        emit_json({"channel": channel, **_tenant_key(tenant), "paused": True, "changed": newly})
     else:
         said = "paused" if newly else "was already paused"
         click.echo(f"channel {channel}{_for_tenant(tenant)} {said}")
@@ -1131,7 +1137,9 @@ def resume(channel: str, tenant: str | None, as_json: bool) -> None:
         except ValueError as exc:
             fail(str(exc), 2)
     if as_json:
-        emit_json({"channel": channel, "tenant": tenant, "paused": False, "changed": was_paused})
+        emit_json(
+            {"channel": channel, **_tenant_key(tenant), "paused": False, "changed": was_paused}
+        )
     else:
         said = "resumed" if was_paused else "was not paused"
         click.echo(f"channel {inert(channel)}{_for_tenant(tenant)} {said}")

@@ -423,3 +423,26 @@ def test_0006_moves_existing_rows_to_the_recipient_scope_and_the_send_log(
     migrate.downgrade(fresh_database, "0001")
     assert "outbox_dedupe" not in tables(fresh_database)
     migrate.downgrade(fresh_database, "base")
+
+
+def test_an_interrupted_upgrade_keeps_the_revisions_it_finished_and_resumes(
+    fresh_database: sa.Engine,
+) -> None:
+    """Each revision is a transaction of its own: a failure in one (here an
+    object already there under the name 0024 makes) leaves every revision
+    before it applied, holds no lock, and the next `outbox migrate` goes on
+    from there."""
+    migrate.upgrade(fresh_database, "0022")
+    with fresh_database.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE outbox_tenant_channel (x int)"))
+    with pytest.raises(sa.exc.DBAPIError, match="already exists"):
+        migrate.upgrade(fresh_database)
+    assert migrate.current(fresh_database) == "0023"
+    with fresh_database.connect() as conn:  # the migration lock went with the failure
+        assert conn.execute(
+            sa.text("SELECT pg_try_advisory_lock(:id)"), {"id": migrate._MIGRATION_LOCK_ID}
+        ).scalar_one()
+        conn.execute(sa.text("SELECT pg_advisory_unlock_all()"))
+        conn.execute(sa.text("DROP TABLE outbox_tenant_channel"))
+        conn.commit()
+    assert migrate.upgrade(fresh_database) == migrate.head()

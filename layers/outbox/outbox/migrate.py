@@ -219,19 +219,35 @@ def upgrade_from(
             from_env.include_delivered if delivered_events is None else delivered_events
         )
         retrying_events = from_env.include_retrying if retrying_events is None else retrying_events
-    with engine.begin() as connection:
-        connection.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
-        check_schema_creators(connection)
-        _adopt_legacy_version_row(connection)
-        before = _current(connection)
-        command.upgrade(_config(connection), revision)
-        if revision == "head":
-            # (a schema made by a printed script missed this step: see 0014)
-            qualify_installed_functions(connection)
-            store.make_history_partitions(connection)
-        store.set_delivered_outcome_events(connection, delivered_events)
-        store.set_retrying_outcome_events(connection, retrying_events)
-        return before, _current(connection)
+    # Each revision is a transaction of its own (migrations/env.py), so that
+    # a revision's locks end with it, not with the last revision's (0018
+    # holds outbox_message while it runs: only for its own work), and an
+    # upgrade interrupted resumes after the last revision it committed. The
+    # migration lock is the session's, held across them.
+    with engine.connect() as connection:
+        connection.execute(sa.text("SELECT pg_advisory_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
+        try:
+            check_schema_creators(connection)
+            _adopt_legacy_version_row(connection)
+            before = _current(connection)
+            connection.commit()
+            command.upgrade(_config(connection), revision)
+            connection.commit()
+            if revision == "head":
+                # (a schema made by a printed script missed this step: see 0014)
+                qualify_installed_functions(connection)
+                store.make_history_partitions(connection)
+            store.set_delivered_outcome_events(connection, delivered_events)
+            store.set_retrying_outcome_events(connection, retrying_events)
+            after = _current(connection)
+            connection.commit()
+            return before, after
+        finally:
+            connection.rollback()
+            connection.execute(
+                sa.text("SELECT pg_advisory_unlock(:id)"), {"id": _MIGRATION_LOCK_ID}
+            )
+            connection.commit()
 
 
 def downgrade(engine: sa.Engine, revision: str) -> None:

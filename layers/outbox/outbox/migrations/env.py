@@ -9,12 +9,15 @@ if context.is_offline_mode():
         dialect_name="postgresql",
         literal_binds=True,
         transactional_ddl=True,
+        transaction_per_migration=True,
         version_table=context.config.attributes["version_table"],
     )
 else:
     context.configure(
         connection=context.config.attributes["connection"],
         transactional_ddl=True,
+        # a transaction a revision (outbox.migrate.upgrade_from says why)
+        transaction_per_migration=True,
         version_table=context.config.attributes["version_table"],
     )
 with context.begin_transaction():
