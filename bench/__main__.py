@@ -354,12 +354,16 @@ def _receipt(dbs: common.Databases, args: argparse.Namespace) -> list[dict[str, 
 
 def _growth(dbs: common.Databases, args: argparse.Namespace) -> list[dict[str, Any]]:
     cells = []
-    for table in ("fresh", "grown"):
+    # grown: the busy day's dead rows left in place (no vacuum at all);
+    # vacuumed: as the live partition's autovacuum would have left them.
+    for table in ("fresh", "grown", "vacuumed"):
         with dbs.fresh(f"growth_{table}") as url:
             extra: dict[str, Any] = {}
-            if table == "grown":
+            if table != "fresh":
                 log(f"growth: {args.growth_settled} settled rows + {args.growth_busy} busy ...")
-                extra = growth.grow(url, args.growth_settled, args.growth_busy)
+                extra = growth.grow(
+                    url, args.growth_settled, args.growth_busy, autovacuum=table == "vacuumed"
+                )
             log(f"growth: claim latency on the {table} table ...")
             figures = growth.measure(
                 url, args.growth_pending, 100, args.growth_samples, vacuum=table == "fresh"
@@ -368,22 +372,29 @@ def _growth(dbs: common.Databases, args: argparse.Namespace) -> list[dict[str, A
                 {
                     "name": f"growth_{table}",
                     "pending": args.growth_pending,
-                    "settled": args.growth_settled if table == "grown" else 0,
-                    "busy_day_rows": args.growth_busy if table == "grown" else 0,
+                    "settled": args.growth_settled if table != "fresh" else 0,
+                    "busy_day_rows": args.growth_busy if table != "fresh" else 0,
                     "batch": 100,
                     **figures,
                     **{k: round(v, 2) for k, v in extra.items()},
                 }
             )
-    fresh, grown = cells
-    cells.append(
-        {
-            "name": "growth",
-            "p50_ratio": round(grown["p50_ms"] / fresh["p50_ms"], 3) if fresh["p50_ms"] else None,
-            "p99_ratio": round(grown["p99_ms"] / fresh["p99_ms"], 3) if fresh["p99_ms"] else None,
-        }
-    )
+    fresh = cells[0]
+    for grown in cells[1:3]:
+        cells.append(
+            {
+                "name": "growth" if grown["name"] == "growth_grown" else "growth_vacuumed_ratio",
+                "p50_ratio": _ratio(grown["p50_ms"], fresh["p50_ms"]),
+                "p99_ratio": _ratio(grown["p99_ms"], fresh["p99_ms"]),
+                # the grown table's drain against the fresh one's (issue 30)
+                "drain_ratio": _ratio(grown["drain_rows_per_s"], fresh["drain_rows_per_s"]),
+            }
+        )
     return cells
+
+
+def _ratio(value: float, against: float) -> float | None:
+    return round(value / against, 3) if against else None
 
 
 def _enqueue(dbs: common.Databases, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -467,15 +478,20 @@ def table(cells: list[dict[str, Any]]) -> str:
                 f"relay x{c['relay_speedup']:.2f} baseline x{c['baseline_speedup']:.2f} "
                 f"ratio={c['ratio']:.2f}"
             )
-        elif name.startswith("growth_"):
+        elif name.startswith("growth_") and name != "growth_vacuumed_ratio":
             lines.append(
                 f"{name:<12} pending={c['pending']} settled={c['settled']} "
                 f"busy={c['busy_day_rows']} "
                 f"claim p50={c['p50_ms']:.2f} ms p99={c['p99_ms']:.2f} ms "
+                f"drain {c.get('drain_rows_per_s', 0):.0f} rows/s "
                 f"(EXPLAIN: {c['plan_execution_ms']:.2f} ms, {c['plan_shared_buffers']} buffers)"
             )
-        elif name == "growth":
-            lines.append(f"{'growth':<12} grown/fresh p50 x{c['p50_ratio']} p99 x{c['p99_ratio']}")
+        elif name in ("growth", "growth_vacuumed_ratio"):
+            which = "grown" if name == "growth" else "vacuumed"
+            lines.append(
+                f"{'growth':<12} {which}/fresh p50 x{c['p50_ratio']} p99 x{c['p99_ratio']} "
+                f"drain x{c.get('drain_ratio')}"
+            )
         elif name == "latency":
             lines.append(
                 f"{'latency':<12} {c['rate_per_s']:.0f} msg/s for {c['seconds']:.0f} s: "

@@ -78,6 +78,8 @@ def test_quick_run_writes_well_formed_cells(
     assert enqueue["rows_per_s"] > 0 and enqueue["baseline_rows_per_s"] > 0 and enqueue["ratio"] > 0
     fresh, grown = by_name["growth_fresh"][0], by_name["growth_grown"][0]
     assert fresh["p50_ms"] > 0 and grown["p99_ms"] > 0
+    vacuumed = by_name["growth_vacuumed"][0]
+    assert vacuumed["drain_rows_per_s"] > 0 and by_name["growth"][0]["drain_ratio"] > 0
     (latency,) = by_name["latency"]
     assert latency["delivered"] > 0 and latency["p50_ms"] > 0
     (bulk_door,) = by_name["bulk_door"]
