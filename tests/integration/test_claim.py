@@ -117,6 +117,8 @@ def test_the_claim_reads_the_due_index_in_claim_order_with_one_channel(engine: s
         for statement, params in (
             (store.delivery._CLAIM_ALL, {}),
             (store.delivery._CLAIM_AND_RECEIVE_ALL, {"default_max": 5}),
+            (store.delivery._LEAN_CLAIM_ALL, {}),
+            (store.delivery._LEAN_CLAIM_AND_RECEIVE_ALL, {"default_max": 5}),
         ):
             plan = conn.execute(
                 sa.text("EXPLAIN (FORMAT JSON) " + statement.text),
@@ -325,6 +327,12 @@ def test_every_claim_form_walks_the_due_index_beside_history(engine: sa.Engine, 
                 {"channels": "{email}", "default_max": 5},
                 "outbox_message_due",
             ),
+        ]
+        # and each without the tenants' channel parts (no pause, no limit set)
+        forms += [
+            (getattr(store.delivery, "_LEAN" + name), params, index)
+            for statement, params, index in forms
+            for name in [next(n for n, v in vars(store.delivery).items() if v is statement)]
         ]
         for statement, params, index in forms:
             plan = conn.execute(

@@ -441,6 +441,32 @@ def test_concurrent_claimers_never_exceed_a_tenants_channel_limit(engine: sa.Eng
     assert beta == 100
 
 
+def test_a_limit_another_process_set_holds_once_the_claimers_answer_is_stale(
+    engine: sa.Engine,
+) -> None:
+    """A relay with no tenant's channel paused or limited claims without those
+    parts; a claimer asks again at most a second after it last did
+    (delivery._TENANT_CHANNELS_FRESH_SECONDS), here made stale at once."""
+    enqueue_hooks_for(engine, "acme", 10, "a.example")
+    make_due(engine)
+    with engine.begin() as conn:
+        assert store.claim(conn, 1, 60)  # reads "none set"
+        # another process's `outbox limit set webhook --tenant acme --rate 0.001 --burst 2`
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_tenant_channel "
+                "(tenant, channel, limit_rate, limit_burst, tokens, tokens_at) "
+                "VALUES ('acme', 'webhook', 0.001, 2, 2, now())"
+            )
+        )
+    for seen in store.delivery._tenant_channels_seen.values():
+        assert seen[1] is False
+    store.delivery._tenant_channels_seen.update(
+        {e: (0.0, False) for e in store.delivery._tenant_channels_seen}
+    )
+    assert len(claim(engine, batch=100)) == 2  # the limit's burst, not the 9 left
+
+
 def test_a_sleeping_relay_wakes_for_a_tenants_next_token(engine: sa.Engine) -> None:
     enqueue_hooks_for(engine, "acme", 3, "a.example")
     with engine.begin() as conn:

@@ -208,6 +208,13 @@ _TENANT_CHANNELS = statement(
 )
 
 
+def _changed() -> None:
+    """This process's claims read the tenants' channels again (delivery.py)."""
+    from .delivery import tenant_channels_changed
+
+    tenant_channels_changed()
+
+
 def _key(tenant: str, channel: str) -> dict[str, str]:
     """The (tenant, channel) key, checked: ValueError before anything is written."""
     if not tenant:
@@ -230,6 +237,7 @@ def set_tenant_limit(
     key = _key(tenant, channel)
     rate, burst = check_limit(rate, burst)
     conn.execute(_SET_TENANT_LIMIT, {**key, "rate": rate, "burst": burst})
+    _changed()
     return rate, burst
 
 
@@ -238,6 +246,7 @@ def clear_tenant_limit(conn: sa.Connection, tenant: str, channel: str) -> bool:
     key = _key(tenant, channel)
     cleared = conn.execute(_CLEAR_TENANT_LIMIT, key).first() is not None
     conn.execute(_DROP_EMPTY_TENANT_CHANNEL, key)
+    _changed()
     return cleared
 
 
@@ -250,7 +259,9 @@ def pause_tenant_channel(
     key = _key(tenant, channel)
     if reason is not None and len(reason) > MAX_REASON_CHARS:
         raise ValueError(f"reason: at most {MAX_REASON_CHARS} characters")
-    return bool(conn.execute(_PAUSE_TENANT_CHANNEL, {**key, "reason": reason}).scalar_one())
+    newly = bool(conn.execute(_PAUSE_TENANT_CHANNEL, {**key, "reason": reason}).scalar_one())
+    _changed()
+    return newly
 
 
 def resume_tenant_channel(conn: sa.Connection, tenant: str, channel: str) -> bool:
@@ -258,6 +269,7 @@ def resume_tenant_channel(conn: sa.Connection, tenant: str, channel: str) -> boo
     key = _key(tenant, channel)
     resumed = conn.execute(_RESUME_TENANT_CHANNEL, key).first() is not None
     conn.execute(_DROP_EMPTY_TENANT_CHANNEL, key)
+    _changed()
     return resumed
 
 
