@@ -90,7 +90,16 @@ def _baseline_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
     statements = [0]
 
     def step() -> int:
-        rows = conn.run(BASELINE_CLAIM, batch=batch, lease=float(LEASE_SECONDS))
+        from outbox.errors import moved_meanwhile
+
+        while True:  # as the relay does: a row another worker moved is read again
+            try:
+                rows = conn.run(BASELINE_CLAIM, batch=batch, lease=float(LEASE_SECONDS))
+                break
+            except pg8000.native.DatabaseError as exc:
+                if not moved_meanwhile(exc):
+                    raise
+                statements[0] += 1
         statements[0] += 1
         if not rows:
             return 0
@@ -117,7 +126,8 @@ def _protocol_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
     conn = pg8000.native.Connection(**common.native_params(url))
     common.no_delay(conn)
     claim_sql, read_sql, settle_sql = (
-        store.delivery._CLAIM_ALL.text,
+        # what the relay runs while no tenant's channel is paused or limited
+        store.delivery._LEAN_CLAIM_ALL.text,
         store.delivery._RECEIVE_CLAIMED.text,
         store.delivery._SETTLE.text,
     )
@@ -133,9 +143,21 @@ def _protocol_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
         return [c["name"] for c in conn.columns].index(name)
 
     def step() -> int:
-        claimed = conn.run(
-            claim_sql, batch_size=batch, lease_seconds=float(LEASE_SECONDS), default_ttl=86400.0
-        )
+        from outbox.errors import moved_meanwhile
+
+        while True:  # the relay's execute_fenced: a row another worker moved is read again
+            try:
+                claimed = conn.run(
+                    claim_sql,
+                    batch_size=batch,
+                    lease_seconds=float(LEASE_SECONDS),
+                    default_ttl=86400.0,
+                )
+                break
+            except pg8000.native.DatabaseError as exc:
+                if not moved_meanwhile(exc):
+                    raise
+                statements[0] += 1
         statements[0] += 1
         if not claimed:
             return 0
