@@ -441,16 +441,18 @@ def test_concurrent_claimers_never_exceed_a_tenants_channel_limit(engine: sa.Eng
     assert beta == 100
 
 
-def test_a_limit_another_process_set_holds_once_the_claimers_answer_is_stale(
+def test_a_limit_another_process_set_holds_from_the_claim_after_the_one_that_finds_it(
     engine: sa.Engine,
 ) -> None:
     """A relay with no tenant's channel paused or limited claims without those
-    parts; a claimer asks again at most a second after it last did
-    (delivery._TENANT_CHANNELS_FRESH_SECONDS), here made stale at once."""
+    parts; each claim's own last row says whether one is set now, so a limit
+    set elsewhere holds from the claim after the first that finds it."""
     enqueue_hooks_for(engine, "acme", 10, "a.example")
     make_due(engine)
+    assert len(claim(engine, batch=1)) == 1
+    with engine.connect() as conn:
+        assert store.delivery._tenant_channels_in_use(conn) is False
     with engine.begin() as conn:
-        assert store.claim(conn, 1, 60)  # reads "none set"
         # another process's `outbox limit set webhook --tenant acme --rate 0.001 --burst 2`
         conn.execute(
             sa.text(
@@ -459,12 +461,10 @@ def test_a_limit_another_process_set_holds_once_the_claimers_answer_is_stale(
                 "VALUES ('acme', 'webhook', 0.001, 2, 2, now())"
             )
         )
-    for seen in store.delivery._tenant_channels_seen.values():
-        assert seen[1] is False
-    store.delivery._tenant_channels_seen.update(
-        {e: (0.0, False) for e in store.delivery._tenant_channels_seen}
-    )
-    assert len(claim(engine, batch=100)) == 2  # the limit's burst, not the 9 left
+    assert len(claim(engine, batch=1)) == 1  # the claim that finds it
+    with engine.connect() as conn:
+        assert store.delivery._tenant_channels_in_use(conn) is True
+    assert len(claim(engine, batch=100)) == 2  # the limit's burst, not the 8 left
 
 
 def test_a_sleeping_relay_wakes_for_a_tenants_next_token(engine: sa.Engine) -> None:

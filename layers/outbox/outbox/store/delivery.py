@@ -8,7 +8,6 @@ a writer whose lease was lost matches nothing, and the returned ids say so.
 from __future__ import annotations
 
 import re
-import time
 import uuid
 import weakref
 from collections.abc import Iterable, Sequence
@@ -635,7 +634,10 @@ _CLAIM = f"""
         WHERE tc.tenant = tb.tenant AND tc.channel = tb.channel
     )
     --tenant channels>
-    SELECT {{columns}} FROM claimed
+    SELECT {{columns}}, NULL AS tenant_channels FROM claimed
+    -- and one row more: whether any tenant's channel is paused or limited
+    -- now, for the claimer's next claim (_claimed_rows)
+    UNION ALL SELECT {{no_columns}}, EXISTS (SELECT 1 FROM outbox_tenant_channel)
 """
 _CHANNEL_FILTER = "AND m.channel = ANY(CAST(:channels AS text[]))"
 # What the claim returns: the columns, then the destination the buckets pay for.
@@ -662,8 +664,8 @@ _TENANT_CHANNELS_LIMITED = (
 
 # The claim's parts for the tenants' own channel pauses and limits (between
 # these markers): a relay where no operator set one claims without them, a
-# tenth faster (bench/README.md), and sees one set within a second
-# (``_tenant_channels_in_use``).
+# tenth faster (bench/README.md); each claim's last row says whether one is
+# set now (``_claimed_rows``).
 _TENANT_CHANNEL_PARTS = re.compile(r"[ \t]*--<tenant channels\n.*?--tenant channels>\n", re.S)
 
 
@@ -695,6 +697,7 @@ def _claim_statement(
             received_at=received_at,
             returning=returning,
             columns=columns,
+            no_columns=", ".join(["NULL"] * len(columns.split(","))),
         )
     )
 
@@ -749,25 +752,27 @@ _LEAN_CLAIM_AND_RECEIVE_CHANNELS = _claim_statement(
     _CHANNEL_FILTER, "now()", _RECEIVED, _RECEIVED_COLUMNS, False
 )
 
-# Whether any tenant's channel has a pause or a limit, as each engine last
-# read it (outbox_tenant_channel: a few rows or none), and until when that
-# answer is taken as it is: a pause or a limit set elsewhere holds from the
-# claims at most that long after (one set in this process, at once).
-_TENANT_CHANNELS_FRESH_SECONDS = 1.0
-_tenant_channels_seen: weakref.WeakKeyDictionary[sa.Engine, tuple[float, bool]] = (
-    weakref.WeakKeyDictionary()
-)
-_TENANT_CHANNELS_IN_USE = statement("SELECT EXISTS (SELECT 1 FROM outbox_tenant_channel)")
+# Whether any tenant's channel has a pause or a limit, as each engine's last
+# claim found it (the claim's last row says): its next claim leaves those
+# parts out if none had. One set elsewhere holds from the second claim after
+# (the first finds it); one set in this process, from the next.
+_tenant_channels_seen: weakref.WeakKeyDictionary[sa.Engine, bool] = weakref.WeakKeyDictionary()
 
 
 def _tenant_channels_in_use(conn: sa.Connection) -> bool:
-    seen = _tenant_channels_seen.get(conn.engine)
-    now = time.monotonic()
-    if seen is not None and seen[0] > now:
-        return seen[1]
-    in_use = bool(conn.execute(_TENANT_CHANNELS_IN_USE).scalar_one())
-    _tenant_channels_seen[conn.engine] = (now + _TENANT_CHANNELS_FRESH_SECONDS, in_use)
-    return in_use
+    """What the engine's last claim found (unknown: in use, the full claim)."""
+    return _tenant_channels_seen.get(conn.engine, True)
+
+
+def _claimed_rows(conn: sa.Connection, rows: Sequence[sa.Row[Any]]) -> list[tuple[Any, ...]]:
+    """The claimed rows; the claim's one row more (its last column not NULL:
+    what it found of the tenants' channels) kept for the engine's next claim."""
+    claimed = [tuple(r)[:-1] for r in rows if r[-1] is None]
+    found = [r[-1] for r in rows if r[-1] is not None]
+    if len(found) != 1:
+        raise AssertionError(f"the claim returned {len(found)} rows of its own, not 1")
+    _tenant_channels_seen[conn.engine] = bool(found[0])
+    return claimed
 
 
 def tenant_channels_changed() -> None:
@@ -825,7 +830,7 @@ def claim(
     # _CLAIMED's columns are Claim's fields, in order.
     # (concurrent claimers that move rows, the cooldown's suppressed ones:
     # a row one of them moved is read again where it went)
-    return sorted(map(Claim._make, execute_fenced(conn, statement, params)))
+    return sorted(map(Claim._make, _claimed_rows(conn, execute_fenced(conn, statement, params))))
 
 
 def claim_and_receive(
@@ -849,7 +854,7 @@ def claim_and_receive(
     if channels is not None:
         params["channels"] = array_literal(channels)
         statement = _CLAIM_AND_RECEIVE_CHANNELS if in_use else _LEAN_CLAIM_AND_RECEIVE_CHANNELS
-    return _claimed_messages(execute_fenced(conn, statement, params))
+    return _claimed_messages(_claimed_rows(conn, execute_fenced(conn, statement, params)))
 
 
 @dataclass(frozen=True)
@@ -1076,7 +1081,7 @@ def _fence_arrays(claims: Iterable[Held]) -> dict[str, str] | None:
     }
 
 
-def _claimed_messages(rows: Sequence[sa.Row[Any]]) -> list[ClaimedMessage]:
+def _claimed_messages(rows: Iterable[Sequence[Any]]) -> list[ClaimedMessage]:
     # The receipts' columns are ClaimedMessage's fields, in order (``_received``):
     # each row is taken as it is.
     return sorted(map(ClaimedMessage._make, rows))
