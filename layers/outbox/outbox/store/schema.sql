@@ -1337,7 +1337,7 @@ CREATE TABLE public.outbox_message_live (
     CONSTRAINT outbox_message_settled_consistent CHECK (((status = ANY (ARRAY['pending'::text, 'claimed'::text])) = (settled_at IS NULL))),
     CONSTRAINT outbox_message_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'claimed'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'suppressed'::text, 'cancelled'::text, 'expired'::text, 'bounced'::text, 'complained'::text])))
 )
-WITH (fillfactor='90', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='0');
+WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='0', fillfactor='70');
 
 -- Name: outbox_message_resolved; Type: TABLE
 
