@@ -154,6 +154,26 @@ _BUCKET_HAS_DUE = """COALESCE((
                 ORDER BY m.channel, m.destination, m.priority DESC, m.available_at, m.id
                 LIMIT 1), false)"""
 
+
+def _idle_to_the_back(
+    table: str, tokens_now: str, key: tuple[str, str], turn: str, due_turn: str
+) -> str:
+    """The UPDATE that sends a bucket turn's buckets with nothing due to the
+    back of it (``table``, aliased as ``tokens_now`` reads it; its ``key``;
+    the CTEs ``turn`` and ``due_turn``): their tokens as they are now,
+    counted from now (the same bucket). Only rows nobody holds: a claimer
+    never waits here."""
+    alias = table.rsplit(" ", 1)[1]
+    columns = ", ".join(key)
+    return f"""UPDATE {table}
+        SET tokens = {tokens_now}, tokens_at = now()
+        FROM (SELECT {", ".join(f"i.{c}" for c in key)} FROM {table.split()[0]} AS i
+              WHERE ({", ".join(f"i.{c}" for c in key)}) IN (
+                    SELECT {columns} FROM {turn} EXCEPT SELECT {columns} FROM {due_turn})
+              FOR UPDATE SKIP LOCKED) AS t
+        WHERE {" AND ".join(f"{alias}.{c} = t.{c}" for c in key)}"""
+
+
 # Whether tenant's channel ``t`` has a row due (as _BUCKET_HAS_DUE, on the
 # per-tenant due index).
 _TENANT_BUCKET_HAS_DUE = """COALESCE((
@@ -351,14 +371,15 @@ _CLAIM = f"""
         -- (their tokens as they are now, counted from now: the same bucket),
         -- so that idle ones never keep the turn from those with work. Only
         -- rows nobody holds: a claimer never waits here.
-        UPDATE outbox_destination AS d
-        SET tokens = {TOKENS_NOW_SQL}, tokens_at = now()
-        FROM (SELECT i.channel, i.destination FROM outbox_destination AS i
-              WHERE (i.channel, i.destination) IN (
-                    SELECT channel, destination FROM bucket_turn
-                    EXCEPT SELECT channel, destination FROM due_turn)
-              FOR UPDATE SKIP LOCKED) AS t
-        WHERE d.channel = t.channel AND d.destination = t.destination
+        {
+    _idle_to_the_back(
+        "outbox_destination AS d",
+        TOKENS_NOW_SQL,
+        ("channel", "destination"),
+        "bucket_turn",
+        "due_turn",
+    )
+}
     ),
     channel_bucket AS (
         -- The channels limited as a whole (destination '{CHANNEL_WIDE}': all their
@@ -403,14 +424,15 @@ _CLAIM = f"""
     idle_tenant_bucket AS (
         -- The turn's ones with nothing due go to the back of the turn, as idle
         -- destinations do (only rows nobody holds: never a wait).
-        UPDATE outbox_tenant_channel AS tc
-        SET tokens = {TENANT_TOKENS_NOW_SQL}, tokens_at = now()
-        FROM (SELECT i.tenant, i.channel FROM outbox_tenant_channel AS i
-              WHERE (i.tenant, i.channel) IN (
-                    SELECT tenant, channel FROM tenant_bucket_turn
-                    EXCEPT SELECT tenant, channel FROM tenant_due_turn)
-              FOR UPDATE SKIP LOCKED) AS t
-        WHERE tc.tenant = t.tenant AND tc.channel = t.channel
+        {
+    _idle_to_the_back(
+        "outbox_tenant_channel AS tc",
+        TENANT_TOKENS_NOW_SQL,
+        ("tenant", "channel"),
+        "tenant_bucket_turn",
+        "tenant_due_turn",
+    )
+}
     ),
     tenant_limited AS (
         -- Each of them that holds a token: its first due rows in its own claim

@@ -243,11 +243,17 @@ def set_tenant_limit(
 
 def clear_tenant_limit(conn: sa.Connection, tenant: str, channel: str) -> bool:
     """Remove the limit; True if there was one."""
+    return _unset(conn, _CLEAR_TENANT_LIMIT, tenant, channel)
+
+
+def _unset(conn: sa.Connection, unset: sa.TextClause, tenant: str, channel: str) -> bool:
+    """Run ``unset`` (a limit's or a pause's), then drop the row if it holds
+    nothing now; True if there was something to unset."""
     key = _key(tenant, channel)
-    cleared = conn.execute(_CLEAR_TENANT_LIMIT, key).first() is not None
+    was_set = conn.execute(unset, key).first() is not None
     conn.execute(_DROP_EMPTY_TENANT_CHANNEL, key)
     _changed()
-    return cleared
+    return was_set
 
 
 def pause_tenant_channel(
@@ -266,11 +272,7 @@ def pause_tenant_channel(
 
 def resume_tenant_channel(conn: sa.Connection, tenant: str, channel: str) -> bool:
     """Let them go again; True if they were paused."""
-    key = _key(tenant, channel)
-    resumed = conn.execute(_RESUME_TENANT_CHANNEL, key).first() is not None
-    conn.execute(_DROP_EMPTY_TENANT_CHANNEL, key)
-    _changed()
-    return resumed
+    return _unset(conn, _RESUME_TENANT_CHANNEL, tenant, channel)
 
 
 def tenant_channels(conn: sa.Connection, tenant: str | None = None) -> list[TenantChannel]:
