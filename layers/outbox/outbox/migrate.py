@@ -243,11 +243,19 @@ def upgrade_from(
             connection.commit()
             return before, after
         finally:
-            connection.rollback()
-            connection.execute(
-                sa.text("SELECT pg_advisory_unlock(:id)"), {"id": _MIGRATION_LOCK_ID}
-            )
-            connection.commit()
+            _release_migration_lock(connection)
+
+
+def _release_migration_lock(connection: sa.Connection) -> None:
+    """End what a failed revision left open and release the session's
+    migration lock; on a connection that is gone the session took the lock
+    with it, and the error that ended the upgrade is the one to see."""
+    try:
+        connection.rollback()
+        connection.execute(sa.text("SELECT pg_advisory_unlock(:id)"), {"id": _MIGRATION_LOCK_ID})
+        connection.commit()
+    except sa.exc.DBAPIError:
+        connection.invalidate()
 
 
 def downgrade(engine: sa.Engine, revision: str) -> None:
