@@ -396,8 +396,32 @@ def test_a_tenants_limited_backlog_never_hides_its_other_channels(engine: sa.Eng
     assert set(mail) <= first and len(first) == 7
 
 
-def test_concurrent_claimers_never_exceed_a_tenants_channel_limit(engine: sa.Engine) -> None:
+def claimed_together(engine: sa.Engine, claimers: int) -> list[int]:
+    """``claimers`` threads released at once, each claiming 5 batches of 50:
+    every id they claimed (a failure in any of them fails the test)."""
     import threading
+
+    got: list[list[int]] = []
+    failures: list[BaseException] = []
+    start = threading.Barrier(claimers)
+
+    def claimer() -> None:
+        try:
+            start.wait()
+            got.append([c.id for _ in range(5) for c in claim(engine, batch=50)])
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=claimer) for _ in range(claimers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not failures, failures
+    return [i for ids in got for i in ids]
+
+
+def test_concurrent_claimers_never_exceed_a_tenants_channel_limit(engine: sa.Engine) -> None:
 
     for host in ("a.example", "b.example"):
         enqueue_hooks_for(engine, "acme", 150, host)
@@ -406,23 +430,7 @@ def test_concurrent_claimers_never_exceed_a_tenants_channel_limit(engine: sa.Eng
         store.set_tenant_limit(conn, "acme", "webhook", 5, 5)
         since = conn.execute(sa.text("SELECT now()")).scalar_one()
     make_due(engine)
-    start = threading.Barrier(6)
-    failures: list[BaseException] = []
-
-    def claimer() -> None:
-        try:
-            start.wait()
-            for _ in range(5):
-                claim(engine, batch=50)
-        except BaseException as exc:  # reported below
-            failures.append(exc)
-
-    threads = [threading.Thread(target=claimer) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not failures, failures
+    claimed_together(engine, claimers=6)
     with engine.connect() as conn:
         taken, last = conn.execute(
             sa.text(
@@ -539,32 +547,11 @@ def test_the_claim_beside_a_large_backlog_stays_below_jit_above_cost(
 
 
 def test_concurrent_claimers_sharing_tenants_never_claim_a_row_twice(engine: sa.Engine) -> None:
-    import threading
 
     for name in ("acme", "beta", "gamma"):
         enqueue_for(engine, name, 400)
     make_due(engine)
-    got: list[list[int]] = []
-    failures: list[BaseException] = []
-    start = threading.Barrier(4)
-
-    def claimer() -> None:
-        try:
-            start.wait()
-            mine: list[int] = []
-            for _ in range(5):
-                mine += [c.id for c in claim(engine, batch=50)]
-            got.append(mine)
-        except BaseException as exc:  # reported below
-            failures.append(exc)
-
-    threads = [threading.Thread(target=claimer) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not failures, failures
-    every = [i for ids in got for i in ids]
+    every = claimed_together(engine, claimers=4)
     # none twice (a claimer may find fewer than 50 while the others hold candidates)
     assert len(every) == len(set(every)) > 0
     with engine.connect() as conn:
