@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import threading
@@ -17,7 +18,10 @@ from outbox import store
 from support import EMAIL, enqueue
 
 
-def test_eight_concurrent_claimers_claim_every_row_exactly_once(engine: sa.Engine) -> None:
+@pytest.mark.parametrize("prepare", [False, True], ids=["plain", "prepared"])
+def test_eight_concurrent_claimers_claim_every_row_exactly_once(
+    engine: sa.Engine, prepare: bool
+) -> None:
     ids = enqueue(engine, 10_000)
     claimed: list[list[int]] = [[] for _ in range(8)]
     start = threading.Barrier(8)
@@ -26,7 +30,7 @@ def test_eight_concurrent_claimers_claim_every_row_exactly_once(engine: sa.Engin
         start.wait()
         while True:
             with engine.begin() as conn:
-                batch = store.claim(conn, 97, 120)
+                batch = store.claim(conn, 97, 120, prepare=prepare)
             if not batch:
                 return
             claimed[slot].extend(c.id for c in batch)
@@ -334,10 +338,22 @@ def test_every_claim_form_walks_the_due_index_beside_history(engine: sa.Engine, 
             for statement, params, index in forms
             for name in [next(n for n, v in vars(store.delivery).items() if v is statement)]
         ]
-        for statement, params, index in forms:
+        for (statement, params, index), prepare in itertools.product(forms, (False, True)):
+            values = {
+                "batch_size": batch,
+                "lease_seconds": 120.0,
+                "default_ttl": 86400.0,
+                **params,
+            }
+            if prepare:  # the plan the worker's prepared claim keeps (_sql.prepared)
+                # (a fresh session's statements: this pooled one has others')
+                conn.exec_driver_sql("DEALLOCATE ALL")
+                conn.connection.info.pop("outbox_prepared", None)
+                execute = store._sql.prepared(conn, statement, values)
+                assert execute is not None
+                statement, values = execute, {}
             plan = conn.execute(
-                sa.text("EXPLAIN (FORMAT JSON) " + statement.text),
-                {"batch_size": batch, "lease_seconds": 120.0, "default_ttl": 86400.0, **params},
+                sa.text("EXPLAIN (FORMAT JSON) " + statement.text), values
             ).scalar_one()
             text = json.dumps(plan)
             if index is not None:

@@ -100,6 +100,7 @@ def relay_reads(env: Mapping[str, str]) -> dict[str, Any]:
             "WAKE_SCHEDULE_NAME": runtime.wake_schedule.name if runtime.wake_schedule else "",
             "REAPER_FUNCTION": runtime.reaper_function,
             "WORKER_STOP_GRACE_SECONDS": Worker(engine=None, settings=relay).stop_grace_seconds,  # type: ignore[arg-type]
+            "WORKER_PREPARED_CLAIM": Worker(engine=None, settings=relay).prepared_claim,  # type: ignore[arg-type]
             # observability reads these two at import, with the setting itself
             "POWERTOOLS_SERVICE_NAME": table.POWERTOOLS_SERVICE_NAME.read(os.environ),
             "POWERTOOLS_METRICS_NAMESPACE": table.POWERTOOLS_METRICS_NAMESPACE.read(os.environ),

@@ -468,6 +468,17 @@ WORKER_STOP_GRACE_SECONDS = Float(
     "take; then they are given up and settled as retries, and the worker exits",
     in_template=False,  # only `outbox worker` reads it
 )
+WORKER_PREPARED_CLAIM = Bool(
+    name="WORKER_PREPARED_CLAIM",
+    # A third of a small batch's claim is planning and sending its text
+    # (bench/README.md); the worker holds its connections, so a session that
+    # keeps the statement costs nothing more.
+    default=True,
+    meaning="outbox worker: prepare the claim once per database connection; set false "
+    "behind a pooler that shares a session between clients per transaction "
+    "(PgBouncer in transaction mode)",
+    in_template=False,  # only `outbox worker` reads it
+)
 DISPATCH_BUDGET_SECONDS = Float(
     name="DISPATCH_BUDGET_SECONDS",
     default=50.0,

@@ -36,7 +36,7 @@ import sqlalchemy as sa
 from . import aws, coldstart_limits, reaper, sender, store
 from .observability import count
 from .relay_settings import OutcomeEventSettings, RelaySettings
-from .settings import WORKER_STOP_GRACE_SECONDS
+from .settings import WORKER_PREPARED_CLAIM, WORKER_STOP_GRACE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +84,15 @@ class Worker:
         on_batch: Callable[[WorkerReport], None] | None = None,
         outcome_events: OutcomeEventSettings | None = None,
         stop_grace_seconds: float | None = None,
+        prepared_claim: bool | None = None,
     ) -> None:
         self.engine = engine
         if stop_grace_seconds is None:
             stop_grace_seconds = WORKER_STOP_GRACE_SECONDS.read(os.environ)
         self.stop_grace_seconds = stop_grace_seconds
+        if prepared_claim is None:
+            prepared_claim = WORKER_PREPARED_CLAIM.read(os.environ)
+        self.prepared_claim = prepared_claim
         self.settings = settings
         # Outcome events are off unless a bus is named; then the reaper step
         # publishes them too.
@@ -206,6 +210,7 @@ class Worker:
                 settings.max_attempts,
                 self.channels,
                 default_ttl_seconds=settings.default_ttl_seconds or None,
+                prepare=self.prepared_claim,
             )
         report = BatchReport(claimed=len(rows))
         if not rows:

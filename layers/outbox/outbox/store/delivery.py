@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from ..limits import CHANNEL_WIDE
 from ..payloads import MAX_STORED_BYTES
 from ..states import SETTLE_OUTCOMES
-from ._sql import array_literal, execute_fenced, json_document, statement
+from ._sql import array_literal, execute_fenced, json_document, prepared, statement
 from .cooldown import CLAIM_GATE as COOLDOWN_GATE
 from .cooldown import CLAIM_PASSES as COOLDOWN_PASSES
 from .cooldown import SETTLE_WINDOW as COOLDOWN_WINDOW
@@ -797,6 +797,18 @@ def _claimed_rows(conn: sa.Connection, rows: Sequence[sa.Row[Any]]) -> list[tupl
     return claimed
 
 
+def _claim_rows(
+    conn: sa.Connection, statement: sa.TextClause, params: dict[str, Any], prepare: bool
+) -> list[tuple[Any, ...]]:
+    """Run a claim statement (``prepare``: as this connection's prepared
+    statement, ``_sql.prepared``) and return its claimed rows."""
+    if prepare:
+        execute = prepared(conn, statement, params)
+        if execute is not None:
+            statement, params = execute, {}
+    return _claimed_rows(conn, execute_fenced(conn, statement, params))
+
+
 def tenant_channels_changed() -> None:
     """Forget what every engine read of the tenants' channels (a pause or a
     limit was just set or cleared in this process): its next claim asks."""
@@ -835,11 +847,14 @@ def claim(
     lease_seconds: float,
     channels: Sequence[str] | None = None,
     default_ttl_seconds: float | None = None,
+    prepare: bool = False,
 ) -> list[Claim]:
     """Claim up to ``batch_size`` due rows, highest priority first, for one lease.
 
     ``default_ttl_seconds``: the deliver-by time of rows without their own
-    (counted from when they were first due); None: no default."""
+    (counted from when they were first due); None: no default. ``prepare``:
+    prepare the claim on the connection, for a caller that claims again and
+    again with the same arguments (``_sql.prepared``)."""
     params: dict[str, Any] = {
         **_claim_params(batch_size, lease_seconds),
         "default_ttl": None if default_ttl_seconds is None else float(default_ttl_seconds),
@@ -852,7 +867,7 @@ def claim(
     # _CLAIMED's columns are Claim's fields, in order.
     # (concurrent claimers that move rows, the cooldown's suppressed ones:
     # a row one of them moved is read again where it went)
-    return sorted(map(Claim._make, _claimed_rows(conn, execute_fenced(conn, statement, params))))
+    return sorted(map(Claim._make, _claim_rows(conn, statement, params, prepare)))
 
 
 def claim_and_receive(
@@ -862,10 +877,12 @@ def claim_and_receive(
     default_max_attempts: int,
     channels: Sequence[str] | None = None,
     default_ttl_seconds: float | None = None,
+    prepare: bool = False,
 ) -> list[ClaimedMessage]:
     """``claim`` and ``receive_claimed`` in one statement, for a process that sends
     what it claims: the rows come back received, with their payloads (as text),
-    ordered by id. Every write after it is fenced on the claim token as usual."""
+    ordered by id. Every write after it is fenced on the claim token as usual.
+    ``prepare``: as ``claim``'s."""
     params: dict[str, Any] = {
         **_claim_params(batch_size, lease_seconds),
         "default_ttl": None if default_ttl_seconds is None else float(default_ttl_seconds),
@@ -876,7 +893,7 @@ def claim_and_receive(
     if channels is not None:
         params["channels"] = array_literal(channels)
         statement = _CLAIM_AND_RECEIVE_CHANNELS if in_use else _LEAN_CLAIM_AND_RECEIVE_CHANNELS
-    return _claimed_messages(_claimed_rows(conn, execute_fenced(conn, statement, params)))
+    return _claimed_messages(_claim_rows(conn, statement, params, prepare))
 
 
 @dataclass(frozen=True)

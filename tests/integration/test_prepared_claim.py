@@ -1,0 +1,146 @@
+"""The worker's prepared claim (``store._sql.prepared``): the same rows as the
+statement it prepares, planned once a connection, bounded, and a fresh
+connection prepares it again."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import outbox
+from outbox import store
+from outbox.db import create_engine
+from outbox.relay_settings import DatabaseSettings
+from support import EMAIL
+
+
+@pytest.fixture
+def one_connection(engine: sa.Engine, database_url: str) -> Iterator[sa.Engine]:
+    """An engine of one connection (a session of its own) over the test tables."""
+    own = create_engine(DatabaseSettings(url=database_url, sslmode="disable"), autocommit=True)
+    try:
+        yield own
+    finally:
+        own.dispose()
+
+
+def prepared_here(conn: sa.Connection) -> list[sa.Row[Any]]:
+    return list(
+        conn.execute(
+            sa.text("SELECT * FROM pg_prepared_statements WHERE name LIKE 'outbox%' ORDER BY name")
+        )
+    )
+
+
+def backlog(engine: sa.Engine) -> None:
+    """Rows the claim must choose among: priorities, channels, a row not yet
+    due, an ordering key's head and the row behind it, a tenant's rows."""
+    with engine.begin() as conn:
+        for i in range(12):
+            outbox.enqueue(conn, "email", EMAIL, priority=i % 3)
+        for _ in range(4):
+            outbox.enqueue(
+                conn, "webhook", {"url": "https://example.com/h", "event_type": "t", "body": {}}
+            )
+        outbox.enqueue(conn, "email", EMAIL, priority=9, delay=60)
+        outbox.enqueue(conn, "email", EMAIL, ordering_key="order-1")
+        outbox.enqueue(conn, "email", EMAIL, ordering_key="order-1")
+        for _ in range(3):
+            outbox.enqueue(conn, "email", EMAIL, tenant="acme")
+
+
+def claimed_in_turn(engine: sa.Engine, prepare: bool, **kwargs: Any) -> list[list[Any]]:
+    """Every batch of 5 a claimer takes until none is left, in a transaction
+    rolled back after (each run starts from the same rows)."""
+    with engine.connect() as conn:
+        conn.begin()
+        batches = []
+        while batch := store.claim_and_receive(conn, 5, 120, 5, prepare=prepare, **kwargs):
+            batches.append([(m.id, m.channel, m.attempt, m.payload) for m in batch])
+        conn.rollback()
+    return batches
+
+
+@pytest.mark.parametrize("channels", [None, ["email"]])
+@pytest.mark.parametrize("tenant_paused", [False, True], ids=["lean", "full"])
+def test_the_prepared_claim_takes_the_rows_the_plain_one_does(
+    engine: sa.Engine, channels: list[str] | None, tenant_paused: bool
+) -> None:
+    backlog(engine)
+    if tenant_paused:  # the claim with the tenants' channel parts in it
+        with engine.begin() as conn:
+            store.pause_tenant_channel(conn, "acme", "email", "test")
+    plain = claimed_in_turn(engine, False, channels=channels, default_ttl_seconds=86400.0)
+    prepared = claimed_in_turn(engine, True, channels=channels, default_ttl_seconds=86400.0)
+    assert prepared == plain
+    taken = [i for batch in plain for i, *_ in batch]
+    assert len(taken) == len(set(taken)) > 5
+    # 22 rows: one not due, one behind its ordering key's head
+    assert len(taken) == 22 - 2 - 3 * tenant_paused - 4 * (channels is not None)
+
+
+def test_a_connection_prepares_the_claim_once_and_plans_it_once(one_connection: sa.Engine) -> None:
+    backlog(one_connection)
+    with one_connection.connect() as conn:
+        # The first claim of an engine is the whole statement (it does not
+        # know yet whether a tenant's channel is paused or limited), the
+        # next ones the lean one (none is): two statements.
+        for _ in range(4):
+            assert len(store.claim(conn, 2, 120, prepare=True)) == 2
+        statements = prepared_here(conn)
+        assert len(statements) == 2
+        if "generic_plans" in statements[0]._fields:  # PostgreSQL 14 and later
+            # no parameter left to plan for: one plan each, kept (a custom
+            # plan is one made for an execution's values)
+            plans = sorted((s.generic_plans, s.custom_plans) for s in statements)
+            assert plans == [(1, 0), (3, 0)]
+        # The same claim with other values is another statement.
+        store.claim(conn, 3, 120, prepare=True)
+        assert len(prepared_here(conn)) == 3
+
+
+def test_a_fresh_connection_prepares_the_claim_again(one_connection: sa.Engine) -> None:
+    """SQLAlchemy's ``info`` of a connection lives as long as the connection:
+    after one is replaced (an error, a recycle), the new session has no
+    statement of the old one's, and the claim prepares it again."""
+    backlog(one_connection)
+    with one_connection.connect() as conn:
+        store.claim(conn, 2, 120, prepare=True)
+        before = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        conn.invalidate()
+    with one_connection.connect() as conn:
+        assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() != before
+        assert prepared_here(conn) == []
+        assert len(store.claim(conn, 2, 120, prepare=True)) == 2
+        assert len(prepared_here(conn)) == 1  # the lean claim (the engine knows now)
+
+
+def test_a_connection_prepares_a_bounded_number_of_claims(one_connection: sa.Engine) -> None:
+    """A caller that changes its batch size every claim runs the claims past
+    the bound unprepared, instead of growing the session without end."""
+    backlog(one_connection)
+    bound = store._sql.MAX_PREPARED_PER_CONNECTION
+    with one_connection.connect() as conn:
+        taken = [
+            c.id for size in range(1, bound + 4) for c in store.claim(conn, size, 120, prepare=True)
+        ]
+        assert len(prepared_here(conn)) == bound
+    assert len(taken) == len(set(taken)) == 22 - 2
+
+
+def test_a_value_with_no_plain_spelling_runs_the_claim_unprepared(
+    one_connection: sa.Engine,
+) -> None:
+    """Values are written into the prepared text only where they cannot
+    change it (numbers, NULL, text without quotes or backslashes): a channel
+    filter with a quote in it is bound as a parameter, as without ``prepare``."""
+    backlog(one_connection)
+    with one_connection.connect() as conn:
+        assert store.claim(conn, 5, 120, channels=["it's", "email"], prepare=True) != []
+        assert prepared_here(conn) == []
+        with pytest.raises(ValueError):
+            store.claim(conn, 0, 120, prepare=True)
+        assert prepared_here(conn) == []
