@@ -144,3 +144,76 @@ def test_a_value_with_no_plain_spelling_runs_the_claim_unprepared(
         with pytest.raises(ValueError):
             store.claim(conn, 0, 120, prepare=True)
         assert prepared_here(conn) == []
+
+
+@pytest.fixture
+def refused_as_moved(engine: sa.Engine) -> Iterator[Any]:
+    """Claims that Postgres refuses with its "moved to another partition"
+    error (the same SQLSTATE and message) their first ``n`` runs on a
+    connection: a trigger on the live rows raises it when a row is claimed,
+    ``n`` read from the connection's own ``test.moved_runs``."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE SEQUENCE test_moved_runs"))
+        conn.execute(
+            sa.text(
+                """CREATE FUNCTION test_moved_refusal() RETURNS trigger
+                LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+                BEGIN
+                    IF NEW.status = 'claimed' AND OLD.status = 'pending'
+                       AND nextval('public.test_moved_runs')
+                           <= CAST(current_setting('test.moved_runs', true) AS int) THEN
+                        RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE =
+                            'tuple to be locked was already moved to another '
+                            'partition due to concurrent update';
+                    END IF;
+                    RETURN NEW;
+                END $$"""
+            )
+        )
+        conn.execute(
+            sa.text(
+                "CREATE TRIGGER test_moved_refusal BEFORE UPDATE ON outbox_message_live"
+                " FOR EACH ROW EXECUTE FUNCTION test_moved_refusal()"
+            )
+        )
+
+    def refuse(conn: sa.Connection, n: int) -> None:
+        conn.execute(sa.text("ALTER SEQUENCE public.test_moved_runs RESTART"))
+        conn.execute(sa.text(f"SET test.moved_runs = {int(n)}"))
+
+    try:
+        yield refuse
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP TRIGGER test_moved_refusal ON outbox_message_live"))
+            conn.execute(sa.text("DROP FUNCTION test_moved_refusal()"))
+            conn.execute(sa.text("DROP SEQUENCE test_moved_runs"))
+
+
+@pytest.mark.parametrize("prepare", [False, True], ids=["plain", "prepared"])
+def test_a_claim_runs_again_after_each_row_moved_under_it(
+    one_connection: sa.Engine, refused_as_moved: Any, prepare: bool
+) -> None:
+    """Four workers at batch 1000 with a receiver that answers at once (the
+    bench): within one claim's statement other claimers took and settled rows
+    it had read as pending, and the claim was refused as "moved" three runs in
+    a row, which failed the batch (the runs a fenced write gets). A claim runs
+    again up to ``CLAIM_RUNS_AFTER_A_MOVE`` times, each run a new snapshot
+    without the rows that moved."""
+    backlog(one_connection)
+    runs = store._sql.CLAIM_RUNS_AFTER_A_MOVE
+    assert runs > store._sql.RUNS_AFTER_A_MOVE
+    with one_connection.connect() as conn:
+        refused_as_moved(conn, runs - 1)
+        assert len(store.claim(conn, 2, 120, prepare=prepare)) == 2
+        assert len(store.claim_and_receive(conn, 2, 120, 5, prepare=prepare)) == 2
+        refused_as_moved(conn, runs)
+        with pytest.raises(sa.exc.DBAPIError, match="moved to another partition"):
+            store.claim(conn, 2, 120, prepare=prepare)
+    with one_connection.connect() as conn:
+        assert (
+            conn.execute(
+                sa.text("SELECT count(*) FROM outbox_message WHERE status = 'claimed'")
+            ).scalar_one()
+            == 4
+        )

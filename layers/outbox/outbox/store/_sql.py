@@ -146,48 +146,66 @@ def prepared(
     a new connection starts with none. Not for a session a pooler shares
     between clients per transaction (PgBouncer's transaction mode); RDS Proxy
     pins such a session to its client."""
-    values: dict[str, str] = {}
-    for name in set(_BIND.findall(stmt.text)):
-        literal = _sql_literal(params[name])
-        if literal is None:
-            return None
-        values[name] = literal
-    body = _BIND.sub(lambda m: values[m.group(1)], stmt.text)
-    name = "outbox_" + hashlib.sha256(body.encode()).hexdigest()[:24]
+    written = _written_in(stmt.text, tuple(sorted(params.items())))
+    if written is None:
+        return None
+    execute, body = written
     done: set[str] = conn.connection.info.setdefault("outbox_prepared", set())
-    if name not in done:
+    if execute.text not in done:
         if len(done) >= MAX_PREPARED_PER_CONNECTION:
             return None
-        conn.exec_driver_sql(f"PREPARE {name} AS {body}")
-        done.add(name)
-    return _execute(name)
+        conn.exec_driver_sql(f"PREPARE {execute.text[len('EXECUTE ') :]} AS {body}")
+        done.add(execute.text)
+    return execute
 
 
 @functools.lru_cache(maxsize=64)
-def _execute(name: str) -> sa.TextClause:
-    return sa.text(f"EXECUTE {name}")
+def _written_in(text: str, params: tuple[tuple[str, Any], ...]) -> tuple[sa.TextClause, str] | None:
+    """(the ``EXECUTE`` statement, the text to prepare) for ``text`` with these
+    values written in; None when one has no plain spelling. Remembered: the
+    same claim comes again every batch, and this reads its whole text."""
+    given = dict(params)
+    values: dict[str, str] = {}
+    for name in set(_BIND.findall(text)):
+        literal = _sql_literal(given[name])
+        if literal is None:
+            return None
+        values[name] = literal
+    body = _BIND.sub(lambda m: values[m.group(1)], text)
+    name = "outbox_" + hashlib.sha256(body.encode()).hexdigest()[:24]
+    return sa.text(f"EXECUTE {name}"), body
 
 
-_ATTEMPTS_AFTER_A_MOVE = 3
+# How many times a fenced write runs, the first included, while Postgres
+# refuses it for a row moved meanwhile.
+RUNS_AFTER_A_MOVE = 3
+# A claim's: it reads every due row's head of the index, and while it runs
+# other claimers may take and settle (move) rows it read as pending, again
+# in each run under load (four workers at batch 1000 with a receiver that
+# answers at once were refused three runs in a row). Each run reads a new
+# snapshot, without the rows that moved.
+CLAIM_RUNS_AFTER_A_MOVE = 10
 
 
-def execute_fenced(conn: sa.Connection, stmt: Any, params: dict[str, Any]) -> list[sa.Row[Any]]:
-    """Run a fenced write (or lock), and again when a row it waited for was
-    moved meanwhile: the next run reads the row where it went, and the fence
-    decides (a settle finds its claim gone and writes nothing). On the
-    relay's autocommit connections the failed statement left nothing to undo;
-    inside a transaction it runs in a savepoint. The connection stays
-    (``outbox.db`` keeps it for this error alone: the server's whole answer
-    was read)."""
+def execute_fenced(
+    conn: sa.Connection, stmt: Any, params: dict[str, Any], runs: int = RUNS_AFTER_A_MOVE
+) -> list[sa.Row[Any]]:
+    """Run a fenced write (or lock), and again (at most ``runs`` times in all)
+    when a row it waited for was moved meanwhile: the next run reads the row
+    where it went, and the fence decides (a settle finds its claim gone and
+    writes nothing). On the relay's autocommit connections the failed
+    statement left nothing to undo; inside a transaction it runs in a
+    savepoint. The connection stays (``outbox.db`` keeps it for this error
+    alone: the server's whole answer was read)."""
     raw = conn.connection.dbapi_connection
     in_transaction = not getattr(raw, "autocommit", False)
-    for attempt in range(1, _ATTEMPTS_AFTER_A_MOVE + 1):
+    for run in range(1, runs + 1):
         try:
             if not in_transaction:
                 return list(conn.execute(stmt, params).all())
             with conn.begin_nested():
                 return list(conn.execute(stmt, params).all())
         except sa.exc.DBAPIError as exc:
-            if attempt == _ATTEMPTS_AFTER_A_MOVE or not moved_meanwhile(exc.orig):
+            if run == runs or not moved_meanwhile(exc.orig):
                 raise
     raise AssertionError("unreachable")

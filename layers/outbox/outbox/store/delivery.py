@@ -19,7 +19,14 @@ import sqlalchemy as sa
 from ..limits import CHANNEL_WIDE
 from ..payloads import MAX_STORED_BYTES
 from ..states import SETTLE_OUTCOMES
-from ._sql import array_literal, execute_fenced, json_document, prepared, statement
+from ._sql import (
+    CLAIM_RUNS_AFTER_A_MOVE,
+    array_literal,
+    execute_fenced,
+    json_document,
+    prepared,
+    statement,
+)
 from .cooldown import CLAIM_GATE as COOLDOWN_GATE
 from .cooldown import CLAIM_PASSES as COOLDOWN_PASSES
 from .cooldown import SETTLE_WINDOW as COOLDOWN_WINDOW
@@ -806,7 +813,9 @@ def _claim_rows(
         execute = prepared(conn, statement, params)
         if execute is not None:
             statement, params = execute, {}
-    return _claimed_rows(conn, execute_fenced(conn, statement, params))
+    return _claimed_rows(
+        conn, execute_fenced(conn, statement, params, runs=CLAIM_RUNS_AFTER_A_MOVE)
+    )
 
 
 def tenant_channels_changed() -> None:
