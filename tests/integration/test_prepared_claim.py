@@ -217,3 +217,46 @@ def test_a_claim_runs_again_after_each_row_moved_under_it(
             ).scalar_one()
             == 4
         )
+
+
+@pytest.mark.parametrize("setting", [None, "true", "false"])
+def test_the_worker_prepares_its_claim_unless_told_not_to(
+    engine: sa.Engine,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    setting: str | None,
+) -> None:
+    """WORKER_PREPARED_CLAIM (default true): the worker's connections hold its
+    claim prepared after a run, or, set false, none (a pooler in transaction
+    mode would lose it); the rows are delivered either way."""
+    from outbox.worker import Worker
+    from support import ScriptedChannel, install_channel, settings
+
+    if setting is None:
+        monkeypatch.delenv("WORKER_PREPARED_CLAIM", raising=False)
+    else:
+        monkeypatch.setenv("WORKER_PREPARED_CLAIM", setting)
+    install_channel(ScriptedChannel())
+    with engine.begin() as conn:
+        ids = [outbox.enqueue(conn, "scripted", {"n": i}) for i in range(7)]
+    own = create_engine(
+        DatabaseSettings(url=database_url, sslmode="disable"), pool_size=2, autocommit=True
+    )
+    try:
+        worker = Worker(own, settings(batch_size=3), reap_interval_seconds=3600)
+        worker.run(until_empty=True)
+        held = []
+        with own.connect() as first, own.connect() as second:  # the pool's two sessions
+            for conn in (first, second):
+                held += [r.name for r in prepared_here(conn)]
+    finally:
+        own.dispose()
+    assert (held != []) is (setting != "false"), held
+    with engine.connect() as conn:
+        delivered = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM outbox_message WHERE id = ANY(:ids) AND status = 'delivered'"
+            ),
+            {"ids": ids},
+        ).scalar_one()
+    assert delivered == 7
