@@ -138,7 +138,7 @@ EMBEDDED_TESTS := tests/integration/test_claim.py tests/integration/test_reaper.
 	tests/integration/test_ordering.py tests/integration/test_dedupe.py \
 	tests/integration/test_cooldown.py tests/integration/test_receipt.py \
 	tests/integration/test_release_fence.py tests/integration/test_history.py \
-	tests/integration/test_sender.py
+	tests/integration/test_sender.py tests/integration/test_prepared_claim.py
 
 test-embedded: $(STAMP)
 	OUTBOX_DEV_DB=embedded $(BIN)/pytest -q $(EMBEDDED_TESTS)

@@ -1496,10 +1496,13 @@ def worker(
 
     from outbox import observability
     from outbox.runtime import cold_start_done
+    from outbox_cli.invoke import logs_to_stderr
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with observability.suspended(), database(autocommit=True) as engine:
+        # The relay's log records are diagnostics, beside the errors: stdout
+        # is the report (`outbox worker --json | jq`).
+        with observability.suspended(), logs_to_stderr(), database(autocommit=True) as engine:
             cold_start_done()  # what the setup made lives as long as the worker
             report = Worker(
                 engine,

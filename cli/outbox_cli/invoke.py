@@ -670,10 +670,11 @@ def error_document(exc: BaseException, summary: str | None = None) -> dict[str, 
 
 
 @contextlib.contextmanager
-def _logs_to_stderr() -> Iterator[None]:
+def logs_to_stderr() -> Iterator[None]:
     """Like `sam local invoke`: the function's logs go to stderr, so stdout
-    carries only the result. Log handlers bound to stdout are pointed at stderr
-    for the call (Powertools binds its handler to the stream at import)."""
+    carries only the result (and `outbox worker`'s report). Log handlers bound
+    to stdout are pointed at stderr for the call (Powertools binds its handler
+    to the stream at import)."""
     stdout_streams = {id(sys.stdout), id(sys.__stdout__)}
     moved: list[logging.StreamHandler[Any]] = []
     loggers = [
@@ -775,7 +776,7 @@ def invoke(
             # The deadline starts with the call, as Lambda's does after the init.
             context = LambdaContext(spec.logical_id, spec.timeout_seconds, spec.memory_mb)
             started = time.monotonic()
-            with _logs_to_stderr(), warnings.catch_warnings():
+            with logs_to_stderr(), warnings.catch_warnings():
                 # Powertools warns on every invocation that counted no metric; in
                 # a local run that is noise, not a problem with the function.
                 warnings.filterwarnings("ignore", "No application metrics to publish")

@@ -327,3 +327,30 @@ def test_sigterm_while_an_aws_provider_hangs_stops_within_the_grace(
     # read timeout: the bound leaves a busy machine room, far short of that.
     assert stopped_after < 30, f"stopped {stopped_after:.1f} s after SIGTERM"
     assert "claimed" not in statuses(engine)
+
+
+def test_the_json_report_is_all_a_worker_writes_to_stdout(
+    engine: sa.Engine, database_url: str
+) -> None:
+    """`outbox worker --json | jq` as a user runs it, at the default log
+    level: the relay's log records (the reaper's run, each settle) go to
+    stderr; stdout holds the report alone. They went to stdout before
+    0.10.0, and the report could not be parsed."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "POWERTOOLS_METRICS_DISABLED": "true",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",  # nothing of AWS is asked: no bus, no send
+    }
+    env.pop("POWERTOOLS_LOG_LEVEL", None)
+    env.pop("LOG_LEVEL", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "outbox_cli", "worker", "--until-empty", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["claimed"] == 0
+    assert '"message":"reaper run"' in done.stderr
