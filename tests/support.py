@@ -290,6 +290,17 @@ def receive(engine: sa.Engine, claims: Any, channel: str | None = None) -> list[
         return store.receive_claimed(conn, channel or claims[0].channel, claims, 5)
 
 
+def forget_statistics(conn: sa.Connection) -> None:
+    """Drop the planner's statistics of outbox_message's partitions, as on a
+    table autovacuum has not analyzed yet (TRUNCATE keeps them; superuser)."""
+    conn.execute(
+        sa.text(
+            "DELETE FROM pg_catalog.pg_statistic WHERE starelid IN "
+            "(SELECT relid FROM pg_catalog.pg_partition_tree('outbox_message'))"
+        )
+    )
+
+
 def make_due(engine: sa.Engine) -> None:
     """Pretend every backoff has passed."""
     with engine.begin() as conn:
