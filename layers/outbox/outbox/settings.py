@@ -331,7 +331,10 @@ BATCH_SIZE = Int(
     default=100,
     low=1,
     high=10_000,
-    meaning="rows per claim statement and per reap batch",
+    meaning=(
+        "rows per claim statement and per reap batch (the dispatcher: rounded down to "
+        "whole HANDOFF_CHUNK_SIZE events)"
+    ),
 )
 LEASE_SECONDS = Int(
     name="LEASE_SECONDS",
