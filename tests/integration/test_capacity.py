@@ -62,6 +62,59 @@ def test_a_budget_below_the_batch_size_is_the_most_one_pass_claims(engine: sa.En
     assert claimed(engine, "email") == 4
 
 
+def test_a_channel_waiting_for_room_is_checked_again_soon_not_at_the_idle_poll(
+    engine: sa.Engine,
+) -> None:
+    """A channel at its budget with rows due frees room at its senders' rate:
+    waiting the idle poll (0.2 s by default) for it left environments without
+    an event. The run checks again after ROOM_POLL_SECONDS instead; with
+    nothing due, it keeps the idle poll."""
+    enqueue(engine, 30)
+    invoker, _ = collector()
+    relay = settings(batch_size=10, poll_interval_seconds=0.2, channel_max_in_flight={"email": 10})
+    waits: list[float] = []
+    dispatcher.run(
+        engine,
+        invoker,
+        relay,
+        time_left=lambda: 0.0 if len(waits) >= 3 else 10.0,
+        sleep=waits.append,
+    )
+    assert waits == [dispatcher.ROOM_POLL_SECONDS] * 3  # claimed 10, then at its budget
+
+    store_settle_all(engine, relay)
+    waits.clear()
+    quiet = settings(poll_interval_seconds=0.2)
+    with engine.begin() as conn:
+        conn.execute(  # not due for an hour: nothing to claim
+            sa.text(
+                "UPDATE outbox_message SET available_at = now() + interval '1 hour' "
+                "WHERE status = 'pending'"
+            )
+        )
+    dispatcher.run(
+        engine,
+        invoker,
+        quiet,
+        time_left=lambda: 0.0 if len(waits) >= 2 else 10.0,
+        sleep=waits.append,
+    )
+    assert waits == [0.2, 0.2]  # caught up: the idle poll
+
+
+def store_settle_all(engine: sa.Engine, relay: Any) -> None:
+    """Settle every claimed row as delivered (the senders, done)."""
+    with engine.begin() as conn:
+        held = conn.execute(
+            sa.text("SELECT id, claim_token::text FROM outbox_message WHERE status = 'claimed'")
+        ).all()
+        store.settle(
+            conn,
+            [store.Settlement(i, t, "delivered") for i, t in held],  # type: ignore[arg-type]
+            relay.backoff(),
+        )
+
+
 def test_a_full_channel_does_not_hold_up_the_others(engine: sa.Engine) -> None:
     enqueue(engine, 50)  # ahead of the webhook rows in claim order
     webhook_ids = enqueue(engine, 5, "webhook", WEBHOOK)

@@ -18,7 +18,9 @@ lists the channels with pending rows (one small statement, served by the
 indexes of claimed rows and of pending rows by channel), then claims for the
 channels with room for a whole batch, leaving out the others and those Lambda
 just throttled. Dispatchers running at once each see the same room, so with N
-of them a channel may go over its budget by up to N - 1 batches.
+of them a channel may go over its budget by up to N - 1 batches. A run whose
+channel sat out for want of room looks again after ROOM_POLL_SECONDS, not
+the idle poll.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ HANDOFF_RETRY_DELAY_SECONDS = 5.0
 # Lambda throttled the invoke: the function is busy, not broken. Its rows come
 # back soon, and the channel is left out of the claims for as long.
 THROTTLE_RETRY_DELAY_SECONDS = 1.0
+# A channel at its in-flight budget with rows due gets room back at its
+# senders' rate (a few rows every few milliseconds): the run looks again this
+# soon rather than after the idle poll, which left environments without an
+# event. A pass that finds no room is one small statement.
+ROOM_POLL_SECONDS = 0.02
 HANDOFF_FAILED = "hand-off to the channel function failed"
 HANDOFF_THROTTLED = "hand-off throttled by Lambda (TooManyRequestsException)"
 _HANDOFF_THREADS = 8
@@ -60,6 +67,8 @@ class DispatchReport:
     throttled: int = 0
     # Whether the claim took all it asked for (more may be due at once).
     full: bool = False
+    # A channel with rows due sat the pass out for want of room in its budget.
+    waiting_for_room: bool = False
     # How the run ended (run() only): "idle" after the linger with nothing
     # due, "budget" when its time was spent.
     ended: str = ""
@@ -71,14 +80,18 @@ class DispatchReport:
         for name in ("claimed", "handed_off", "released", "unroutable", "batches", "throttled"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.full = other.full
+        self.waiting_for_room = other.waiting_for_room
 
 
 @dataclass(frozen=True)
 class ClaimPlan:
-    """What one pass claims: how many rows, and of which channels (None: all)."""
+    """What one pass claims: how many rows (0: none), and of which channels
+    (None: all); and whether a channel with rows pending sits it out for want
+    of room in its budget."""
 
     batch_size: int
     channels: Sequence[str] | None
+    waiting_for_room: bool = False
 
 
 def plan_claim(
@@ -86,9 +99,9 @@ def plan_claim(
     settings: RelaySettings,
     channels: Sequence[str] | None,
     cooling: Collection[str] = (),
-) -> ClaimPlan | None:
-    """The claim of one pass under the channels' in-flight budgets; None when
-    there is nothing this pass may claim.
+) -> ClaimPlan:
+    """The claim of one pass under the channels' in-flight budgets (a batch
+    size of 0 when there is nothing this pass may claim).
 
     A budgeted channel takes part only with room for a whole quantum of rows
     (the batch size, or the smallest budget in scope when that is smaller),
@@ -107,7 +120,9 @@ def plan_claim(
     taking_part = [c for c in budgeted if c not in cooling]
     room = {c: budgets[c] - load.claimed.get(c, 0) for c in taking_part}
     quantum = min([settings.batch_size, *(budgets[c] for c in taking_part)])
-    left_out = set(cooling) | {c for c in taking_part if room[c] < quantum}
+    full = {c for c in taking_part if room[c] < quantum}
+    left_out = set(cooling) | full
+    waiting_for_room = any(c in full for c in load.pending_channels)
     batch = min([settings.batch_size, *(room[c] for c in taking_part if c not in left_out)])
     wanted = [
         c
@@ -115,9 +130,11 @@ def plan_claim(
         if c not in left_out and (channels is None or c in channels)
     ]
     if not wanted:  # nothing pending, or only for channels sitting out
-        return None
+        return ClaimPlan(0, channels, waiting_for_room)
     return ClaimPlan(
-        whole_events(batch, settings.handoff_chunk_size), channels if not left_out else wanted
+        whole_events(batch, settings.handoff_chunk_size),
+        channels if not left_out else wanted,
+        waiting_for_room,
     )
 
 
@@ -152,7 +169,8 @@ def dispatch_once(
     report = DispatchReport(batches=1)
     with engine.begin() as conn:
         plan = plan_claim(conn, settings, channels, list(cooling))
-        if plan is None:
+        report.waiting_for_room = plan.waiting_for_room
+        if plan.batch_size == 0:
             return report
         claims = store.claim(
             conn,
@@ -312,4 +330,7 @@ def run(
             total.ended = "idle"
             return total
         if not report.full:  # caught up, or the channels are full: poll briefly
-            sleep(min(settings.poll_interval_seconds, max(0.0, time_left() - margin)))
+            poll = settings.poll_interval_seconds
+            if report.waiting_for_room:
+                poll = min(poll, ROOM_POLL_SECONDS)
+            sleep(min(poll, max(0.0, time_left() - margin)))
