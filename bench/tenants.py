@@ -154,7 +154,9 @@ def _simulated_cell(
     environments, each sending ``send_concurrency`` calls of ``latency_ms``):
     tenant a's ``backlog`` due, tenant b's ``b_messages`` enqueued one by one,
     spread over the time a's backlog takes at the ideal rate. b's latency is
-    ``settled_at - created_at``; a's rate is its rows over the time from the
+    ``settled_at - created_at`` (when the relay wrote its outcome, after the
+    rest of its event), and ``b_sent_*`` from its enqueue's commit to the
+    provider's acceptance (when its recipient gets it); a's rate is its rows over the time from the
     start (the database's clock) to its last row settled."""
     import threading
 
@@ -189,9 +191,12 @@ def _simulated_cell(
             conn.execute(sa.text("VACUUM ANALYZE outbox_message_live"))
             conn.commit()
         b_ids: list[int] = []
+        committed: dict[int, float] = {}  # b's ids: the monotonic time of the commit
         started: list[Any] = []
+        sims: list[Any] = []
 
         def on_start(_sim: Any) -> None:
+            sims.append(_sim)
             with engine.connect() as conn:
                 started.append(conn.execute(sa.text("SELECT clock_timestamp()")).scalar_one())
 
@@ -200,6 +205,7 @@ def _simulated_cell(
                     time.sleep(span / (b_messages + 1))
                     with engine.begin() as conn:
                         b = outbox.enqueue(conn, lambda_sim.CHANNEL, {"n": -2}, tenant="b")
+                    committed[b] = time.monotonic()
                     b_ids.append(b)
                     ids.append(b)
 
@@ -224,9 +230,16 @@ def _simulated_cell(
                 {"started": started[0]},
             ).one()
         times = sorted(_latencies(engine, b_ids))
+        accepted: dict[int, float] = {}
+        for send in sims[0].provider.sends if sims else []:
+            if send.message_id in committed:
+                accepted.setdefault(send.message_id, send.at)
+        sent = sorted(accepted[i] - committed[i] for i in accepted)
     finally:
         engine.dispose()
     return {
+        "b_sent_p50_ms": common.percentile(sent, 50) * 1000 if sent else None,
+        "b_sent_p99_ms": common.percentile(sent, 99) * 1000 if sent else None,
         "a_rows_per_s": a_done / a_seconds if backlog and a_seconds else None,
         "a_of_ideal": a_done / a_seconds / bound if backlog and a_seconds else None,
         "b_p50_ms": common.percentile(times, 50) * 1000 if times else None,
@@ -268,6 +281,9 @@ def run_simulated(
                 url, a_rows, b_rows, latency_ms, concurrency, max_in_flight
             )
         result["b_p99_vs_idle"] = result["two_tenants"]["b_p99_ms"] / result["idle"]["b_p99_ms"]
+        result["b_sent_p99_vs_idle"] = (
+            result["two_tenants"]["b_sent_p99_ms"] / result["idle"]["b_sent_p99_ms"]
+        )
         result["a_rate_vs_alone"] = (
             result["two_tenants"]["a_rows_per_s"] / result["alone"]["a_rows_per_s"]
         )

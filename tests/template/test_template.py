@@ -807,12 +807,12 @@ def test_the_dispatchers_budgets_follow_each_channels_reserved_concurrency(
     env["CHANNEL_CONCURRENCY"] = re.sub(r"\$\{([A-Za-z0-9]+)\}", lambda m: params[m[1]], raw)
     budgets = RelaySettings.from_env(env).in_flight_budgets()
     assert budgets == {
-        "email": 960,
-        "sms": 480,
-        "push": 480,
-        "webhook": 960,
-        "eventbridge": 480,
-        "sqs": 480,
+        "email": 480,
+        "sms": 256,
+        "push": 256,
+        "webhook": 480,
+        "eventbridge": 256,
+        "sqs": 256,
     }
 
     bad = copy.deepcopy(template)

@@ -78,13 +78,18 @@ def test_the_send_log_and_dedupe_keys_have_retentions_of_their_own() -> None:
 
 def test_in_flight_budget_from_reserved_concurrency_chunk_timeout_and_event_age() -> None:
     env = {**BASE, "CHANNEL_CONCURRENCY": '{"email": 10, "sms": 5}'}
-    # C * K * (1 + floor(min(event age, lease - timeout) / timeout)): 10 * 32 * (1 + 60 // 30)
-    assert RelaySettings.from_env(env).in_flight_budgets() == {"email": 960, "sms": 480}
+    # The least of the bound C * K * (1 + floor(min(event age, lease - timeout) / timeout))
+    # (10 * 32 * (1 + 60 // 30) = 960) and an event running in every environment and one
+    # waiting for every other ((10 + 5) * 32 = 480; (5 + 3) * 32 = 256).
+    assert RelaySettings.from_env(env).in_flight_budgets() == {"email": 480, "sms": 256}
     faster = {**env, "SENDER_TIMEOUT_SECONDS": "20", "HANDOFF_CHUNK_SIZE": "10"}
-    assert RelaySettings.from_env(faster).in_flight_budgets() == {"email": 400, "sms": 200}
+    assert RelaySettings.from_env(faster).in_flight_budgets() == {"email": 150, "sms": 80}
+    # An event age that leaves one wave: the bound is the lesser.
+    short = {**env, "MAX_EVENT_AGE_SECONDS": "20"}
+    assert RelaySettings.from_env(short).in_flight_budgets() == {"email": 320, "sms": 160}
     override = {**env, "CHANNEL_MAX_IN_FLIGHT": '{"sms": 40, "push": 7}'}
     assert RelaySettings.from_env(override).in_flight_budgets() == {
-        "email": 960,
+        "email": 480,
         "sms": 40,
         "push": 7,
     }
@@ -94,13 +99,13 @@ def test_in_flight_budget_from_reserved_concurrency_chunk_timeout_and_event_age(
 def test_an_unreserved_channel_is_budgeted_from_the_assumed_concurrency() -> None:
     # 0: the function reserves nothing (a new account's quota leaves no room
     # for a reservation), so the budget assumes UNRESERVED_CHANNEL_CONCURRENCY
-    # (default 2) invocations at once instead: 2 * 32 * (1 + 60 // 30).
+    # (default 2) invocations at once instead: (2 + 1) * 32.
     env = {**BASE, "CHANNEL_CONCURRENCY": '{"email": 0, "sms": 5}'}
-    assert RelaySettings.from_env(env).in_flight_budgets() == {"email": 192, "sms": 480}
+    assert RelaySettings.from_env(env).in_flight_budgets() == {"email": 96, "sms": 256}
     wider = {**env, "UNRESERVED_CHANNEL_CONCURRENCY": "4"}
-    assert RelaySettings.from_env(wider).in_flight_budgets() == {"email": 384, "sms": 480}
+    assert RelaySettings.from_env(wider).in_flight_budgets() == {"email": 192, "sms": 256}
     override = {**env, "CHANNEL_MAX_IN_FLIGHT": '{"email": 50}'}
-    assert RelaySettings.from_env(override).in_flight_budgets() == {"email": 50, "sms": 480}
+    assert RelaySettings.from_env(override).in_flight_budgets() == {"email": 50, "sms": 256}
 
 
 def test_issue_9_settings_are_read_with_production_defaults() -> None:

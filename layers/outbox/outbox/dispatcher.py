@@ -104,7 +104,8 @@ def plan_claim(
     size of 0 when there is nothing this pass may claim).
 
     A budgeted channel takes part only with room for a whole quantum of rows
-    (the batch size, or the smallest budget in scope when that is smaller),
+    (the batch size, or the smallest budget in scope when that is smaller, in
+    whole events),
     and the claim asks for no more than the least room among the channels
     taking part: so no channel ever goes over its budget, and a channel with
     little room left sits the pass out rather than shrinking everyone's
@@ -119,7 +120,9 @@ def plan_claim(
     load = store.channel_load(conn, budgeted)
     taking_part = [c for c in budgeted if c not in cooling]
     room = {c: budgets[c] - load.claimed.get(c, 0) for c in taking_part}
-    quantum = min([settings.batch_size, *(budgets[c] for c in taking_part)])
+    quantum = whole_events(
+        min([settings.batch_size, *(budgets[c] for c in taking_part)]), settings.handoff_chunk_size
+    )
     full = {c for c in taking_part if room[c] < quantum}
     left_out = set(cooling) | full
     waiting_for_room = any(c in full for c in load.pending_channels)

@@ -179,30 +179,39 @@ class RelaySettings:
         concurrency); each takes one event of up to K rows (HANDOFF_CHUNK_SIZE)
         and is over within T (SENDER_TIMEOUT_SECONDS), however it spreads the
         K rows over its SEND_CONCURRENCY threads: send concurrency makes an
-        invocation shorter, but the budget must hold for the slowest one. An
+        invocation shorter, but the bound must hold for the slowest one. An
         event must start within W = min(MAX_EVENT_AGE_SECONDS, LEASE_SECONDS - T)
         of its hand-off: later, Lambda drops it for age, or its lease runs out
         before the sender can finish. In the worst case (every invocation runs
         its full T) C invocations start at once and C more every T, so within W
-        the channel starts C * (1 + floor(W / T)) events:
+        the channel starts C * (1 + floor(W / T)) events: the bound.
 
-            budget = C * K * (1 + floor(W / T))
+        Rows claimed up to that bound are safe but wait in Lambda's queue, first
+        in first out, and a message due now (another tenant's password reset)
+        waits behind all of them. So the budget is at most an event running in
+        every environment and one waiting for every other one:
 
-        (defaults: 10 * 32 * (1 + 60 // 30) = 960 email rows in flight). Rows
-        claimed beyond it would only wait in Lambda's queue until they are
-        dropped. A function that reserves nothing (C = 0) has no such bound:
-        C is then UNRESERVED_CHANNEL_CONCURRENCY, an assumption.
-        CHANNEL_MAX_IN_FLIGHT replaces the formula for a channel; a
-        channel with neither setting has no budget (the batch size bounds it).
+            budget = min(C * K * (1 + floor(W / T)), (C + ceil(C / 2)) * K)
+
+        (defaults: min(960, 480) email rows in flight). With the dispatcher
+        looking again every ROOM_POLL_SECONDS while a channel is at its budget,
+        that keeps every environment busy (the drain through the Lambda
+        simulator, bench/README.md) and cuts the wait of a message due behind a
+        backlog to about half an event's time. A function that reserves nothing
+        (C = 0) has no such bound: C is then UNRESERVED_CHANNEL_CONCURRENCY, an
+        assumption. CHANNEL_MAX_IN_FLIGHT replaces the formula for a channel
+        (up to the bound, for a single tenant whose Lambda queue is slow to
+        deliver); a channel with neither setting has no budget (the batch size
+        bounds it).
         """
         window = min(self.max_event_age_seconds, self.lease_seconds - self.sender_timeout_seconds)
         waves = 1 + max(0, window) // self.sender_timeout_seconds
-        budgets = {
-            channel: (concurrency or self.unreserved_channel_concurrency)
-            * self.handoff_chunk_size
-            * waves
-            for channel, concurrency in self.channel_concurrency.items()
-        }
+        budgets = {}
+        for channel, reserved in self.channel_concurrency.items():
+            concurrency = reserved or self.unreserved_channel_concurrency
+            bound = concurrency * self.handoff_chunk_size * waves
+            lead = (concurrency + (concurrency + 1) // 2) * self.handoff_chunk_size
+            budgets[channel] = min(bound, lead)
         budgets.update(self.channel_max_in_flight)
         return budgets
 

@@ -663,7 +663,14 @@ _CLAIM = f"""
         WHERE tc.tenant = tb.tenant AND tc.channel = tb.channel
     )
     --tenant channels>
-    SELECT {{columns}}, NULL AS tenant_channels FROM claimed
+    -- In the batch's order (the fair share's rounds, then priority): the
+    -- dispatcher's events and a sender's waves of calls keep it, so a tenant's
+    -- one due row or an urgent row goes in the first wave, not wherever its id
+    -- falls. (A subquery's order holds through UNION ALL's append.)
+    SELECT {{columns}}, NULL AS tenant_channels FROM (
+        SELECT c.* FROM claimed AS c JOIN due AS d ON d.id = c.id
+        ORDER BY d.round, d.tenant_k, d.priority DESC, d.available_at, d.id
+    ) AS c
     -- and one row more: whether any tenant's channel is paused or limited
     -- now, for the claimer's next claim (_claimed_rows)
     UNION ALL SELECT {{no_columns}}, EXISTS (SELECT 1 FROM outbox_tenant_channel)
@@ -873,10 +880,10 @@ def claim(
     if channels is not None:
         params["channels"] = array_literal(channels)
         statement = _CLAIM_CHANNELS if in_use else _LEAN_CLAIM_CHANNELS
-    # _CLAIMED's columns are Claim's fields, in order.
+    # _CLAIMED's columns are Claim's fields, in order; the rows in the batch's.
     # (concurrent claimers that move rows, the cooldown's suppressed ones:
     # a row one of them moved is read again where it went)
-    return sorted(map(Claim._make, _claim_rows(conn, statement, params, prepare)))
+    return list(map(Claim._make, _claim_rows(conn, statement, params, prepare)))
 
 
 def claim_and_receive(
@@ -890,7 +897,7 @@ def claim_and_receive(
 ) -> list[ClaimedMessage]:
     """``claim`` and ``receive_claimed`` in one statement, for a process that sends
     what it claims: the rows come back received, with their payloads (as text),
-    ordered by id. Every write after it is fenced on the claim token as usual.
+    in the batch's order (as ``claim``). Every write after it is fenced on the claim token as usual.
     ``prepare``: as ``claim``'s."""
     params: dict[str, Any] = {
         **_claim_params(batch_size, lease_seconds),
@@ -1049,9 +1056,11 @@ def receive_claimed(
 ) -> list[ClaimedMessage]:
     """Take the receipt of the claims this sender may send, once: a row missing
     here is not ours (settled, reaped, claimed again) or already taken by another
-    sender. A claim listed twice counts once. Ordered by id. Each row's
+    sender. A claim listed twice counts once. In the order of ``claims`` (the
+    claim's: the batch's fair share and priority). Each row's
     ``channel_paused`` and ``destination_paused`` say whether ``channel``, and
     the row's destination, are paused now (then it is not to be sent)."""
+    claims = list(claims)
     fence = _fence_arrays(claims)
     if fence is None:
         return []
@@ -1060,7 +1069,10 @@ def receive_claimed(
         _RECEIVE_CLAIMED,
         {**fence, "channel": channel, "default_max": default_max_attempts},
     )
-    return _claimed_messages(rows)
+    position: dict[int, int] = {}
+    for c in claims:
+        position.setdefault(c.id, len(position))
+    return sorted(_claimed_messages(rows), key=lambda r: position[r.id])
 
 
 def could_be_a_claim_token(token: str) -> bool:
@@ -1131,8 +1143,8 @@ def _fence_arrays(claims: Iterable[Held]) -> dict[str, str] | None:
 
 def _claimed_messages(rows: Iterable[Sequence[Any]]) -> list[ClaimedMessage]:
     # The receipts' columns are ClaimedMessage's fields, in order (``_received``):
-    # each row is taken as it is.
-    return sorted(map(ClaimedMessage._make, rows))
+    # each row is taken as it is, in the order it came.
+    return list(map(ClaimedMessage._make, rows))
 
 
 _SETTLE = statement(
