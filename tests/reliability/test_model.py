@@ -217,11 +217,15 @@ class OutboxModel(RuleBasedStateMachine):
             loaded = store.receive_claimed(
                 conn, "model", [store.Claim(i, "model", t, 1) for i, t in pairs], DEFAULT_MAX
             )
-        expected = sorted(
+        first_listed = list(dict.fromkeys(i for i, _ in pairs))
+        owned = {
             i
             for i, t in set(pairs)
             if (r := self._owned(i, t)) is not None and not r.expired and not r.received
-        )
+        }
+        # in the order the event lists them (the claim's order, which the
+        # sender's waves keep)
+        expected = [i for i in first_listed if i in owned]
         assert [m.id for m in loaded] == expected
         for m in loaded:
             r = self.rows[m.id]
