@@ -489,6 +489,14 @@ _CLAIM = f"""
         LIMIT CAST(:batch_size AS int) * 2
         FOR UPDATE SKIP LOCKED
     ),
+    unbucketed_kept AS (
+        -- With tenants sharing the batch their share brings the candidates,
+        -- and of the scan's only the batch is locked: read as far as needed
+        -- (a LIMIT the planner does not plan on: a tenth of the scan's).
+        SELECT u.* FROM unbucketed AS u
+        LIMIT CASE WHEN (SELECT count(*) FROM tenant_turn) > 1
+                   THEN CAST(:batch_size AS int) ELSE CAST(:batch_size AS int) * 2 END
+    ),
     bucketed AS (
         -- Each bucketed destination's first rows, as many as its bucket holds
         -- (the per-destination due index: a probe each).
@@ -528,7 +536,7 @@ _CLAIM = f"""
         WHERE cb.tokens >= 1
     ),
     candidate AS (
-        SELECT * FROM unbucketed UNION ALL SELECT * FROM bucketed
+        SELECT * FROM unbucketed_kept UNION ALL SELECT * FROM bucketed
         UNION ALL SELECT * FROM channel_limited
         --<tenant channels
         -- (UNION: a row of a limited tenant's channel that its destination's
