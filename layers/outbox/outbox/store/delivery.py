@@ -288,7 +288,10 @@ _CLAIM = f"""
         -- pending rows after the one the last full turn ended at, then from the
         -- start, not paused, at most TENANTS_PER_CLAIM, with their weights.
         SELECT w.tenant, COALESCE(t.weight, 1) AS weight,
-               row_number() OVER (ORDER BY w.lap, w.k) AS k
+               row_number() OVER (ORDER BY w.lap, w.k) AS k,
+               -- its part of the fair share's candidates (twice the batch), by weight
+               CAST(ceil(2.0 * CAST(:batch_size AS int) * COALESCE(t.weight, 1)
+                         / sum(COALESCE(t.weight, 1)) OVER ()) AS int) AS share
         FROM (SELECT a.tenant, 1 AS lap, a.k FROM tenant_after AS a
               UNION ALL
               SELECT b.tenant, 2, b.k FROM tenant_from_start AS b
@@ -308,15 +311,20 @@ _CLAIM = f"""
                     / CAST(tt.weight AS numeric)) AS round
         FROM tenant_turn AS tt
         CROSS JOIN LATERAL (
-            SELECT m.id, m.priority, m.available_at FROM outbox_message AS m
-            WHERE m.tenant = tt.tenant AND m.status = 'pending' AND m.available_at <= now()
-              {{channel_filter}}
-            ORDER BY m.tenant, m.priority DESC, m.available_at, m.id
-            -- (at most the batch: a LIMIT the planner can read. One it cannot,
-            -- such as each tenant's share, it costs as a tenth of the tenant's
-            -- rows: beside a 100,000-row backlog that crossed jit_above_cost,
-            -- 320 ms of JIT compilation a claim for 5 of work)
-            LIMIT CAST(:batch_size AS int)
+            SELECT f.* FROM (
+                SELECT m.id, m.priority, m.available_at FROM outbox_message AS m
+                WHERE m.tenant = tt.tenant AND m.status = 'pending' AND m.available_at <= now()
+                  {{channel_filter}}
+                ORDER BY m.tenant, m.priority DESC, m.available_at, m.id
+                -- (at most the batch: a LIMIT the planner can read. One it
+                -- cannot, such as each tenant's share, it costs as a tenth of
+                -- the tenant's rows: beside a 100,000-row backlog that crossed
+                -- jit_above_cost, 320 ms of JIT compilation a claim for 5 of work)
+                LIMIT CAST(:batch_size AS int)
+            ) AS f
+            -- and of those its share: read, never planned on (a tenth of the
+            -- batch at most, as the planner counts the LIMIT it cannot read)
+            LIMIT tt.share
         ) AS r
         WHERE (SELECT count(*) FROM tenant_turn) > 1
     ),
@@ -481,6 +489,14 @@ _CLAIM = f"""
         LIMIT CAST(:batch_size AS int) * 2
         FOR UPDATE SKIP LOCKED
     ),
+    unbucketed_kept AS (
+        -- With tenants sharing the batch their share brings the candidates,
+        -- and of the scan's only the batch is locked: read as far as needed
+        -- (a LIMIT the planner does not plan on: a tenth of the scan's).
+        SELECT u.* FROM unbucketed AS u
+        LIMIT CASE WHEN (SELECT count(*) FROM tenant_turn) > 1
+                   THEN CAST(:batch_size AS int) ELSE CAST(:batch_size AS int) * 2 END
+    ),
     bucketed AS (
         -- Each bucketed destination's first rows, as many as its bucket holds
         -- (the per-destination due index: a probe each).
@@ -520,7 +536,7 @@ _CLAIM = f"""
         WHERE cb.tokens >= 1
     ),
     candidate AS (
-        SELECT * FROM unbucketed UNION ALL SELECT * FROM bucketed
+        SELECT * FROM unbucketed_kept UNION ALL SELECT * FROM bucketed
         UNION ALL SELECT * FROM channel_limited
         --<tenant channels
         -- (UNION: a row of a limited tenant's channel that its destination's
