@@ -72,18 +72,10 @@ def test_a_channel_waiting_for_room_is_checked_again_soon_not_at_the_idle_poll(
     enqueue(engine, 30)
     invoker, _ = collector()
     relay = settings(batch_size=10, poll_interval_seconds=0.2, channel_max_in_flight={"email": 10})
-    waits: list[float] = []
-    dispatcher.run(
-        engine,
-        invoker,
-        relay,
-        time_left=lambda: 0.0 if len(waits) >= 3 else 10.0,
-        sleep=waits.append,
-    )
-    assert waits == [dispatcher.ROOM_POLL_SECONDS] * 3  # claimed 10, then at its budget
+    # claimed 10, then at its budget
+    assert waits_of_a_run(engine, invoker, relay, 3) == [dispatcher.ROOM_POLL_SECONDS] * 3
 
     store_settle_all(engine, relay)
-    waits.clear()
     quiet = settings(poll_interval_seconds=0.2)
     with engine.begin() as conn:
         conn.execute(  # not due for an hour: nothing to claim
@@ -92,14 +84,20 @@ def test_a_channel_waiting_for_room_is_checked_again_soon_not_at_the_idle_poll(
                 "WHERE status = 'pending'"
             )
         )
+    assert waits_of_a_run(engine, invoker, quiet, 2) == [0.2, 0.2]  # caught up: the idle poll
+
+
+def waits_of_a_run(engine: sa.Engine, invoker: Any, relay: Any, passes: int) -> list[float]:
+    """The sleeps of a dispatcher run, which ends after ``passes`` of them."""
+    waits: list[float] = []
     dispatcher.run(
         engine,
         invoker,
-        quiet,
-        time_left=lambda: 0.0 if len(waits) >= 2 else 10.0,
+        relay,
+        time_left=lambda: 0.0 if len(waits) >= passes else 10.0,
         sleep=waits.append,
     )
-    assert waits == [0.2, 0.2]  # caught up: the idle poll
+    return waits
 
 
 def store_settle_all(engine: sa.Engine, relay: Any) -> None:
