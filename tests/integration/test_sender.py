@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 
 import pytest
 import sqlalchemy as sa
@@ -452,3 +453,121 @@ def test_a_call_stuck_past_its_deadline_does_not_hold_the_next_batch(
     assert second.statuses == {"delivered": 1} and channel.sent == [then]
     with engine.connect() as conn:
         assert row(conn, stuck).last_error == sender.DEADLINE_EXCEEDED
+
+
+# --- an event of several tenants settles its first wave early --------
+
+
+@dataclass
+class _WaitsForTheFirstWave(ScriptedChannel):
+    """A channel whose later calls wait (bounded) until ``delivered`` rows of
+    the first wave read as delivered from another connection, recording the
+    first wave's statuses each saw."""
+
+    engine: sa.Engine | None = None
+    first_wave: list[int] = field(default_factory=list)
+    delivered: int = 0
+    seen: dict[int, list[str]] = field(default_factory=dict)
+    calls: int = 0
+
+    def send(self, message: Message, deadline: Deadline) -> Outcome:
+        self.calls += 1
+        if message.id not in self.first_wave:
+            assert self.engine is not None
+            waited_until = time.monotonic() + 30
+            while True:
+                with self.engine.connect() as conn:
+                    statuses = [row(conn, i).status for i in self.first_wave]
+                if statuses.count("delivered") >= self.delivered:
+                    break
+                if time.monotonic() > waited_until:
+                    break
+                time.sleep(0.01)
+            self.seen[message.id] = statuses
+        return super().send(message, deadline)
+
+
+def _two_tenants(engine: sa.Engine, a_rows: int) -> list[store.Claim]:
+    enqueue(engine, 1, "scripted", tenant="b")
+    enqueue(engine, a_rows, "scripted", tenant="a")
+    return claim(engine)
+
+
+def test_an_event_of_several_tenants_settles_its_first_wave_while_the_rest_send(
+    engine: sa.Engine,
+) -> None:
+    channel = install_channel(_WaitsForTheFirstWave(engine=engine))
+    claims = _two_tenants(engine, 6)
+    # The batch's order is the fair share: b's one row and a's first go first.
+    channel.first_wave, channel.delivered = [c.id for c in claims[:2]], 2
+    report = send(engine, claims, send_concurrency=2)
+    assert report.statuses == {"delivered": 7} and not report.lease_lost
+    later = [c.id for c in claims[2:]]
+    # Every later call ran with the first wave already delivered, written.
+    assert set(channel.seen) == set(later)
+    assert all(s == ["delivered", "delivered"] for s in channel.seen.values()), channel.seen
+    with engine.connect() as conn:
+        rows = [row(conn, c.id) for c in claims]
+        history = {c.id: [a.outcome for a in attempts(conn, c.id)] for c in claims}
+    assert {r.status for r in rows} == {"delivered"} and {r.attempts for r in rows} == {1}
+    assert all(h == ["delivered"] for h in history.values())  # each settled once
+
+
+def test_the_early_settle_takes_only_final_outcomes(engine: sa.Engine) -> None:
+    channel = install_channel(
+        _WaitsForTheFirstWave(engine=engine, answers=[Outcome.retry("503"), Outcome.delivered()])
+    )
+    claims = _two_tenants(engine, 4)
+    channel.first_wave, channel.delivered = [c.id for c in claims[:2]], 1
+    report = send(engine, claims, send_concurrency=2)
+    assert report.statuses == {"delivered": 4, "pending": 1} and not report.lease_lost
+    # The later calls ran with the first wave's delivered row written and
+    # its retry still claimed: a row going back waits for the event's settle.
+    assert len(channel.seen) == 3
+    assert all(sorted(s) == ["claimed", "delivered"] for s in channel.seen.values()), channel.seen
+    with engine.connect() as conn:
+        first_wave = [row(conn, i) for i in channel.first_wave]
+        (retried,) = [r for r in first_wave if r.status == "pending"]
+        assert [a.outcome for a in attempts(conn, retried.id)] == ["retry"]
+    assert (retried.attempts, retried.last_error) == (1, "503")
+
+
+def test_an_event_of_one_tenant_settles_once(engine: sa.Engine) -> None:
+    install_channel(ScriptedChannel())
+    enqueue(engine, 6, "scripted", tenant="a")
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *args):  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    claims = claim(engine)
+    sa.event.listen(engine, "before_cursor_execute", count)
+    try:
+        report = send(engine, claims, send_concurrency=2)
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", count)
+    assert report.statuses == {"delivered": 6}
+    work = [s for s in statements if s.strip() and "SAVEPOINT" not in s]
+    assert len(work) == 2, statements  # the receipt and one settle
+
+
+def test_a_failed_early_settle_leaves_its_rows_to_the_events_settle(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    install_channel(ScriptedChannel())
+    claims = _two_tenants(engine, 6)
+    real = store.settle_with_outcomes
+    calls: list[int] = []
+
+    def first_one_fails(conn, settlements, backoff):  # type: ignore[no-untyped-def]
+        calls.append(len(settlements))
+        if len(calls) == 1:
+            raise sa.exc.OperationalError("settle", {}, Exception("connection reset"))
+        return real(conn, settlements, backoff)
+
+    monkeypatch.setattr(store, "settle_with_outcomes", first_one_fails)
+    report = send(engine, claims, send_concurrency=2)
+    assert calls == [2, 7]  # the first wave's, refused; then every row with the event
+    assert report.statuses == {"delivered": 7} and not report.lease_lost
+    with engine.connect() as conn:
+        assert {row(conn, c.id).status for c in claims} == {"delivered"}

@@ -3,7 +3,9 @@
 A batch goes through three steps. The receipt is a compare-and-set, so each
 claim is taken, and so sent, only once. Then the provider calls run side by
 side, each within its deadline. Last, one fenced settle statement records the
-outcomes and writes the attempt rows.
+outcomes and writes the attempt rows (an event of several tenants settles its
+first wave's final outcomes early, in a statement of its own:
+``send_then_settle``'s ``settle_first_wave``).
 
 The deadline of a row is the sooner of its lease end (from the database
 clock) and the Lambda's end, less a margin for the settle. A row whose
@@ -39,6 +41,9 @@ from .states import SEND_OUTCOMES, AttemptOutcome
 
 # Outcomes that leave a row pending without counting an attempt.
 _NOT_COUNTED = (AttemptOutcome.DEFERRED, AttemptOutcome.NOT_STARTED)
+# Outcomes a row keeps whatever else its batch hears: it is not given back,
+# so no pause need be written before it (``settle_first_wave``).
+_FINAL = (AttemptOutcome.DELIVERED, AttemptOutcome.FAILED, AttemptOutcome.SUPPRESSED)
 
 log = logging.getLogger(__name__)
 
@@ -334,6 +339,7 @@ def run(
         channel=channel,
         report=report,
         channel_paused=paused,
+        settle_first_wave=True,
     )()
 
 
@@ -352,6 +358,7 @@ def send_then_settle(
     limits: Limits | None = None,
     last_round: threading.Event | None = None,
     settle_after: Callable[[], object] | None = None,
+    settle_first_wave: bool = False,
 ) -> Callable[[], SendReport]:
     """Send now the rows whose receipt this process holds, and return their
     settle (one fenced statement, the log line and the metrics) for the caller
@@ -376,7 +383,16 @@ def send_then_settle(
     the batch before it), ``last_round`` (set once no more rows of this batch
     wait than it has send threads) and ``settle_after`` (waits for the
     settle of the batch before, which must be written first: its pauses
-    before this batch's rows go back)."""
+    before this batch's rows go back).
+
+    ``settle_first_wave`` (the Lambda sender): when the rows are several
+    tenants', the rows of the first round of calls that came to a final
+    outcome (delivered, failed, suppressed) are settled as soon as that
+    round is answered, by the send thread that recorded its last answer,
+    while the other threads send on. A tenant's few rows go first in the
+    batch's order (the fair share), so their outcomes are written a wave
+    after the call rather than after the event's last wave (docs/design.md,
+    Tenants). One tenant's event settles once, as before."""
     if report is None:
         report = SendReport(received=len(rows), owned=len(rows))
     if channel is None:
@@ -387,6 +403,7 @@ def send_then_settle(
     owned = {r.id for r in rows}
     throttled: dict[str, store.Throttled] = {}
     quota: tuple[str, float | None] | None = None
+    settled_early: set[int] = set()  # rows the first wave's settle wrote
     if limits is None:
         limits = Limits()
     if channel_paused:
@@ -413,6 +430,24 @@ def send_then_settle(
         # Rows whose destination another sender paused since the claim (a
         # throttle it heard) go back unsent, as the receipt found them.
         sending = [r for r in rows if not r.destination_paused]
+        settle_early = None
+        if settle_first_wave and len({r.tenant for r in sending}) > 1:
+
+            def settle_early(answered: dict[int, _Result]) -> None:
+                final = [r for r in sending if _is_final(answered.get(r.id))]
+                if not final:
+                    return
+                ids = {r.id for r in final}
+                try:
+                    _settle(
+                        engine, channel_name, _settlements(final, answered), backoff, ids, report
+                    )
+                except Exception:
+                    # Not lost: these rows settle with the rest of the event.
+                    log.warning("early settle failed; settled with the event", exc_info=True)
+                    return
+                settled_early.update(ids)
+
         results = {}
         if sending:
             results = _send_all(
@@ -425,44 +460,17 @@ def send_then_settle(
                 stop_grace,
                 limits,
                 last_round,
+                settle_early,
             )
         results.update((r.id, (_DESTINATION_PAUSED, None)) for r in rows if r.destination_paused)
         throttled, quota = limits.records()
         if throttled:
             report.resumes_at = time.monotonic() + min(t.pause_left() for t in throttled.values())
 
-    settlements = [
-        # Settlement's fields in order: id, claim_token, outcome, error,
-        # provider_message_id, delay_seconds, duration_ms. They are given by
-        # position because building a NamedTuple by keyword costs more, and
-        # this runs for every row (bench/README.md, "The relay's own overhead,
-        # second round", change 5). The error is a channel's text, perhaps a remote server's,
-        # so it is scrubbed and bounded before it is stored, logged or
-        # published.
-        store.Settlement(
-            row.id,
-            row.claim_token,
-            outcome.kind,
-            scrub_optional(outcome.error),
-            outcome.provider_message_id,
-            outcome.delay_seconds,
-            duration_ms,
-        )
-        if outcome.pause is None
-        # Throttled, or a quota used up. The pause, written with the settle,
-        # holds the destination or channel back, and the row counts nothing.
-        else store.Settlement(
-            row.id,
-            row.claim_token,
-            AttemptOutcome.NOT_STARTED,
-            outcome.error,
-            None,
-            None,
-            duration_ms,
-        )
-        for row in rows
-        for outcome, duration_ms in [results[row.id]]
-    ]
+    if settled_early:
+        rows = [r for r in rows if r.id not in settled_early]
+        owned -= settled_early
+    settlements = _settlements(rows, results)
     # The rows whose own call a destination refused (a throttling answer),
     # by destination: such a call counts an attempt once the destination has
     # refused every call for long (store.REFUSING_AFTER_SECONDS).
@@ -494,6 +502,50 @@ def send_then_settle(
         settled = settle()
         return lambda: settled
     return settle
+
+
+def _is_final(result: _Result | None) -> bool:
+    """Whether an answered call came to an outcome that no pause or retry
+    order depends on, so it may be settled before the rest of its batch."""
+    return result is not None and result[0].pause is None and result[0].kind in _FINAL
+
+
+def _settlements(
+    rows: list[store.ClaimedMessage], results: dict[int, _Result]
+) -> list[store.Settlement]:
+    """The settlement of each row, from its result."""
+    return [
+        # Settlement's fields in order: id, claim_token, outcome, error,
+        # provider_message_id, delay_seconds, duration_ms. They are given by
+        # position because building a NamedTuple by keyword costs more, and
+        # this runs for every row (bench/README.md, "The relay's own overhead,
+        # second round", change 5). The error is a channel's text, perhaps a remote server's,
+        # so it is scrubbed and bounded before it is stored, logged or
+        # published.
+        store.Settlement(
+            row.id,
+            row.claim_token,
+            outcome.kind,
+            scrub_optional(outcome.error),
+            outcome.provider_message_id,
+            outcome.delay_seconds,
+            duration_ms,
+        )
+        if outcome.pause is None
+        # Throttled, or a quota used up. The pause, written with the settle,
+        # holds the destination or channel back, and the row counts nothing.
+        else store.Settlement(
+            row.id,
+            row.claim_token,
+            AttemptOutcome.NOT_STARTED,
+            outcome.error,
+            None,
+            None,
+            duration_ms,
+        )
+        for row in rows
+        for outcome, duration_ms in [results[row.id]]
+    ]
 
 
 def _count_refused_calls(
@@ -568,6 +620,7 @@ def _settle(
             errors[s.id] = s.error
     for key, ids in ids_by_status.items():
         report.statuses[key] += len(ids)
+        count(_METRIC[key], len(ids), channel=channel_name)
     if ids_by_status:
         log.info(
             "settled",
@@ -578,8 +631,6 @@ def _settle(
                 "max_duration_ms": max((s.duration_ms or 0) for s in settlements),
             },
         )
-    for key, n in report.statuses.items():
-        count(_METRIC[key], n, channel=channel_name)
     timings(  # only the provider calls made: a row not started or refused made none
         "SendMilliseconds",
         [s.duration_ms for s in settlements if s.duration_ms is not None and s.id in settled],
@@ -608,6 +659,8 @@ class _Batch:
         limits: Limits | None,
         last_round: threading.Event | None = None,
         last_round_rows: int = 0,
+        settle_early: Callable[[dict[int, _Result]], None] | None = None,
+        first_wave: int = 0,
     ) -> None:
         self.channel = channel
         self.rows = rows
@@ -627,6 +680,14 @@ class _Batch:
         # time) ends as these threads come free.
         self.last_round = last_round
         self.last_round_rows = last_round_rows
+        # Called once, with the results so far, when ``first_wave`` calls are
+        # answered and rows still wait (send_then_settle's settle_first_wave);
+        # ``settled_early`` is set once it has returned.
+        self.settle_early = settle_early
+        self.first_wave = first_wave
+        self.settled_early = threading.Event()
+        if settle_early is None:
+            self.settled_early.set()
 
     def _take(self) -> store.ClaimedMessage | None:
         """The next row, marked as running, or None when the batch is done.
@@ -663,6 +724,23 @@ class _Batch:
                     seconds = result[1] / 1000
                     if self.slowest is None or seconds > self.slowest:
                         self.slowest = seconds
+                settle_early = self.settle_early
+                if (
+                    settle_early is None
+                    or len(self.results) < self.first_wave
+                    or not self.waiting
+                    or self.closed
+                ):
+                    row = self._take()
+                    continue
+                self.settle_early = None  # once
+                results_so_far = dict(self.results)
+            # This thread settles the first wave, then takes its next row.
+            try:
+                settle_early(results_so_far)
+            finally:
+                self.settled_early.set()
+            with self.lock:
                 row = self._take()
 
     def slow_call_running(self, now: float) -> bool:
@@ -708,6 +786,7 @@ def _send_all(
     stop_grace: float | None = None,
     limits: Limits | None = None,
     last_round: threading.Event | None = None,
+    settle_early: Callable[[dict[int, _Result]], None] | None = None,
 ) -> dict[int, _Result]:
     """Send every row, up to ``concurrency`` at once. A call still running at
     its deadline is given up (its outcome is unknown, so it counts as a
@@ -716,15 +795,28 @@ def _send_all(
 
     A channel whose calls all came back within ``FAST_CALL_SECONDS`` last
     time starts on one thread, and the other threads join as soon as a call
-    runs that long."""
+    runs that long.
+
+    ``settle_early``: called once, on a send thread, with the results of the
+    first round of calls while rows still wait; returned from only after it
+    has returned."""
     # Even a single row goes through the send threads, because only a caller
     # that waits apart from the call can give up on a call that hangs past
     # its deadline.
     threads = sendpool.pools.get(concurrency)
-    batch = _Batch(
-        channel, rows, deadlines, stop, min_call_seconds, limits, last_round, concurrency
-    )
     wanted = min(concurrency, len(rows))
+    batch = _Batch(
+        channel,
+        rows,
+        deadlines,
+        stop,
+        min_call_seconds,
+        limits,
+        last_round,
+        concurrency,
+        settle_early,
+        wanted,
+    )
     narrow = wanted > 1 and _calls_were_fast.get(channel.name, False)
     countdown = threads.start(batch.drain, 1 if narrow else wanted)
     ends = time.monotonic() + max(d.remaining() for d in set(deadlines.values()))
@@ -751,6 +843,8 @@ def _send_all(
             threads.add(countdown, batch.drain, wanted - 1)
             narrow = False
     results, stuck = batch.close(cut_by_stop)
+    # Its rows must not be settled twice: the caller leaves out what it wrote.
+    batch.settled_early.wait()
     _calls_were_fast[channel.name] = batch.slowest is not None and batch.slowest < FAST_CALL_SECONDS
     if stuck:
         # Do not wait for calls stuck past their deadline (they hold no claim

@@ -100,6 +100,9 @@ class ClaimedMessage(NamedTuple):
     # (a mapping changed after the door let it in): failed, never signed
     # with another tenant's key (migration 0022, outbox_secret_refused).
     secret_refused: bool = False
+    # The row's tenant (None: none). The Lambda sender settles the rows of
+    # its first wave early when an event holds several tenants' rows.
+    tenant: str | None = None
 
 
 class Settlement(NamedTuple):
@@ -788,7 +791,8 @@ def _received(lease_left: str, channel_paused: str, destination_paused: str) -> 
     COALESCE(m.max_attempts, :default_max) AS max_attempts,
     CAST(m.claim_token AS text) AS claim_token, m.dedupe_key, m.ordering_key,
     {lease_left} AS lease_left_seconds, {_DESTINATION}, {channel_paused} AS channel_paused,
-    {destination_paused} AS destination_paused, {_SECRET_REFUSED} AS secret_refused"""
+    {destination_paused} AS destination_paused, {_SECRET_REFUSED} AS secret_refused,
+    m.tenant"""
 
 
 # The claim's receipt: the lease was just taken, so all of it is left, and the
