@@ -475,6 +475,23 @@ def test_a_limit_another_process_set_holds_from_the_claim_after_the_one_that_fin
     assert len(claim(engine, batch=100)) == 2  # the limit's burst, not the 8 left
 
 
+def test_an_engines_first_claim_heeds_a_limit_set_before_it_started(engine: sa.Engine) -> None:
+    """A process that starts (a Lambda cold start) after a tenant's channel
+    was limited asks before its first claim, and that claim holds the limit."""
+    enqueue_hooks_for(engine, "acme", 10, "a.example")
+    make_due(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_tenant_channel "
+                "(tenant, channel, limit_rate, limit_burst, tokens, tokens_at) "
+                "VALUES ('acme', 'webhook', 0.001, 2, 2, now())"
+            )
+        )
+    store.delivery._tenant_channels_seen.clear()  # what a new process knows
+    assert len(claim(engine, batch=100)) == 2  # the limit's burst
+
+
 def test_a_sleeping_relay_wakes_for_a_tenants_next_token(engine: sa.Engine) -> None:
     enqueue_hooks_for(engine, "acme", 3, "a.example")
     with engine.begin() as conn:
