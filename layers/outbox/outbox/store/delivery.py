@@ -997,7 +997,7 @@ _CLAIMED_ROW = "m.status IN ('pending', 'claimed') AND (m.status = 'claimed') IS
 # the receipt then read the partition first, as one row, and joined the
 # claims' unnest to each row it found: a thousand claims were a million
 # comparisons, 85 ms of a 1000-row receipt instead of a few (bench/README.md,
-# "The receipt's plan").
+# "The receipt's plan, and the first claim").
 _HELD_ROW = "m.status IN ('pending', 'claimed') AND " + _passes("m.status = 'claimed'")
 
 # Only a claim no sender started: a hand-off whose Invoke call timed out may
