@@ -449,6 +449,19 @@ def test_concurrent_claimers_never_exceed_a_tenants_channel_limit(engine: sa.Eng
     assert beta == 100
 
 
+def limit_acme_webhook_elsewhere(engine: sa.Engine) -> None:
+    """Another process's `outbox limit set webhook --tenant acme --rate 0.001
+    --burst 2`, written straight to the table: this process is not told."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_tenant_channel "
+                "(tenant, channel, limit_rate, limit_burst, tokens, tokens_at) "
+                "VALUES ('acme', 'webhook', 0.001, 2, 2, now())"
+            )
+        )
+
+
 def test_a_limit_another_process_set_holds_from_the_claim_after_the_one_that_finds_it(
     engine: sa.Engine,
 ) -> None:
@@ -460,15 +473,7 @@ def test_a_limit_another_process_set_holds_from_the_claim_after_the_one_that_fin
     assert len(claim(engine, batch=1)) == 1
     with engine.connect() as conn:
         assert store.delivery._tenant_channels_in_use(conn) is False
-    with engine.begin() as conn:
-        # another process's `outbox limit set webhook --tenant acme --rate 0.001 --burst 2`
-        conn.execute(
-            sa.text(
-                "INSERT INTO outbox_tenant_channel "
-                "(tenant, channel, limit_rate, limit_burst, tokens, tokens_at) "
-                "VALUES ('acme', 'webhook', 0.001, 2, 2, now())"
-            )
-        )
+    limit_acme_webhook_elsewhere(engine)
     assert len(claim(engine, batch=1)) == 1  # the claim that finds it
     with engine.connect() as conn:
         assert store.delivery._tenant_channels_in_use(conn) is True
@@ -480,14 +485,7 @@ def test_an_engines_first_claim_heeds_a_limit_set_before_it_started(engine: sa.E
     was limited asks before its first claim, and that claim holds the limit."""
     enqueue_hooks_for(engine, "acme", 10, "a.example")
     make_due(engine)
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "INSERT INTO outbox_tenant_channel "
-                "(tenant, channel, limit_rate, limit_burst, tokens, tokens_at) "
-                "VALUES ('acme', 'webhook', 0.001, 2, 2, now())"
-            )
-        )
+    limit_acme_webhook_elsewhere(engine)
     store.delivery._tenant_channels_seen.clear()  # what a new process knows
     assert len(claim(engine, batch=100)) == 2  # the limit's burst
 
