@@ -242,6 +242,18 @@ def _throughput(dbs: common.Databases, args: argparse.Namespace) -> list[dict[st
                 + ", ".join(f"{k} {v:.0f}/s" for k, v in rate.items())
                 + f"; relay/baseline {rate['relay'] / rate['baseline']:.2f}"
             )
+            # CPU per 100 rows, the kind's own processes + the rest of the
+            # machine (Postgres): where both cores are busy, the sum decides.
+            cpu = {
+                k: [m.get("client_cpu_ms_per_100"), m.get("rest_cpu_ms_per_100")]
+                for k, m in measured.items()
+            }
+            log(
+                "  CPU ms per 100 rows, own + rest of the machine: "
+                + ", ".join(
+                    f"{k} {c:.1f} + {r:.1f}" for k, (c, r) in cpu.items() if None not in (c, r)
+                )
+            )
             cell: dict[str, Any] = {
                 "name": "throughput",
                 "batch": batch,
@@ -259,6 +271,7 @@ def _throughput(dbs: common.Databases, args: argparse.Namespace) -> list[dict[st
                 "worker_statements_per_batch": round(measured["worker"]["statements_per_batch"], 2),
                 "baseline_statements_per_batch": round(base["statements_per_batch"], 2),
                 "baseline_round_trips_per_batch": round(base["round_trips_per_batch"], 2),
+                "cpu_ms_per_100_rows": cpu,
             }
             if "pgqueuer" in rate:
                 cell["pgqueuer_rows_per_s"] = round(rate["pgqueuer"], 1)

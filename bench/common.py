@@ -255,6 +255,21 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def machine_busy_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy since boot (every core,
+    every process: /proc/stat's user, nice, system, irq and softirq); None
+    where there is no /proc. The difference over a drain, less the drain's
+    own processes' CPU, is what the rest of the machine spent meanwhile:
+    on the bench machines, Postgres."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else 0.0
 

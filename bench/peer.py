@@ -121,17 +121,18 @@ async def _drain(url: str, batch: int, ready: Any, go: Any) -> dict[str, Any]:
     statements0 = counting.statements
     while not go.is_set():  # a plain Event: do not block the loop
         await asyncio.sleep(0.001)
-    started = time.monotonic()
+    started, cpu0 = time.monotonic(), time.process_time()
     await qm.run(
         dequeue_timeout=timedelta(milliseconds=50),
         batch_size=batch,
         mode=QueueExecutionMode.drain,
         log_aggregation_interval=timedelta(0),
     )
-    finished = time.monotonic()
+    finished, cpu = time.monotonic(), time.process_time() - cpu0
     await conn.close()
     return {
         "rows": done[0],
+        "cpu_seconds": cpu,
         "started": started,
         "finished": finished,
         "statements": counting.statements - statements0,
@@ -148,9 +149,9 @@ def _worker(url: str, batch: int, ready: Any, go: Any, out: Any) -> None:
 
 def run_cell(url: str, batch: int, workers: int, timeout: float = 600.0) -> dict[str, Any]:
     """Drain the seeded jobs with ``workers`` processes; rows per second over the whole run."""
-    from .throughput import run_processes
+    from .throughput import cpu_split, run_processes
 
-    results = run_processes(_worker, (url, batch), workers, timeout)
+    results, machine = run_processes(_worker, (url, batch), workers, timeout)
     rows = sum(r["rows"] for r in results)
     elapsed = max(r["finished"] for r in results) - min(r["started"] for r in results)
     return {
@@ -158,6 +159,7 @@ def run_cell(url: str, batch: int, workers: int, timeout: float = 600.0) -> dict
         "seconds": elapsed,
         "rows_per_s": rows / elapsed if elapsed else 0.0,
         "statements": sum(r["statements"] for r in results),
+        **cpu_split(results, machine, rows),
     }
 
 

@@ -391,7 +391,7 @@ def _worker(kind: str, url: str, batch: int, ready: Any, go: Any, out: Any) -> N
         go.wait()
         # Warm-up happened before the barrier: the connection, imports, the
         # statement caches and the channel's compiled validator.
-        trips0, started = RoundTrips.count, time.monotonic()
+        trips0, started, cpu0 = RoundTrips.count, time.monotonic(), time.process_time()
         done = batches = 0
         trips_before_empty = RoundTrips.count
         while True:
@@ -401,10 +401,11 @@ def _worker(kind: str, url: str, batch: int, ready: Any, go: Any, out: Any) -> N
                 break
             done += n
             batches += 1
-        finished = time.monotonic()
+        finished, cpu = time.monotonic(), time.process_time() - cpu0
         out.put(
             {
                 "rows": done,
+                "cpu_seconds": cpu,
                 "batches": getattr(step, "batches", batches),
                 "started": started,
                 "finished": finished,
@@ -434,9 +435,12 @@ def _get(queue: Any, procs: list[Any], timeout: float) -> Any:
                     raise RuntimeError("a benchmark worker died or hung") from None
 
 
-def run_processes(target: Any, args: tuple[Any, ...], workers: int, timeout: float) -> list[Any]:
+def run_processes(
+    target: Any, args: tuple[Any, ...], workers: int, timeout: float
+) -> tuple[list[Any], float | None]:
     """Start ``workers`` processes of ``target(*args, ready, go, out)``, release them
-    together once all are ready, and return what each put on ``out``."""
+    together once all are ready, and return what each put on ``out``, and the
+    CPU seconds the whole machine spent meanwhile (``common.machine_busy_seconds``)."""
     # fork: the parent holds no connections here, and a forked worker needs no
     # importable __main__ (pytest, python -c, scripts all work).
     ctx = mp.get_context("fork")
@@ -451,8 +455,10 @@ def run_processes(target: Any, args: tuple[Any, ...], workers: int, timeout: flo
         for _ in procs:
             if not _get(ready, procs, 120):
                 break
+        busy0 = common.machine_busy_seconds()
         go.set()
         results = [_get(out, procs, timeout) for _ in procs]
+        busy1 = common.machine_busy_seconds()
     finally:
         for p in procs:
             p.join(timeout=10)
@@ -461,14 +467,30 @@ def run_processes(target: Any, args: tuple[Any, ...], workers: int, timeout: flo
     errors = [r["error"] for r in results if "error" in r]
     if errors:
         raise RuntimeError(f"benchmark worker failed: {errors[0]}")
-    return results
+    return results, None if busy0 is None or busy1 is None else busy1 - busy0
+
+
+def cpu_split(results: list[Any], machine: float | None, rows: int) -> dict[str, Any]:
+    """The drain's CPU per 100 rows: its own processes' (``cpu_seconds`` of
+    each result, the drain's window only: no imports, no seeding) and the rest
+    of the machine's meanwhile (Postgres, its WAL writer, and anything else
+    running), in milliseconds. Where CPU is the limit (both cores busy), the
+    sum says which of two kinds can go faster, and this split says where."""
+    client = sum(r["cpu_seconds"] for r in results)
+    split: dict[str, Any] = {
+        "client_cpu_ms_per_100": round(client * 1e5 / rows, 2) if rows else None
+    }
+    split["rest_cpu_ms_per_100"] = (
+        None if machine is None or not rows else round(max(machine - client, 0.0) * 1e5 / rows, 2)
+    )
+    return split
 
 
 def run_cell(
     url: str, kind: str, batch: int, workers: int, timeout: float = 600.0
 ) -> dict[str, Any]:
     """Drain the database with ``workers`` processes; rows per second over the whole run."""
-    results = run_processes(_worker, (kind, url, batch), workers, timeout)
+    results, machine = run_processes(_worker, (kind, url, batch), workers, timeout)
     rows = sum(r["rows"] for r in results)
     batches = sum(r["batches"] for r in results)
     # Claims that came back empty end each worker's loop: count them apart.
@@ -483,4 +505,5 @@ def run_cell(
         "statements": statements,
         "statements_per_batch": statements / batches if batches else 0.0,
         "round_trips_per_batch": trips / batches if batches else 0.0,
+        **cpu_split(results, machine, rows),
     }

@@ -54,6 +54,10 @@ def test_quick_run_writes_well_formed_cells(
     # The protocol-equivalent baseline runs the same statements, so the same count.
     assert throughput["protocol_rows_per_s"] > 0 and throughput["relay_vs_protocol"] > 0
     assert throughput["worker_rows_per_s"] > 0
+    # The CPU per 100 rows: the kind's own processes, then the rest of the
+    # machine (None only where there is no /proc).
+    own, rest = throughput["cpu_ms_per_100_rows"]["worker"]
+    assert own > 0 and (rest is None or rest >= 0)
     if bench_main.peer.available():
         assert throughput["pgqueuer_rows_per_s"] > 0
 
