@@ -126,8 +126,8 @@ def _protocol_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
     conn = pg8000.native.Connection(**common.native_params(url))
     common.no_delay(conn)
     claim_sql, read_sql, settle_sql = (
-        # what the relay runs while no tenant's channel is paused or limited
-        store.delivery._LEAN_CLAIM_ALL.text,
+        # what the relay runs while the claim's other gates are idle
+        store.delivery._CLAIMS[store.delivery.LEAN, False].text,
         store.delivery._RECEIVE_CLAIMED.text,
         store.delivery._SETTLE.text,
     )
@@ -159,7 +159,7 @@ def _protocol_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
                     raise
                 statements[0] += 1
         statements[0] += 1
-        # (the claim's row of its own, what it found of the tenants' channels, apart)
+        # (the claim's row of its own, the form it names for the next claim, apart)
         claimed = [r for r in claimed if r[-1] is None]
         if not claimed:
             return 0
@@ -205,16 +205,6 @@ def _protocol_one_trip_stepper(
     return step, close
 
 
-def _ask_tenant_channels(engine: Any) -> None:
-    """Part of the warm-up: a process asks once, before its first claim,
-    whether any tenant channel is gated (store.delivery); the figures per
-    batch are the steady state's."""
-    from outbox.store import delivery
-
-    with engine.connect() as conn:
-        delivery._tenant_channels_in_use(conn)
-
-
 def relay_parts(url: str, batch: int) -> tuple[Any, Any, Any, list[int]]:
     """The relay wired in process: (engine, invoker, settings, statement counter)."""
     import sqlalchemy as sa
@@ -225,7 +215,6 @@ def relay_parts(url: str, batch: int) -> tuple[Any, Any, Any, list[int]]:
 
     common.register_channel()
     engine = common.engine_for(url)
-    _ask_tenant_channels(engine)
     statements = [0]
 
     @sa.event.listens_for(engine, "before_cursor_execute")
@@ -277,7 +266,6 @@ def _worker_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable[[
 
     common.register_channel()
     engine = common.engine_for(url, pool_size=2)
-    _ask_tenant_channels(engine)
     statements = [0]
 
     @sa.event.listens_for(engine, "before_cursor_execute")

@@ -143,12 +143,14 @@ def test_the_claim_reads_the_due_index_in_claim_order_with_one_channel(engine: s
     with engine.begin() as conn:
         insert_due(conn, 20000)
         conn.execute(sa.text("ANALYZE outbox_message"))
-        for statement, params in (
-            (store.delivery._CLAIM_ALL, {}),
-            (store.delivery._CLAIM_AND_RECEIVE_ALL, {"default_max": 5}),
-            (store.delivery._LEAN_CLAIM_ALL, {}),
-            (store.delivery._LEAN_CLAIM_AND_RECEIVE_ALL, {"default_max": 5}),
-        ):
+        for statement, params in [
+            *((s, {}) for (_, channels), s in store.delivery._CLAIMS.items() if not channels),
+            *(
+                (s, {"default_max": 5})
+                for (_, channels), s in store.delivery._CLAIMS_AND_RECEIPTS.items()
+                if not channels
+            ),
+        ]:
             plan = conn.execute(
                 sa.text("EXPLAIN (FORMAT JSON) " + statement.text),
                 {"batch_size": 100, "lease_seconds": 120.0, "default_ttl": 86400.0, **params},
@@ -226,21 +228,28 @@ def test_a_burst_on_a_table_analyzed_idle_is_claimed_by_id(engine: sa.Engine) ->
         )
         conn.execute(sa.text("ANALYZE outbox_message"))
         insert_due(conn, 2000)
-        plan = conn.execute(
-            sa.text("EXPLAIN (FORMAT JSON) " + store.delivery._CLAIM_ALL.text),
-            {"batch_size": 100, "lease_seconds": 120.0, "default_ttl": 86400.0},
-        ).scalar_one()
-    text = json.dumps(plan)
-    assert '"Index Name": "outbox_message_live_pkey"' in text, text
-    # the claim reads the live rows alone, never the history's partitions
-    assert "outbox_message_resolved" not in text, [
-        line for line in re.findall(r'"Relation Name": "([a-z0-9_]+)"', text)
-    ]
-    # The due rows come from the claim-order index, not a walk channel by
-    # channel (the per-channel index is only the scan of a channel limited
-    # as a whole, channel_limited).
-    (scan,) = [p for p in _subplans(plan[0]["Plan"]) if p.get("Subplan Name") == "CTE unbucketed"]
-    assert "outbox_message_due_by_channel" not in json.dumps(scan), text
+        plans = [
+            conn.execute(
+                sa.text("EXPLAIN (FORMAT JSON) " + statement.text),
+                {"batch_size": 100, "lease_seconds": 120.0, "default_ttl": 86400.0},
+            ).scalar_one()
+            for (_, channels), statement in store.delivery._CLAIMS.items()
+            if not channels
+        ]
+    for plan in plans:
+        text = json.dumps(plan)
+        assert '"Index Name": "outbox_message_live_pkey"' in text, text
+        # the claim reads the live rows alone, never the history's partitions
+        assert "outbox_message_resolved" not in text, [
+            line for line in re.findall(r'"Relation Name": "([a-z0-9_]+)"', text)
+        ]
+        # The due rows come from the claim-order index, not a walk channel by
+        # channel (the per-channel index is only the scan of a channel limited
+        # as a whole, channel_limited).
+        (scan,) = [
+            p for p in _subplans(plan[0]["Plan"]) if p.get("Subplan Name") == "CTE unbucketed"
+        ]
+        assert "outbox_message_due_by_channel" not in json.dumps(scan), text
 
 
 def _subplans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -384,21 +393,18 @@ def test_every_claim_form_walks_the_due_index_beside_history(engine: sa.Engine, 
         insert_due(conn, 20_000)
         conn.execute(sa.text("ANALYZE outbox_message"))
         jit_above = float(conn.execute(sa.text("SHOW jit_above_cost")).scalar_one())
+        # every form of the claim (lean, full, with the tenants' channel
+        # parts), of every channel and of one
         forms = [
-            (store.delivery._CLAIM_ALL, {}, "outbox_message_due"),
-            (store.delivery._CLAIM_AND_RECEIVE_ALL, {"default_max": 5}, "outbox_message_due"),
-            (store.delivery._CLAIM_CHANNELS, {"channels": "{email}"}, "outbox_message_due"),
+            (statement, {"channels": "{email}"} if channels else {}, "outbox_message_due")
+            for (_, channels), statement in store.delivery._CLAIMS.items()
+        ] + [
             (
-                store.delivery._CLAIM_AND_RECEIVE_CHANNELS,
-                {"channels": "{email}", "default_max": 5},
+                statement,
+                {"channels": "{email}", "default_max": 5} if channels else {"default_max": 5},
                 "outbox_message_due",
-            ),
-        ]
-        # and each without the tenants' channel parts (no pause, no limit set)
-        forms += [
-            (getattr(store.delivery, "_LEAN" + name), params, index)
-            for statement, params, index in forms
-            for name in [next(n for n, v in vars(store.delivery).items() if v is statement)]
+            )
+            for (_, channels), statement in store.delivery._CLAIMS_AND_RECEIPTS.items()
         ]
         for (statement, params, index), prepare in itertools.product(forms, (False, True)):
             values = {

@@ -462,31 +462,48 @@ def limit_acme_webhook_elsewhere(engine: sa.Engine) -> None:
         )
 
 
-def test_a_limit_another_process_set_holds_from_the_claim_after_the_one_that_finds_it(
+def test_a_limit_another_process_set_holds_at_once_after_a_lean_claim(
     engine: sa.Engine,
 ) -> None:
-    """A relay with no tenant's channel paused or limited claims without those
-    parts; each claim's own last row says whether one is set now, so a limit
-    set elsewhere holds from the claim after the first that finds it."""
+    """A relay whose claim's gates are idle (one tenant, no limit, no pause)
+    claims with the lean claim, which checks in its own snapshot that it
+    fits: a limit set elsewhere is found by the next claim, which claims
+    nothing itself and runs the full claim at once."""
     enqueue_hooks_for(engine, "acme", 10, "a.example")
     make_due(engine)
     assert len(claim(engine, batch=1)) == 1
-    with engine.connect() as conn:
-        assert store.delivery._tenant_channels_in_use(conn) is False
+    assert store.delivery._claim_form_seen[engine] == store.delivery.LEAN
     limit_acme_webhook_elsewhere(engine)
-    assert len(claim(engine, batch=1)) == 1  # the claim that finds it
-    with engine.connect() as conn:
-        assert store.delivery._tenant_channels_in_use(conn) is True
-    assert len(claim(engine, batch=100)) == 2  # the limit's burst, not the 8 left
+    assert len(claim(engine, batch=100)) == 2  # the limit's burst, not the 9 left
+    assert store.delivery._claim_form_seen[engine] == store.delivery.FULL_WITH_TENANT_CHANNELS
+
+
+def test_a_limit_another_process_set_holds_from_the_claim_after_the_one_that_finds_it(
+    engine: sa.Engine,
+) -> None:
+    """A relay that claims with the full claim (two tenants share the batch)
+    but without the tenants' channel parts (none is paused or limited): each
+    claim's own last row says whether one is set now, so a limit set
+    elsewhere holds from the claim after the first that finds it."""
+    enqueue_hooks_for(engine, "acme", 10, "a.example")
+    enqueue_hooks_for(engine, "beta", 10, "b.example")
+    make_due(engine)
+    claim(engine, batch=2)
+    assert store.delivery._claim_form_seen[engine] == store.delivery.FULL
+    limit_acme_webhook_elsewhere(engine)
+    claim(engine, batch=2)  # the claim that finds it
+    assert store.delivery._claim_form_seen[engine] == store.delivery.FULL_WITH_TENANT_CHANNELS
+    assert claimed_by_tenant(engine, claim(engine, batch=100)) == {"acme": 2, "beta": 8}
 
 
 def test_an_engines_first_claim_heeds_a_limit_set_before_it_started(engine: sa.Engine) -> None:
     """A process that starts (a Lambda cold start) after a tenant's channel
-    was limited asks before its first claim, and that claim holds the limit."""
+    was limited starts with the lean claim, which finds that it does not fit
+    and claims nothing; the full claim that follows at once holds the limit."""
     enqueue_hooks_for(engine, "acme", 10, "a.example")
     make_due(engine)
     limit_acme_webhook_elsewhere(engine)
-    store.delivery._tenant_channels_seen.clear()  # what a new process knows
+    store.delivery._claim_form_seen.clear()  # what a new process knows
     assert len(claim(engine, batch=100)) == 2  # the limit's burst
 
 
@@ -555,7 +572,7 @@ def test_the_claim_beside_a_large_backlog_stays_below_jit_above_cost(
             conn.execute(sa.text("ANALYZE outbox_message_live"))
         else:  # as on a table autovacuum has not analyzed yet (TRUNCATE keeps them)
             forget_statistics(conn)
-        for statement in (store.delivery._CLAIM_ALL, store.delivery._CLAIM_CHANNELS):
+        for statement in store.delivery._CLAIMS.values():
             plan = conn.execute(
                 sa.text("EXPLAIN (FORMAT JSON) " + statement.text),
                 {"batch_size": 100, "lease_seconds": 120.0, "default_ttl": 86400.0,

@@ -275,6 +275,25 @@ _TENANT_WALK = """
         FROM {name} AS w WHERE w.tenant IS NOT NULL AND w.k < {limit}
     ),"""
 
+# Whether the claim's gates beyond the due row's own are all idle now: no
+# tenant's channel paused or limited, no destination paused or bucketed (a
+# limit, a learned rate), so no channel limited as a whole, and at most one
+# tenant with pending rows (nobody to share the batch with). Each a probe of
+# a small table or of the per-tenant due index.
+_LEAN_FITS = f"""(NOT EXISTS (SELECT 1 FROM outbox_tenant_channel)
+        AND NOT EXISTS (SELECT 1 FROM outbox_destination AS d
+                        WHERE {BUCKETED_SQL} OR d.paused_until > now())
+        AND NOT EXISTS (SELECT 1 FROM outbox_message AS m
+                        WHERE m.status = 'pending' AND m.tenant > (
+                            SELECT f.tenant FROM outbox_message AS f
+                            WHERE f.status = 'pending' ORDER BY f.tenant LIMIT 1)))"""
+# Which claim the next one should be (the claim's last row says): the lean
+# one, the full one without the tenants' channel parts, or with them.
+LEAN, FULL, FULL_WITH_TENANT_CHANNELS = 0, 1, 2
+_CLAIM_FORM = f"""CASE WHEN EXISTS (SELECT 1 FROM outbox_tenant_channel)
+        THEN {FULL_WITH_TENANT_CHANNELS} WHEN {{fits}} THEN {LEAN} ELSE {FULL} END"""
+
+
 _CLAIM = f"""
     WITH RECURSIVE
 {
@@ -686,13 +705,63 @@ _CLAIM = f"""
     -- dispatcher's events and a sender's waves of calls keep it, so a tenant's
     -- one due row or an urgent row goes in the first wave, not wherever its id
     -- falls. (A subquery's order holds through UNION ALL's append.)
-    SELECT {{columns}}, NULL AS tenant_channels FROM (
+    SELECT {{columns}}, NULL AS claim_form FROM (
         SELECT c.* FROM claimed AS c JOIN due AS d ON d.id = c.id
         ORDER BY d.round, d.tenant_k, d.priority DESC, d.available_at, d.id
     ) AS c
-    -- and one row more: whether any tenant's channel is paused or limited
-    -- now, for the claimer's next claim (_claimed_rows)
-    UNION ALL SELECT {{no_columns}}, EXISTS (SELECT 1 FROM outbox_tenant_channel)
+    -- and one row more: which form the claimer's next claim should be
+    -- (_run_claim): whether the lean one fits now, or a tenant's channel is
+    -- paused or limited
+    UNION ALL SELECT {{no_columns}}, {_CLAIM_FORM.format(fits=_LEAN_FITS)}
+"""
+
+# The claim while every gate but the due row's own is idle (_LEAN_FITS): the
+# full claim's scan of the due index, its destinations' turns and its
+# cooldown gate, without the tenants', buckets' and limits' parts, whose
+# start and end alone were a fifth of the full claim's server time at batch
+# 100 (bench/README.md). Those parts would change nothing here: one tenant
+# takes its rows in the order the turns give, and no bucket pays. It checks
+# that it fits in its own snapshot; when it does not it claims nothing and
+# its last row names the full claim, which the claimer runs at once.
+_LEAN_CLAIM = f"""
+    WITH fits AS MATERIALIZED (SELECT {_LEAN_FITS} AS ok),
+    unbucketed AS (
+        SELECT m.id, m.priority, m.available_at, m.channel,
+               COALESCE(m.destination, '') AS destination, m.cooldown_key, m.tenant
+        FROM outbox_message AS m
+        WHERE (SELECT f.ok FROM fits AS f) AND {{claimable}}
+        ORDER BY m.priority DESC, m.available_at, m.id
+        LIMIT CAST(:batch_size AS int) * 2
+        FOR UPDATE SKIP LOCKED
+    ),
+    turn AS (
+        SELECT c.*, row_number() OVER (
+                   PARTITION BY c.channel, c.destination
+                   ORDER BY c.priority DESC, c.available_at, c.id) AS turn
+        FROM unbucketed AS c
+    ),
+    due AS (
+        SELECT t.id, t.channel, t.cooldown_key, t.tenant, t.priority, t.available_at, t.turn
+        FROM turn AS t
+        ORDER BY t.priority DESC, t.turn, t.available_at, t.id
+        LIMIT :batch_size
+    ),
+{COOLDOWN_GATE}    claimed AS (
+    UPDATE outbox_message AS m
+    SET status = 'claimed', claim_token = gen_random_uuid(), claimed_at = now(),
+        lease_expires_at = now() + make_interval(secs => :lease_seconds),
+        received_at = {{received_at}}, expires_at = {DEADLINE_SQL}
+    FROM due
+    WHERE m.id = due.id AND m.status IN ('pending', 'claimed') AND (m.status = 'pending') IS TRUE
+      AND {COOLDOWN_PASSES}
+    RETURNING {{returning}}
+    )
+    SELECT {{columns}}, NULL AS claim_form FROM (
+        SELECT c.* FROM claimed AS c JOIN due AS d ON d.id = c.id
+        ORDER BY d.priority DESC, d.turn, d.available_at, d.id
+    ) AS c
+    UNION ALL SELECT {{no_columns}},
+        {_CLAIM_FORM.format(fits="(SELECT f.ok FROM fits AS f)")}
 """
 _CHANNEL_FILTER = "AND m.channel = ANY(CAST(:channels AS text[]))"
 # What the claim returns: the columns, then the destination the buckets pay for.
@@ -719,19 +788,21 @@ _TENANT_CHANNELS_LIMITED = (
 
 # The claim's parts for the tenants' own channel pauses and limits (between
 # these markers): a relay where no operator set one claims without them, a
-# tenth faster (bench/README.md); each claim's last row says whether one is
-# set now (``_claimed_rows``).
+# tenth faster (bench/README.md).
 _TENANT_CHANNEL_PARTS = re.compile(r"[ \t]*--<tenant channels\n.*?--tenant channels>\n", re.S)
 
 
 def _claim_statement(
-    channel_filter: str,
-    received_at: str,
-    returning: str,
-    columns: str,
-    tenant_channels: bool = True,
+    form: int, channel_filter: str, received_at: str, returning: str, columns: str
 ) -> Any:
-    template = _CLAIM if tenant_channels else _TENANT_CHANNEL_PARTS.sub("", _CLAIM)
+    """The claim of ``form`` (LEAN, FULL, FULL_WITH_TENANT_CHANNELS), of the
+    channels ``channel_filter`` names, returning ``returning`` as ``columns``."""
+    template, claimable = _CLAIM, _CLAIMABLE
+    if form == LEAN:
+        template = _LEAN_CLAIM
+    if form != FULL_WITH_TENANT_CHANNELS:
+        template = _TENANT_CHANNEL_PARTS.sub("", template)
+        claimable = _TENANT_CHANNEL_PARTS.sub("", claimable)
     return statement(
         template.format(
             channel_filter=channel_filter,
@@ -746,9 +817,7 @@ def _claim_statement(
             ),
             tenant_channel_filter=channel_filter.replace("m.channel", "tc.channel"),
             tenant_bucket_has_due=_TENANT_BUCKET_HAS_DUE.format(channel_filter=channel_filter),
-            claimable=(
-                _CLAIMABLE if tenant_channels else _TENANT_CHANNEL_PARTS.sub("", _CLAIMABLE)
-            ).format(channel_filter=channel_filter),
+            claimable=claimable.format(channel_filter=channel_filter),
             received_at=received_at,
             returning=returning,
             columns=columns,
@@ -757,10 +826,15 @@ def _claim_statement(
     )
 
 
-_CLAIM_ALL = _claim_statement("", "NULL", _CLAIMED, _CLAIMED_COLUMNS)
-_CLAIM_CHANNELS = _claim_statement(_CHANNEL_FILTER, "NULL", _CLAIMED, _CLAIMED_COLUMNS)
-_LEAN_CLAIM_ALL = _claim_statement("", "NULL", _CLAIMED, _CLAIMED_COLUMNS, False)
-_LEAN_CLAIM_CHANNELS = _claim_statement(_CHANNEL_FILTER, "NULL", _CLAIMED, _CLAIMED_COLUMNS, False)
+_FORMS = (LEAN, FULL, FULL_WITH_TENANT_CHANNELS)
+# The dispatcher's claims by form, of every channel or of some (``channels``).
+_CLAIMS = {
+    (form, channels): _claim_statement(
+        form, _CHANNEL_FILTER if channels else "", "NULL", _CLAIMED, _CLAIMED_COLUMNS
+    )
+    for form in _FORMS
+    for channels in (False, True)
+}
 # The claim of a process that sends its rows itself (``outbox worker``): the
 # same compare-and-set, with the receipt taken in the same statement and the
 # payloads returned, so no hand-off and no second statement before the sends.
@@ -799,69 +873,64 @@ def _received(lease_left: str, channel_paused: str, destination_paused: str) -> 
 # claim takes no row of a paused channel or a paused destination.
 _RECEIVED = _received("CAST(:lease_seconds AS float8)", "false", "false")
 _RECEIVED_COLUMNS = ", ".join(ClaimedMessage._fields)
-_CLAIM_AND_RECEIVE_ALL = _claim_statement("", "now()", _RECEIVED, _RECEIVED_COLUMNS)
-_CLAIM_AND_RECEIVE_CHANNELS = _claim_statement(
-    _CHANNEL_FILTER, "now()", _RECEIVED, _RECEIVED_COLUMNS
-)
-_LEAN_CLAIM_AND_RECEIVE_ALL = _claim_statement("", "now()", _RECEIVED, _RECEIVED_COLUMNS, False)
-_LEAN_CLAIM_AND_RECEIVE_CHANNELS = _claim_statement(
-    _CHANNEL_FILTER, "now()", _RECEIVED, _RECEIVED_COLUMNS, False
-)
+# The worker's claims by form, as _CLAIMS.
+_CLAIMS_AND_RECEIPTS = {
+    (form, channels): _claim_statement(
+        form, _CHANNEL_FILTER if channels else "", "now()", _RECEIVED, _RECEIVED_COLUMNS
+    )
+    for form in _FORMS
+    for channels in (False, True)
+}
 
-# Whether any tenant's channel has a pause or a limit, as each engine's last
-# claim found it (the claim's last row says): its next claim leaves those
-# parts out if none had. One set elsewhere holds from the second claim after
-# (the first finds it); one set in this process, from the next.
-_tenant_channels_seen: weakref.WeakKeyDictionary[sa.Engine, bool] = weakref.WeakKeyDictionary()
-
-
-_ANY_TENANT_CHANNEL = statement("SELECT EXISTS (SELECT 1 FROM outbox_tenant_channel)")
+# The form of claim each engine's last claim named for its next (its last
+# row says). Unknown, the next is the lean one, which checks that it fits.
+# Whatever makes the full claim needed, set elsewhere, the lean claim sees at
+# once; only the tenants' channel parts hold from the second claim after
+# (the first finds them), or one set in this process, from the next.
+_claim_form_seen: weakref.WeakKeyDictionary[sa.Engine, int] = weakref.WeakKeyDictionary()
 
 
-def _tenant_channels_in_use(conn: sa.Connection) -> bool:
-    """What the engine's last claim found. Unknown (the engine's first claim,
-    or after this process set a tenant channel's pause or limit), it is
-    asked in a statement of its own: the full claim's planned cost at large
-    batches crosses jit_above_cost (136,000 at batch 1000: 0.7 s of JIT
-    compilation, bench/README.md "The receipt's plan, and the first
-    claim"), a round trip costs a millisecond."""
-    in_use = _tenant_channels_seen.get(conn.engine)
-    if in_use is None:
-        in_use = _tenant_channels_seen[conn.engine] = bool(
-            conn.execute(_ANY_TENANT_CHANNEL).scalar_one()
-        )
-    return in_use
-
-
-def _claimed_rows(conn: sa.Connection, rows: Sequence[sa.Row[Any]]) -> list[tuple[Any, ...]]:
-    """The claimed rows; the claim's one row more (its last column not NULL:
-    what it found of the tenants' channels) kept for the engine's next claim."""
-    claimed = [tuple(r)[:-1] for r in rows if r[-1] is None]
-    found = [r[-1] for r in rows if r[-1] is not None]
-    if len(found) != 1:
-        raise AssertionError(f"the claim returned {len(found)} rows of its own, not 1")
-    _tenant_channels_seen[conn.engine] = bool(found[0])
-    return claimed
-
-
-def _claim_rows(
+def _run_claim(
     conn: sa.Connection, statement: sa.TextClause, params: dict[str, Any], prepare: bool
-) -> list[tuple[Any, ...]]:
+) -> tuple[list[tuple[Any, ...]], int]:
     """Run a claim statement (``prepare``: as this connection's prepared
-    statement, ``_sql.prepared``) and return its claimed rows."""
+    statement, ``_sql.prepared``): its claimed rows, and the form its one row
+    more (its last column not NULL) names for the next claim."""
     if prepare:
         execute = prepared(conn, statement, params)
         if execute is not None:
             statement, params = execute, {}
-    return _claimed_rows(
-        conn, execute_fenced(conn, statement, params, runs=CLAIM_RUNS_AFTER_A_MOVE)
-    )
+    rows = execute_fenced(conn, statement, params, runs=CLAIM_RUNS_AFTER_A_MOVE)
+    claimed = [tuple(r)[:-1] for r in rows if r[-1] is None]
+    forms = [r[-1] for r in rows if r[-1] is not None]
+    if len(forms) != 1:
+        raise AssertionError(f"the claim returned {len(forms)} rows of its own, not 1")
+    return claimed, int(forms[0])
+
+
+def _claim_rows(
+    conn: sa.Connection,
+    statements: dict[tuple[int, bool], sa.TextClause],
+    channels: bool,
+    params: dict[str, Any],
+    prepare: bool,
+) -> list[tuple[Any, ...]]:
+    """Claim with the form the engine's last claim named (``statements``, by
+    form and whether ``channels`` are named), and return the claimed rows. A
+    lean claim that did not fit claimed nothing: the full one runs at once."""
+    form = _claim_form_seen.get(conn.engine, LEAN)
+    claimed, next_form = _run_claim(conn, statements[form, channels], params, prepare)
+    if form == LEAN and next_form != LEAN:
+        claimed, next_form = _run_claim(conn, statements[next_form, channels], params, prepare)
+    _claim_form_seen[conn.engine] = next_form
+    return claimed
 
 
 def tenant_channels_changed() -> None:
-    """Forget what every engine read of the tenants' channels (a pause or a
-    limit was just set or cleared in this process): its next claim asks."""
-    _tenant_channels_seen.clear()
+    """Forget what every engine's last claim found (a tenant channel's pause
+    or limit was just set or cleared in this process): its next claim is the
+    lean one, which checks."""
+    _claim_form_seen.clear()
 
 
 # The most rows one claim statement takes (settings.BATCH_SIZE's bound).
@@ -908,15 +977,13 @@ def claim(
         **_claim_params(batch_size, lease_seconds),
         "default_ttl": None if default_ttl_seconds is None else float(default_ttl_seconds),
     }
-    in_use = _tenant_channels_in_use(conn)
-    statement = _CLAIM_ALL if in_use else _LEAN_CLAIM_ALL
     if channels is not None:
         params["channels"] = array_literal(channels)
-        statement = _CLAIM_CHANNELS if in_use else _LEAN_CLAIM_CHANNELS
     # _CLAIMED's columns are Claim's fields, in order; the rows in the batch's.
     # (concurrent claimers that move rows, the cooldown's suppressed ones:
     # a row one of them moved is read again where it went)
-    return list(map(Claim._make, _claim_rows(conn, statement, params, prepare)))
+    rows = _claim_rows(conn, _CLAIMS, channels is not None, params, prepare)
+    return list(map(Claim._make, rows))
 
 
 def claim_and_receive(
@@ -937,12 +1004,11 @@ def claim_and_receive(
         "default_ttl": None if default_ttl_seconds is None else float(default_ttl_seconds),
         "default_max": default_max_attempts,
     }
-    in_use = _tenant_channels_in_use(conn)
-    statement = _CLAIM_AND_RECEIVE_ALL if in_use else _LEAN_CLAIM_AND_RECEIVE_ALL
     if channels is not None:
         params["channels"] = array_literal(channels)
-        statement = _CLAIM_AND_RECEIVE_CHANNELS if in_use else _LEAN_CLAIM_AND_RECEIVE_CHANNELS
-    return _claimed_messages(_claim_rows(conn, statement, params, prepare))
+    return _claimed_messages(
+        _claim_rows(conn, _CLAIMS_AND_RECEIPTS, channels is not None, params, prepare)
+    )
 
 
 @dataclass(frozen=True)
