@@ -1056,7 +1056,7 @@ def channel_load(conn: sa.Connection, channels: Sequence[str]) -> ChannelLoad:
 # one probe of the key), as the claim does for its pending rows.
 _CLAIMED_ROW = "m.status IN ('pending', 'claimed') AND (m.status = 'claimed') IS TRUE"
 # The same for a statement that looks its rows up by the ids of its claims
-# (the fenced receipt and release): the planner must not take the claimed
+# (the fenced receipt, release and settle): the planner must not take the claimed
 # rows as few. The statistics of the live partition are mostly taken with its
 # rows pending (claims last seconds), so `status = 'claimed'`, a lease end in
 # the future and the like were each estimated as matching next to nothing;
@@ -1283,7 +1283,9 @@ _SETTLE = statement(
                          || COALESCE(i.error, 'deferred')
                     ELSE i.error END AS error,
                m.attempts, m.attempts_at_redrive, m.max_attempts, m.deferrals, m.expires_at
-        FROM input AS i JOIN outbox_message AS m ON m.id = i.id AND {_CLAIMED_ROW}
+        -- (_HELD_ROW: statistics taken with the rows pending made the claimed
+        -- ones next to none, and the document was unpacked again for each)
+        FROM input AS i JOIN outbox_message AS m ON m.id = i.id AND {_HELD_ROW}
     ),
     timed AS (
         SELECT m.*,
@@ -1324,7 +1326,7 @@ _SETTLE = statement(
             settled_at = CASE WHEN d.next_status = 'pending' THEN NULL ELSE now() END
         FROM decided AS d
         -- The fence: a sender whose lease was taken matches nothing here.
-        WHERE m.id = d.id AND m.claim_token = d.token AND {_CLAIMED_ROW}
+        WHERE m.id = d.id AND m.claim_token = d.token AND {_HELD_ROW}
         RETURNING m.id, m.status, m.claimed_at, m.last_error, m.channel,
                   m.recipient_fingerprints, d.outcome, d.attempts_after, d.error,
                   d.provider_id, d.duration_ms, m.cooldown_key, m.cooldown, m.tenant
