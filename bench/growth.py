@@ -154,8 +154,10 @@ def measure(url: str, pending: int, batch: int, samples: int, *, vacuum: bool) -
                 )
         with engine.connect() as conn:
             plan = conn.execute(
+                # the claim the relay runs here: one tenant, no limit, no pause
                 sa.text(
-                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.delivery._CLAIM_ALL.text
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+                    + store.delivery._CLAIMS[store.delivery.LEAN, False].text
                 ),
                 {"batch_size": batch, "lease_seconds": 120.0, "default_ttl": DEFAULT_TTL},
             ).scalar()

@@ -75,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
                         tx.rollback()
                 with conn.begin() as tx:
                     plan = conn.execute(
-                        sa.text("EXPLAIN (ANALYZE, FORMAT JSON) " + delivery._CLAIM_ALL.text),
+                        sa.text(
+                            "EXPLAIN (ANALYZE, FORMAT JSON) "
+                            + delivery._CLAIMS[delivery.LEAN, False].text
+                        ),
                         {"batch_size": args.batch, "lease_seconds": 120.0, "default_ttl": 86400.0},
                     ).scalar_one()
                     tx.rollback()
