@@ -125,6 +125,20 @@ def claim(
         return store.claim(conn, batch, lease, **options)
 
 
+def claim_plans(conn: sa.Connection) -> list[Any]:
+    """``EXPLAIN (FORMAT JSON)`` of each form of the dispatcher's claim of
+    every channel (store/delivery.py: lean, full, full with the tenants'
+    channel parts), at batch 100."""
+    return [
+        conn.execute(
+            sa.text("EXPLAIN (FORMAT JSON) " + statement.text),
+            {"batch_size": 100, "lease_seconds": 120.0, "default_ttl": 86400.0},
+        ).scalar_one()
+        for (_, channels), statement in store.delivery._CLAIMS.items()
+        if not channels
+    ]
+
+
 def claim_ids(engine: sa.Engine, batch: int = 100) -> list[int]:
     """The ids ``claim`` claims, in its order."""
     return [c.id for c in claim(engine, batch)]

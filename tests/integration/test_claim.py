@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 import outbox
 from outbox import store
-from support import EMAIL, enqueue
+from support import EMAIL, claim_plans, enqueue
 
 
 @pytest.mark.parametrize("prepare", [False, True], ids=["plain", "prepared"])
@@ -228,14 +228,7 @@ def test_a_burst_on_a_table_analyzed_idle_is_claimed_by_id(engine: sa.Engine) ->
         )
         conn.execute(sa.text("ANALYZE outbox_message"))
         insert_due(conn, 2000)
-        plans = [
-            conn.execute(
-                sa.text("EXPLAIN (FORMAT JSON) " + statement.text),
-                {"batch_size": 100, "lease_seconds": 120.0, "default_ttl": 86400.0},
-            ).scalar_one()
-            for (_, channels), statement in store.delivery._CLAIMS.items()
-            if not channels
-        ]
+        plans = claim_plans(conn)
     for plan in plans:
         text = json.dumps(plan)
         assert '"Index Name": "outbox_message_live_pkey"' in text, text
@@ -258,6 +251,16 @@ def _subplans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _subplans(child)
 
 
+def settle_plan(conn: sa.Connection, claims: list[store.Claim], explain: str) -> Any:
+    """``explain`` (an EXPLAIN's options) of the settle of ``claims`` as delivered."""
+    document = json.dumps([[c.id, c.claim_token, "delivered", None, None, None, 1] for c in claims])
+    backoff = store.Backoff(30, 1800, 8)
+    return conn.execute(
+        sa.text(explain + store.delivery._SETTLE.text),
+        {"settlements": document, "rows": len(claims), "max_deferrals": 20, **backoff.params()},
+    ).scalar_one()
+
+
 def test_a_small_settle_on_a_small_table_reads_rows_by_their_key(engine: sa.Engine) -> None:
     """The planner guesses 100 rows for any set-returning function; told the
     batch's size, a settle of 32 rows against a table of 2,000 (a fresh or a
@@ -267,14 +270,7 @@ def test_a_small_settle_on_a_small_table_reads_rows_by_their_key(engine: sa.Engi
         insert_due(conn, 2000, payload="jsonb_build_object('text', repeat('x', 600))")
         claims = store.claim(conn, 32, 120)
         conn.execute(sa.text("ANALYZE outbox_message"))
-        document = json.dumps(
-            [[c.id, c.claim_token, "delivered", None, None, None, 1] for c in claims]
-        )
-        backoff = store.Backoff(30, 1800, 8)
-        plan = conn.execute(
-            sa.text("EXPLAIN (FORMAT JSON) " + store.delivery._SETTLE.text),
-            {"settlements": document, "rows": len(claims), "max_deferrals": 20, **backoff.params()},
-        ).scalar_one()
+        plan = settle_plan(conn, claims, "EXPLAIN (FORMAT JSON) ")
     text = json.dumps(plan)
     assert '"Index Name": "outbox_message_live_pkey"' in text, text
     # the settle is planned against the live rows alone (its rows are claimed)
@@ -300,14 +296,7 @@ def test_a_settle_reads_its_document_once_on_statistics_taken_before_the_claim(
         insert_due(conn, 2000, payload="jsonb_build_object('text', repeat('x', 600))")
         conn.execute(sa.text("ANALYZE outbox_message"))
         claims = store.claim(conn, 100, 120)
-        document = json.dumps(
-            [[c.id, c.claim_token, "delivered", None, None, None, 1] for c in claims]
-        )
-        backoff = store.Backoff(30, 1800, 8)
-        plan = conn.execute(
-            sa.text("EXPLAIN (ANALYZE, FORMAT JSON) " + store.delivery._SETTLE.text),
-            {"settlements": document, "rows": len(claims), "max_deferrals": 20, **backoff.params()},
-        ).scalar_one()
+        plan = settle_plan(conn, claims, "EXPLAIN (ANALYZE, FORMAT JSON) ")
         conn.rollback()
     unpacked = [n for n in _plan_nodes(plan[0]["Plan"]) if n["Node Type"] == "Function Scan"]
     assert unpacked, json.dumps(plan)

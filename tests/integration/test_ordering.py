@@ -16,6 +16,7 @@ from support import (
     ScriptedChannel,
     attempts,
     claim_ids,
+    claim_plans,
     enqueue,
     install_channel,
     row,
@@ -189,14 +190,7 @@ def test_the_claim_stays_an_index_lookup_on_a_key_with_many_settled_rows(
             )
         )
         conn.execute(sa.text("ANALYZE outbox_message"))
-        plans = [
-            conn.execute(
-                sa.text("EXPLAIN (FORMAT JSON) " + statement.text),
-                {"batch_size": 100, "lease_seconds": 120.0, "default_ttl": 86400.0},
-            ).scalar_one()
-            for (_, channels), statement in store.delivery._CLAIMS.items()
-            if not channels
-        ]
+        plans = claim_plans(conn)
     for plan in plans:
         text = json.dumps(plan)
         found = scans(plan)

@@ -275,6 +275,27 @@ _TENANT_WALK = """
         FROM {name} AS w WHERE w.tenant IS NOT NULL AND w.k < {limit}
     ),"""
 
+# The claim's cooldown gate and compare-and-set, after its ``due`` rows (every
+# form of the claim ends with them; ``received_at`` and ``returning`` are the
+# claim's format fields).
+_CLAIM_UPDATE = f"""{COOLDOWN_GATE}    claimed AS (
+    UPDATE outbox_message AS m
+    SET status = 'claimed', claim_token = gen_random_uuid(), claimed_at = now(),
+        lease_expires_at = now() + make_interval(secs => :lease_seconds),
+        received_at = {{received_at}}, expires_at = {DEADLINE_SQL}
+    FROM due
+    -- The compare-and-set again (the CTE's rows are locked and were pending),
+    -- as IS TRUE: a plain status = 'pending' lets the planner, when the
+    -- statistics saw no pending row, walk every pending row through a partial
+    -- index against the batch instead of looking each id up (150 ms a claim
+    -- after a burst of 10,000 rows on an idle table). The IN before it names
+    -- the live rows' partition, which an IS TRUE alone cannot (every
+    -- partition would be probed for each id).
+    WHERE m.id = due.id AND m.status IN ('pending', 'claimed') AND (m.status = 'pending') IS TRUE
+      AND {COOLDOWN_PASSES}
+    RETURNING {{returning}}
+    )"""
+
 # Whether the claim's gates beyond the due row's own are all idle now: no
 # tenant's channel paused or limited, no destination paused or bucketed (a
 # limit, a learned rate), so no channel limited as a whole, and at most one
@@ -652,23 +673,7 @@ _CLAIM = f"""
         WHERE c.one = l.one AND (SELECT count(*) FROM tenant_turn) > 1
           AND EXISTS (SELECT 1 FROM due)
     ),
-{COOLDOWN_GATE}    claimed AS (
-    UPDATE outbox_message AS m
-    SET status = 'claimed', claim_token = gen_random_uuid(), claimed_at = now(),
-        lease_expires_at = now() + make_interval(secs => :lease_seconds),
-        received_at = {{received_at}}, expires_at = {DEADLINE_SQL}
-    FROM due
-    -- The compare-and-set again (the CTE's rows are locked and were pending),
-    -- as IS TRUE: a plain status = 'pending' lets the planner, when the
-    -- statistics saw no pending row, walk every pending row through a partial
-    -- index against the batch instead of looking each id up (150 ms a claim
-    -- after a burst of 10,000 rows on an idle table). The IN before it names
-    -- the live rows' partition, which an IS TRUE alone cannot (every
-    -- partition would be probed for each id).
-    WHERE m.id = due.id AND m.status IN ('pending', 'claimed') AND (m.status = 'pending') IS TRUE
-      AND {COOLDOWN_PASSES}
-    RETURNING {{returning}}
-    ),
+{_CLAIM_UPDATE},
     spent AS (
         -- Every bucket drawn from pays for the rows it gave, in this statement:
         -- a destination's, and its channel's when the channel is limited as a whole.
@@ -746,16 +751,7 @@ _LEAN_CLAIM = f"""
         ORDER BY t.priority DESC, t.turn, t.available_at, t.id
         LIMIT :batch_size
     ),
-{COOLDOWN_GATE}    claimed AS (
-    UPDATE outbox_message AS m
-    SET status = 'claimed', claim_token = gen_random_uuid(), claimed_at = now(),
-        lease_expires_at = now() + make_interval(secs => :lease_seconds),
-        received_at = {{received_at}}, expires_at = {DEADLINE_SQL}
-    FROM due
-    WHERE m.id = due.id AND m.status IN ('pending', 'claimed') AND (m.status = 'pending') IS TRUE
-      AND {COOLDOWN_PASSES}
-    RETURNING {{returning}}
-    )
+{_CLAIM_UPDATE}
     SELECT {{columns}}, NULL AS claim_form FROM (
         SELECT c.* FROM claimed AS c JOIN due AS d ON d.id = c.id
         ORDER BY d.priority DESC, d.turn, d.available_at, d.id
