@@ -251,26 +251,48 @@ def _subplans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _subplans(child)
 
 
-def settle_plan(conn: sa.Connection, claims: list[store.Claim], explain: str) -> Any:
-    """``explain`` (an EXPLAIN's options) of the settle of ``claims`` as delivered."""
+def settle_plan(
+    conn: sa.Connection, claims: list[store.Claim], explain: str, generic: bool = False
+) -> Any:
+    """``explain`` (an EXPLAIN's options) of the settle of ``claims`` as delivered.
+    ``generic``: of the plan Postgres keeps for the statement once prepared
+    (``outbox worker`` keeps the settle prepared: db.keep_statements_prepared)."""
     document = json.dumps([[c.id, c.claim_token, "delivered", None, None, None, 1] for c in claims])
     backoff = store.Backoff(30, 1800, 8)
-    return conn.execute(
-        sa.text(explain + store.delivery._SETTLE.text),
-        {"settlements": document, "rows": len(claims), "max_deferrals": 20, **backoff.params()},
-    ).scalar_one()
+    params = {"settlements": document, "rows": len(claims), "max_deferrals": 20, **backoff.params()}
+    text = store.delivery._SETTLE.text
+    if not generic:
+        return conn.execute(sa.text(explain + text), params).scalar_one()
+    names = list(dict.fromkeys(re.findall(r"(?<![:\w]):(\w+)(?!:)", text)))
+    numbered = re.sub(r"(?<![:\w]):(\w+)(?!:)", lambda m: f"${names.index(m[1]) + 1}", text)
+    conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
+    conn.exec_driver_sql(f"PREPARE settle_generic AS {numbered}")
+    values = ", ".join(
+        "'" + str(params[n]).replace("'", "''") + "'"
+        if isinstance(params[n], str)
+        else repr(params[n])
+        for n in names
+    )
+    try:
+        return conn.exec_driver_sql(f"{explain}EXECUTE settle_generic({values})").scalar_one()
+    finally:
+        conn.exec_driver_sql("DEALLOCATE settle_generic")
 
 
-def test_a_small_settle_on_a_small_table_reads_rows_by_their_key(engine: sa.Engine) -> None:
+@pytest.mark.parametrize("generic", [False, True], ids=["planned", "kept"])
+def test_a_small_settle_on_a_small_table_reads_rows_by_their_key(
+    engine: sa.Engine, generic: bool
+) -> None:
     """The planner guesses 100 rows for any set-returning function; told the
     batch's size, a settle of 32 rows against a table of 2,000 (a fresh or a
-    well-pruned outbox) looks them up by id instead of scanning the table."""
+    well-pruned outbox) looks them up by id instead of scanning the table, and
+    so does the generic plan of the settle kept prepared."""
     with engine.begin() as conn:
         # payloads of an email's size: 2,000 rows are some 200 pages
         insert_due(conn, 2000, payload="jsonb_build_object('text', repeat('x', 600))")
         claims = store.claim(conn, 32, 120)
         conn.execute(sa.text("ANALYZE outbox_message"))
-        plan = settle_plan(conn, claims, "EXPLAIN (FORMAT JSON) ")
+        plan = settle_plan(conn, claims, "EXPLAIN (FORMAT JSON) ", generic)
     text = json.dumps(plan)
     assert '"Index Name": "outbox_message_live_pkey"' in text, text
     # the settle is planned against the live rows alone (its rows are claimed)
@@ -284,8 +306,9 @@ def test_a_small_settle_on_a_small_table_reads_rows_by_their_key(engine: sa.Engi
     assert scans == [], text
 
 
+@pytest.mark.parametrize("generic", [False, True], ids=["planned", "kept"])
 def test_a_settle_reads_its_document_once_on_statistics_taken_before_the_claim(
-    engine: sa.Engine,
+    engine: sa.Engine, generic: bool
 ) -> None:
     """The live partition's statistics are mostly taken with its rows pending
     (claims last seconds): `status = 'claimed'` was then estimated as next to
@@ -296,7 +319,7 @@ def test_a_settle_reads_its_document_once_on_statistics_taken_before_the_claim(
         insert_due(conn, 2000, payload="jsonb_build_object('text', repeat('x', 600))")
         conn.execute(sa.text("ANALYZE outbox_message"))
         claims = store.claim(conn, 100, 120)
-        plan = settle_plan(conn, claims, "EXPLAIN (ANALYZE, FORMAT JSON) ")
+        plan = settle_plan(conn, claims, "EXPLAIN (ANALYZE, FORMAT JSON) ", generic)
         conn.rollback()
     unpacked = [n for n in _plan_nodes(plan[0]["Plan"]) if n["Node Type"] == "Function Scan"]
     assert unpacked, json.dumps(plan)

@@ -1,6 +1,8 @@
 """The worker's prepared claim (``store._sql.prepared``): the same rows as the
 statement it prepares, planned once a connection, bounded, and a fresh
-connection prepares it again."""
+connection prepares it again. And its kept settle (``db.keep_statements_prepared``):
+parsed once a session, the same outcomes, again after a row moved, and a
+connection that failed goes with what it kept."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import sqlalchemy as sa
 
 import outbox
 from outbox import store
-from outbox.db import create_engine
+from outbox.db import MAX_KEPT_PER_CONNECTION, create_engine, keep_statements_prepared
 from outbox.relay_settings import DatabaseSettings
 from support import EMAIL
 
@@ -151,7 +153,8 @@ def test_a_value_with_no_plain_spelling_runs_the_claim_unprepared(
 def refused_as_moved(engine: sa.Engine) -> Iterator[Any]:
     """Claims that Postgres refuses with its "moved to another partition"
     error (the same SQLSTATE and message) their first ``n`` runs on a
-    connection: a trigger on the live rows raises it when a row is claimed,
+    connection: a trigger on the live rows raises it when a row's status
+    changes (claimed, settled),
     ``n`` read from the connection's own ``test.moved_runs``."""
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE SEQUENCE test_moved_runs"))
@@ -160,7 +163,7 @@ def refused_as_moved(engine: sa.Engine) -> Iterator[Any]:
                 """CREATE FUNCTION test_moved_refusal() RETURNS trigger
                 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
                 BEGIN
-                    IF NEW.status = 'claimed' AND OLD.status = 'pending'
+                    IF NEW.status IS DISTINCT FROM OLD.status
                        AND nextval('public.test_moved_runs')
                            <= CAST(current_setting('test.moved_runs', true) AS int) THEN
                         RAISE EXCEPTION USING ERRCODE = '40001', MESSAGE =
@@ -253,4 +256,97 @@ def test_the_worker_prepares_its_claim_unless_told_not_to(
     finally:
         own.dispose()
     assert (held != []) is (setting != "false"), held
+    # its settle too, kept by the protocol's name (db.keep_statements_prepared)
+    assert any(name.startswith("outbox_p") for name in held) is (setting != "false"), held
     assert len(ids) == 7 and statuses(engine) == {"delivered": 7}
+
+
+def settle_all(conn: sa.Connection, claims: list[store.Claim]) -> dict[int, str]:
+    return store.settle(
+        conn,
+        [store.Settlement(c.id, c.claim_token, "delivered", duration_ms=1) for c in claims],
+        store.Backoff(30, 1800, 8),
+    )
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["unnamed", "kept"])
+def test_a_connection_that_keeps_statements_parses_the_settle_once(
+    one_connection: sa.Engine, keep: bool
+) -> None:
+    """A session that keeps statements holds the settle as one named statement,
+    planned for its values five times and then once, for every batch; one
+    that does not keeps nothing. The outcomes are the same."""
+    backlog(one_connection)
+    if keep:
+        keep_statements_prepared(one_connection)
+        keep_statements_prepared(one_connection)  # once is enough
+    settled: dict[int, str] = {}
+    with one_connection.connect() as conn:
+        for _ in range(8):
+            claims = store.claim(conn, 2, 120)
+            assert len(claims) == 2
+            settled |= settle_all(conn, claims)
+        kept = [r for r in prepared_here(conn) if r.name.startswith("outbox_p")]
+    assert len(settled) == 16 and set(settled.values()) == {"delivered"}
+    if not keep:
+        assert kept == []
+        return
+    assert [r.name for r in kept] == ["outbox_p0"]
+    assert kept[0].statement.startswith(store._sql.KEPT_PREPARED_MARK)
+    if "generic_plans" in kept[0]._fields:  # PostgreSQL 14 and later
+        assert (kept[0].custom_plans, kept[0].generic_plans) == (5, 3)
+
+
+def test_a_kept_settle_runs_again_after_a_row_moved_under_it(
+    one_connection: sa.Engine, refused_as_moved: Any
+) -> None:
+    """A run refused for a row moved meanwhile leaves the connection and what
+    it kept: the next run binds the same statement, and the fence decides."""
+    backlog(one_connection)
+    keep_statements_prepared(one_connection)
+    with one_connection.connect() as conn:
+        claims = store.claim(conn, 2, 120)
+        refused_as_moved(conn, store._sql.RUNS_AFTER_A_MOVE - 1)
+        pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        assert set(settle_all(conn, claims).values()) == {"delivered"}
+        assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() == pid
+        assert [r.name for r in prepared_here(conn) if r.name.startswith("outbox_p")] == [
+            "outbox_p0"
+        ]
+
+
+def test_a_kept_settle_that_fails_leaves_with_its_connection(one_connection: sa.Engine) -> None:
+    """Bad input to a kept statement fails as it does unnamed, changes
+    nothing, and the connection goes (every error but a moved row's): the next
+    session parses the statement again under the same name."""
+    backlog(one_connection)
+    keep_statements_prepared(one_connection)
+    with one_connection.connect() as conn:
+        claims = store.claim(conn, 2, 120)
+        settle_all(conn, store.claim(conn, 1, 120))  # kept now
+        pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        with pytest.raises(sa.exc.DBAPIError, match="uuid"):
+            store.settle(
+                conn,
+                [store.Settlement(claims[0].id, "not-a-token", "delivered")],
+                store.Backoff(30, 1800, 8),
+            )
+    with one_connection.connect() as conn:
+        assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() != pid
+        assert prepared_here(conn) == []
+        assert set(settle_all(conn, claims).values()) == {"delivered"}
+        assert [r.name for r in prepared_here(conn)] == ["outbox_p0"]
+
+
+def test_a_connection_keeps_a_bounded_number_of_statements(one_connection: sa.Engine) -> None:
+    """Past the bound a marked statement runs unnamed, as any other."""
+    keep_statements_prepared(one_connection)
+    marked = [
+        store._sql.statement(f"SELECT {i} + CAST(:n AS int)", kept_prepared=True)
+        for i in range(MAX_KEPT_PER_CONNECTION + 2)
+    ]
+    with one_connection.connect() as conn:
+        assert [conn.execute(m, {"n": 1}).scalar_one() for m in marked] == [
+            i + 1 for i in range(len(marked))
+        ]
+        assert len(prepared_here(conn)) == MAX_KEPT_PER_CONNECTION

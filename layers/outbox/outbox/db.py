@@ -26,6 +26,7 @@ from sqlalchemy.engine import URL, make_url
 from . import aws
 from .errors import ConfigError, moved_meanwhile
 from .relay_settings import DatabaseSettings
+from .store._sql import KEPT_PREPARED_MARK
 
 _SECRET_MAX_AGE_SECONDS = 300
 
@@ -378,7 +379,13 @@ def _execute_in_one_round_trip(dbapi_connection: Any, connection_record: Any) ->
     machine took a tenth longer than pg8000's three exchanges). Still the
     unnamed statement (no prepared state to pin a connection behind RDS
     Proxy), a third of the waiting. Only for this
-    engine's connections; COPY streams keep pg8000's own path."""
+    engine's connections; COPY streams keep pg8000's own path.
+
+    A statement marked ``KEPT_PREPARED_MARK`` on a connection that keeps
+    statements (``keep_statements_prepared``) is parsed once, as a named
+    statement, and only bound and executed after that: the same one train,
+    without its parse and, once Postgres settles on a generic plan, without
+    its planning."""
     import pg8000.core as core
 
     if (
@@ -398,11 +405,8 @@ def _execute_in_one_round_trip(dbapi_connection: Any, connection_record: Any) ->
         # convert raises with nothing half-sent.
         params = core.make_params(conn.py_types, vals)
         encoding = conn._client_encoding
-        parse = bytearray(core.NULL_BYTE + statement.encode(encoding) + core.NULL_BYTE)
-        parse += core.H_pack(len(oids))
-        for oid in oids:
-            parse += core.i_pack(0 if oid == -1 else oid)
-        bind = bytearray(core.NULL_BYTE + core.NULL_BYTE + core.H_pack(0))
+        parsed, statement_name = _statement_name(conn, statement)
+        bind = bytearray(core.NULL_BYTE + statement_name + core.NULL_BYTE + core.H_pack(0))
         bind += core.H_pack(len(params))
         for value in params:
             if value is None:
@@ -412,7 +416,12 @@ def _execute_in_one_round_trip(dbapi_connection: Any, connection_record: Any) ->
                 bind += core.i_pack(len(encoded)) + encoded
         bind += core.H_pack(0)  # every result column as text, as pg8000 reads them
         context = core.Context(statement)
-        conn._send_message(core.PARSE, parse)
+        if not parsed:
+            parse = bytearray(statement_name + core.NULL_BYTE + statement.encode(encoding))
+            parse += core.NULL_BYTE + core.H_pack(len(oids))
+            for oid in oids:
+                parse += core.i_pack(0 if oid == -1 else oid)
+            conn._send_message(core.PARSE, parse)
         conn._send_message(core.BIND, bind)
         core._write(conn._sock, describe_portal)
         core._write(conn._sock, core.EXECUTE_MSG)
@@ -423,6 +432,47 @@ def _execute_in_one_round_trip(dbapi_connection: Any, connection_record: Any) ->
         return context
 
     dbapi_connection.execute_unnamed = execute_unnamed
+
+
+# The most statements one connection keeps (the rest run unnamed, as before).
+MAX_KEPT_PER_CONNECTION = 16
+# The pg8000 connection's attribute that holds its kept statements' names.
+_KEPT_ATTRIBUTE = "outbox_kept_statements"
+
+
+def keep_statements_prepared(engine: sa.Engine) -> None:
+    """From now on, this engine's connections keep the statements marked for
+    it prepared, each for the life of its session: for a process that holds
+    its sessions (``outbox worker``), never for one behind a pooler that
+    hands sessions around per transaction (RDS Proxy pins a session that
+    prepares). Postgres plans such a statement for its values five times, then
+    keeps one generic plan when that costs no more."""
+
+    def keep(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        if not hasattr(dbapi_connection, _KEPT_ATTRIBUTE):
+            setattr(dbapi_connection, _KEPT_ATTRIBUTE, {})
+
+    if not sa.event.contains(engine, "checkout", keep):
+        sa.event.listen(engine, "checkout", keep)
+
+
+def _statement_name(dbapi_connection: Any, statement: str) -> tuple[bool, bytes]:
+    """(whether it is parsed already, the name to parse and bind it as): a
+    statement marked to be kept, on a connection that keeps statements, is
+    named, the first time as it is parsed; any other is the unnamed one."""
+    kept = getattr(dbapi_connection, _KEPT_ATTRIBUTE, None)
+    if kept is None or not statement.startswith(KEPT_PREPARED_MARK):
+        return False, b""
+    name = kept.get(statement)
+    if name is not None:
+        return True, name
+    if len(kept) >= MAX_KEPT_PER_CONNECTION:
+        return False, b""
+    # Named before the parse is sent: a parse or a run that fails raises, and
+    # the connection goes with its names (_invalidate_after_any_error), but
+    # for a row moved meanwhile (then the parse had succeeded).
+    name = kept[statement] = b"outbox_p%d" % len(kept)
+    return False, name
 
 
 def _no_delay(dbapi_connection: Any, connection_record: Any) -> None:

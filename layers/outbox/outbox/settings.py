@@ -477,8 +477,8 @@ WORKER_PREPARED_CLAIM = Bool(
     # (bench/README.md); the worker holds its connections, so a session that
     # keeps the statement costs nothing more.
     default=True,
-    meaning="outbox worker: prepare the claim once per database connection; set false "
-    "behind a pooler that shares a session between clients per transaction "
+    meaning="outbox worker: prepare the claim and the settle once per database connection; "
+    "set false behind a pooler that shares a session between clients per transaction "
     "(PgBouncer in transaction mode)",
     in_template=False,  # only `outbox worker` reads it
 )

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
-from . import aws, coldstart_limits, reaper, sender, store
+from . import aws, coldstart_limits, db, reaper, sender, store
 from .observability import count
 from .relay_settings import OutcomeEventSettings, RelaySettings
 from .settings import WORKER_PREPARED_CLAIM, WORKER_STOP_GRACE_SECONDS
@@ -93,6 +93,10 @@ class Worker:
         if prepared_claim is None:
             prepared_claim = WORKER_PREPARED_CLAIM.read(os.environ)
         self.prepared_claim = prepared_claim
+        if prepared_claim:
+            # This process holds its sessions: its settle, too, is parsed once a
+            # session and, once Postgres settles on a generic plan, planned once.
+            db.keep_statements_prepared(engine)
         self.settings = settings
         # Outcome events are off unless a bus is named; then the reaper step
         # publishes them too.

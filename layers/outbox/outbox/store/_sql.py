@@ -32,17 +32,24 @@ import sqlalchemy as sa
 from ..errors import moved_meanwhile
 from ..states import STATUSES, Status
 
+# The comment that marks a statement to be kept prepared (``statement``).
+KEPT_PREPARED_MARK = "/* outbox: kept prepared */ "
 
-def statement(text: str) -> sa.TextClause:
+
+def statement(text: str, kept_prepared: bool = False) -> sa.TextClause:
     """A statement with its comments and indentation removed (same SQL, fewer
-    characters).
+    characters). ``kept_prepared``: marked to be kept prepared on the
+    connections of a process that holds its sessions
+    (``db.keep_statements_prepared``), for a statement of the hot path whose
+    values change every time (the settle).
 
     The layout is removed line by line, so a statement that this would change
     is refused with ValueError when it is built (at import): ``--`` inside a
     quoted literal or name (the cut would end the statement inside it), or a
     literal that runs across lines (joining them would change its text)."""
     lines = (_without_comment(line).strip() for line in text.splitlines())
-    return sa.text(" ".join(line for line in lines if line))
+    mark = KEPT_PREPARED_MARK if kept_prepared else ""
+    return sa.text(mark + " ".join(line for line in lines if line))
 
 
 def _without_comment(line: str) -> str:

@@ -1342,7 +1342,8 @@ _SETTLE = statement(
     -- Python, column by column (a seventh of a 1000-row settle's time,
     -- bench/README.md); JSON text is parsed in C.
     SELECT json_agg(json_build_array(id, status, outcome)) FROM settled
-    """
+    """,
+    kept_prepared=True,
 )
 
 
