@@ -563,6 +563,67 @@ def worker_delivers_within_a_poll(engine: sa.Engine, ids: list[int]) -> bool:
         loop.join(60)
 
 
+def test_the_worker_claims_again_when_the_pause_ends_before_it_asks_the_database(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker woke at the pause's end by its own reckoning, its claim
+    found the pause still on (the settle wrote it late), and by the time it
+    asked the database when the pause ends, it had ended: nothing waits,
+    says the database. The row was due then, and the worker waited a whole
+    poll interval for it (one run in eight of the test above)."""
+    record, resume = store.record_throttling, store.seconds_to_resume
+
+    def late_record(conn: sa.Connection, *args: Any, **kwargs: Any) -> set[str]:
+        time.sleep(0.5)  # the pause ends 0.5 s after the sender reckoned
+        return record(conn, *args, **kwargs)
+
+    def slow_question(conn: sa.Connection) -> float | None:
+        time.sleep(1.0)  # asked after the pause's end
+        return resume(conn)
+
+    monkeypatch.setattr(store, "record_throttling", late_record)
+    monkeypatch.setattr(store, "seconds_to_resume", slow_question)
+    channel = install_channel(DestinationChannel(answers=[Outcome.throttled("HTTP 429", 0.3)]))
+    ids = enqueue(engine, 1, "scripted")
+    assert worker_delivers_within_a_poll(engine, ids)
+    assert channel.calls == 2
+    assert {counts(engine, ids)[i] for i in ids} == {("delivered", 1, 0)}
+
+
+def test_the_worker_claims_at_once_only_once_when_nothing_waits(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim at once after a pause's end is one claim: when it finds
+    nothing either (the rows are held by something else), the worker waits
+    its poll interval, it does not spin."""
+    claims: list[int] = []
+    claim = store.claim_and_receive
+
+    def claim_nothing_after_the_first(*args: Any, **kwargs: Any) -> Any:
+        claims.append(1)
+        return claim(*args, **kwargs) if len(claims) == 1 else []
+
+    monkeypatch.setattr(store, "claim_and_receive", claim_nothing_after_the_first)
+    monkeypatch.setattr(store, "seconds_to_resume", lambda conn: None)
+    install_channel(DestinationChannel(answers=[Outcome.throttled("HTTP 429", 0.3)]))
+    enqueue(engine, 1, "scripted")
+    worker = Worker(
+        engine,
+        settings(batch_size=10, send_concurrency=1, poll_interval_seconds=60.0),
+        reap_interval_seconds=3600,
+    )
+    loop = threading.Thread(target=worker.run)
+    loop.start()
+    try:
+        # the first claim, the one at the pause's end, the one at once after it
+        assert wait_until(lambda: len(claims) >= 3, 45)
+        time.sleep(1.0)  # a spinning loop would claim again and again meanwhile
+        assert len(claims) == 3
+    finally:
+        worker.stop.set()
+        loop.join(60)
+
+
 def test_the_worker_claims_again_when_the_pause_the_database_holds_ends(
     engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

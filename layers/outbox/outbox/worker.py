@@ -299,6 +299,7 @@ class Worker:
         resumes_at: float | None = None
         in_flight: deque[_InFlight] = deque()  # the batch before the last, and the last
         woke_for_resume = False  # the last idle wait ended at a pause's end
+        claimed_again = False  # the last idle wait was the claim at once below
 
         def finish_oldest() -> None:
             nonlocal resumes_at
@@ -323,12 +324,19 @@ class Worker:
                 if batch.report.claimed < self.settings.batch_size:
                     while in_flight:  # settled before an idle wait, not after it
                         finish_oldest()
+                    at_once = False
                     if resumes_at is None and woke_for_resume:
                         # The pause is the database's, written by the settle:
                         # a settle that came late ends it later than the
                         # sender reckoned, and the cut rate may want a token
                         # first. Wait for what the database says, not a poll.
                         resumes_at = self._resume_from_database()
+                        if resumes_at is None and not claimed_again:
+                            # Nothing waits, it says, yet the claim just found
+                            # the pause on: it ended in between. Claim once
+                            # more at once, not a poll interval later.
+                            resumes_at, at_once = time.monotonic(), True
+                    claimed_again = at_once
                     wait_seconds, resumes_at = idle_wait(
                         self.settings.poll_interval_seconds, resumes_at, time.monotonic()
                     )
