@@ -32,8 +32,9 @@ import sqlalchemy as sa
 from ..errors import moved_meanwhile
 from ..states import STATUSES, Status
 
-# The comment that marks a statement to be kept prepared (``statement``).
-KEPT_PREPARED_MARK = "/* outbox: kept prepared */ "
+# The comment that marks a statement to be kept prepared (``statement``); no
+# colon in it, which a driver's named placeholders would read as one.
+KEPT_PREPARED_MARK = "/* outbox kept prepared */ "
 
 
 def statement(text: str, kept_prepared: bool = False) -> sa.TextClause:
