@@ -279,7 +279,8 @@ def test_a_connection_that_keeps_statements_parses_the_settle_once(
     backlog(one_connection)
     if keep:
         keep_statements_prepared(one_connection)
-        keep_statements_prepared(one_connection)  # once is enough
+        keep_statements_prepared(one_connection)  # once is enough: one listener
+        assert len(one_connection.pool.dispatch.checkout) == 2  # and _ping_when_idle's
     settled: dict[int, str] = {}
     with one_connection.connect() as conn:
         for _ in range(8):

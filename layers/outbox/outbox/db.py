@@ -447,13 +447,13 @@ def keep_statements_prepared(engine: sa.Engine) -> None:
     hands sessions around per transaction (RDS Proxy pins a session that
     prepares). Postgres plans such a statement for its values five times, then
     keeps one generic plan when that costs no more."""
+    if not sa.event.contains(engine, "checkout", _keep_statements):
+        sa.event.listen(engine, "checkout", _keep_statements)
 
-    def keep(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-        if not hasattr(dbapi_connection, _KEPT_ATTRIBUTE):
-            setattr(dbapi_connection, _KEPT_ATTRIBUTE, {})
 
-    if not sa.event.contains(engine, "checkout", keep):
-        sa.event.listen(engine, "checkout", keep)
+def _keep_statements(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    if not hasattr(dbapi_connection, _KEPT_ATTRIBUTE):
+        setattr(dbapi_connection, _KEPT_ATTRIBUTE, {})
 
 
 def _statement_name(dbapi_connection: Any, statement: str) -> tuple[bool, bytes]:
