@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -545,10 +547,9 @@ def test_the_worker_claims_a_paused_destination_again_when_its_pause_ends(
     assert {counts(engine, ids)[i] for i in ids} == {("delivered", 1, 0)}
 
 
-def worker_delivers_within_a_poll(engine: sa.Engine, ids: list[int]) -> bool:
-    """Whether ``outbox worker`` with a 60 s poll interval delivers ``ids[0]``
-    well within it (45 s: a bound, not a timing): a worker that waited out
-    its poll after a pause would leave the resumed rows for 60 s."""
+@contextmanager
+def a_worker_running(engine: sa.Engine) -> Iterator[Worker]:
+    """``outbox worker`` with a 60 s poll interval, in a thread for the block."""
     worker = Worker(
         engine,
         settings(batch_size=10, send_concurrency=1, poll_interval_seconds=60.0),
@@ -557,37 +558,18 @@ def worker_delivers_within_a_poll(engine: sa.Engine, ids: list[int]) -> bool:
     loop = threading.Thread(target=worker.run)
     loop.start()
     try:
-        return wait_until(lambda: counts(engine, ids)[ids[0]][0] == "delivered", 45)
+        yield worker
     finally:
         worker.stop.set()
         loop.join(60)
 
 
-def test_the_worker_claims_again_when_the_pause_ends_before_it_asks_the_database(
-    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The worker woke at the pause's end by its own reckoning, its claim
-    found the pause still on (the settle wrote it late), and by the time it
-    asked the database when the pause ends, it had ended: nothing waits,
-    says the database. The row was due then, and the worker waited a whole
-    poll interval for it (one run in eight of the test above)."""
-    record, resume = store.record_throttling, store.seconds_to_resume
-
-    def late_record(conn: sa.Connection, *args: Any, **kwargs: Any) -> set[str]:
-        time.sleep(0.5)  # the pause ends 0.5 s after the sender reckoned
-        return record(conn, *args, **kwargs)
-
-    def slow_question(conn: sa.Connection) -> float | None:
-        time.sleep(1.0)  # asked after the pause's end
-        return resume(conn)
-
-    monkeypatch.setattr(store, "record_throttling", late_record)
-    monkeypatch.setattr(store, "seconds_to_resume", slow_question)
-    channel = install_channel(DestinationChannel(answers=[Outcome.throttled("HTTP 429", 0.3)]))
-    ids = enqueue(engine, 1, "scripted")
-    assert worker_delivers_within_a_poll(engine, ids)
-    assert channel.calls == 2
-    assert {counts(engine, ids)[i] for i in ids} == {("delivered", 1, 0)}
+def worker_delivers_within_a_poll(engine: sa.Engine, ids: list[int]) -> bool:
+    """Whether ``outbox worker`` with a 60 s poll interval delivers ``ids[0]``
+    well within it (45 s: a bound, not a timing): a worker that waited out
+    its poll after a pause would leave the resumed rows for 60 s."""
+    with a_worker_running(engine):
+        return wait_until(lambda: counts(engine, ids)[ids[0]][0] == "delivered", 45)
 
 
 def test_the_worker_claims_at_once_only_once_when_nothing_waits(
@@ -607,39 +589,39 @@ def test_the_worker_claims_at_once_only_once_when_nothing_waits(
     monkeypatch.setattr(store, "seconds_to_resume", lambda conn: None)
     install_channel(DestinationChannel(answers=[Outcome.throttled("HTTP 429", 0.3)]))
     enqueue(engine, 1, "scripted")
-    worker = Worker(
-        engine,
-        settings(batch_size=10, send_concurrency=1, poll_interval_seconds=60.0),
-        reap_interval_seconds=3600,
-    )
-    loop = threading.Thread(target=worker.run)
-    loop.start()
-    try:
+    with a_worker_running(engine):
         # the first claim, the one at the pause's end, the one at once after it
         assert wait_until(lambda: len(claims) >= 3, 45)
         time.sleep(1.0)  # a spinning loop would claim again and again meanwhile
         assert len(claims) == 3
-    finally:
-        worker.stop.set()
-        loop.join(60)
 
 
+@pytest.mark.parametrize("asked_late", [False, True], ids=["asked-before", "asked-after"])
 def test_the_worker_claims_again_when_the_pause_the_database_holds_ends(
-    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, asked_late: bool
 ) -> None:
     """The pause is written by the settle, on the database's clock; a settle
     that comes late (a busy machine) makes it end later than the sender
     reckoned. The worker's wake-up at its own reckoning then claims nothing,
     and it asks the database when the destination resumes rather than
-    sleep a poll interval."""
-    record = store.record_throttling
+    sleep a poll interval. ``asked_late``: the question comes after the
+    pause's end, so the database says nothing waits though the row is due;
+    the worker waited a whole poll interval then (one run in eight of the
+    test above), and now claims once more at once."""
+    record, resume = store.record_throttling, store.seconds_to_resume
 
     def late_record(conn: sa.Connection, *args: Any, **kwargs: Any) -> set[str]:
         # Before the transaction's first statement: its now() is later by as much.
         time.sleep(0.5)
         return record(conn, *args, **kwargs)
 
+    def question(conn: sa.Connection) -> float | None:
+        if asked_late:
+            time.sleep(1.0)  # after the pause's end
+        return resume(conn)
+
     monkeypatch.setattr(store, "record_throttling", late_record)
+    monkeypatch.setattr(store, "seconds_to_resume", question)
     channel = install_channel(DestinationChannel(answers=[Outcome.throttled("HTTP 429", 0.3)]))
     ids = enqueue(engine, 1, "scripted")
     assert worker_delivers_within_a_poll(engine, ids)
