@@ -452,9 +452,10 @@ def test_every_claim_form_walks_the_due_index_beside_history(engine: sa.Engine, 
                 **params,
             }
             if prepare:  # the plan the worker's prepared claim keeps (_sql.prepared)
-                # (a fresh session's statements: this pooled one has others')
-                conn.exec_driver_sql("DEALLOCATE ALL")
-                conn.connection.info.pop("outbox_prepared", None)
+                # (a fresh session's claims: this pooled one has others'; its
+                # kept statements stay, as db.py's execute path knows them)
+                for execute in conn.connection.info.pop("outbox_prepared", set()):
+                    conn.exec_driver_sql("DEALLOCATE " + execute.removeprefix("EXECUTE "))
                 execute = store._sql.prepared(conn, statement, values)
                 assert execute is not None
                 statement, values = execute, {}

@@ -351,3 +351,53 @@ def test_a_connection_keeps_a_bounded_number_of_statements(one_connection: sa.En
             i + 1 for i in range(len(marked))
         ]
         assert len(prepared_here(conn)) == MAX_KEPT_PER_CONNECTION
+
+
+@pytest.mark.parametrize("how", ["DEALLOCATE ALL", "DISCARD ALL"])
+def test_a_kept_settle_whose_statement_went_is_parsed_again(
+    one_connection: sa.Engine, how: str
+) -> None:
+    """Someone deallocated the session's statements (a pooler's reset, an
+    operator): on the relay's autocommit connections the settle binds a name
+    that is gone, which fails before anything runs; it is parsed again and
+    runs, on the same session."""
+    backlog(one_connection)
+    keep_statements_prepared(one_connection)
+    with one_connection.connect() as conn:
+        settle_all(conn, store.claim(conn, 1, 120))  # kept now
+        claims = store.claim(conn, 2, 120)
+        pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        conn.exec_driver_sql(how)
+        assert prepared_here(conn) == []
+        assert set(settle_all(conn, claims).values()) == {"delivered"}
+        assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() == pid
+        assert [r.name for r in prepared_here(conn)] == ["outbox_p0"]
+
+
+def test_a_kept_settle_whose_statement_went_inside_a_transaction_fails_alone(
+    engine: sa.Engine, database_url: str
+) -> None:
+    """Inside a transaction block the failed bind aborts the transaction, so
+    the settle is not run again there: it fails, nothing is written, and the
+    next session parses it again."""
+    backlog(engine)
+    own = create_engine(DatabaseSettings(url=database_url, sslmode="disable"))
+    keep_statements_prepared(own)
+    try:
+        with own.connect() as conn:
+            with conn.begin():
+                settle_all(conn, store.claim(conn, 1, 120))  # kept now
+                claims = store.claim(conn, 2, 120)
+            conn.exec_driver_sql("DEALLOCATE ALL")
+            conn.commit()
+            with pytest.raises(sa.exc.DBAPIError, match="26000"), conn.begin():
+                settle_all(conn, claims)
+        with own.connect() as conn, conn.begin():
+            statuses = conn.execute(
+                sa.text("SELECT status FROM outbox_message WHERE id = ANY(:ids)"),
+                {"ids": [c.id for c in claims]},
+            ).scalars()
+            assert set(statuses) == {"claimed"}
+            assert set(settle_all(conn, claims).values()) == {"delivered"}
+    finally:
+        own.dispose()

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 from . import aws
-from .errors import ConfigError, moved_meanwhile
+from .errors import ConfigError, moved_meanwhile, sqlstate
 from .relay_settings import DatabaseSettings
 from .store._sql import KEPT_PREPARED_MARK
 
@@ -341,6 +341,8 @@ def _convert_each_statement_once() -> None:
 # pg8000; a version without them keeps pg8000's own three exchanges).
 _PG8000_INTERNALS = (
     "_create_message",
+    "DatabaseError",
+    "IDLE",
     "make_params",
     "Context",
     "_write",
@@ -358,6 +360,7 @@ _PG8000_INTERNALS = (
 )
 _CONNECTION_INTERNALS = (
     "execute_unnamed",
+    "_transaction_status",
     "_send_message",
     "handle_messages",
     "py_types",
@@ -404,8 +407,25 @@ def _execute_in_one_round_trip(dbapi_connection: Any, connection_record: Any) ->
         # Encode every value before writing anything: a value pg8000 cannot
         # convert raises with nothing half-sent.
         params = core.make_params(conn.py_types, vals)
-        encoding = conn._client_encoding
         parsed, statement_name = _statement_name(conn, statement)
+        try:
+            return run(statement, params, oids, parsed, statement_name)
+        except core.DatabaseError as exc:
+            if not parsed or sqlstate(exc) != "26000":
+                raise
+            # The kept statement is gone (DEALLOCATE ALL or DISCARD ALL in
+            # this session): forget every name kept here. Its bind failed
+            # before anything ran; outside a transaction block, nothing is
+            # left to undo, so parse it again and run it.
+            getattr(conn, _KEPT_ATTRIBUTE).clear()
+            if conn._transaction_status != core.IDLE:
+                raise
+            parsed, statement_name = _statement_name(conn, statement)
+            return run(statement, params, oids, parsed, statement_name)
+
+    def run(statement: str, params: Any, oids: Any, parsed: bool, statement_name: bytes) -> Any:
+        conn = dbapi_connection
+        encoding = conn._client_encoding
         bind = bytearray(core.NULL_BYTE + statement_name + core.NULL_BYTE + core.H_pack(0))
         bind += core.H_pack(len(params))
         for value in params:

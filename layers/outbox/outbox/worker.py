@@ -93,10 +93,6 @@ class Worker:
         if prepared_claim is None:
             prepared_claim = WORKER_PREPARED_CLAIM.read(os.environ)
         self.prepared_claim = prepared_claim
-        if prepared_claim:
-            # This process holds its sessions: its settle, too, is parsed once a
-            # session and, once Postgres settles on a generic plan, planned once.
-            db.keep_statements_prepared(engine)
         self.settings = settings
         # Outcome events are off unless a bus is named; then the reaper step
         # publishes them too.
@@ -206,6 +202,11 @@ class Worker:
         if not self._limits_applied:
             coldstart_limits.apply_configured_limits(self.engine, settings, self.channels)
             self._limits_applied = True
+            if self.prepared_claim:
+                # This process holds its sessions: its settle, too, is parsed
+                # once a session and, once Postgres settles on a generic plan,
+                # planned once.
+                db.keep_statements_prepared(self.engine)
         with self.engine.begin() as conn:
             rows = store.claim_and_receive(
                 conn,
