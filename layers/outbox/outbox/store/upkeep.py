@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Self
 import sqlalchemy as sa
 
 from ..states import TERMINAL_STATUSES
-from ._sql import check_statuses, statement
+from ._sql import check_statuses, execute_fenced, statement
 from .history import prune_before
 from .policy import BACKOFF_SQL, EXHAUSTED_SQL, EXPIRED_PREFIX, Backoff
 
@@ -158,8 +158,12 @@ _REAP = statement(
 def reap_expired(conn: sa.Connection, batch_size: int, backoff: Backoff) -> dict[int, Reaped]:
     """Release claims whose lease ran out (docs/design.md, invariant 5): after a receipt the
     attempt counts (``dead`` when out of attempts); without one it does not.
-    Either ends ``expired`` when the next try would fall after the deliver-by time."""
-    rows = conn.execute(
+    Either ends ``expired`` when the next try would fall after the deliver-by time.
+    A lapsed row that a settle moved into history after this statement's
+    snapshot makes Postgres refuse its lock: the release runs again on a new
+    snapshot (``execute_fenced``), where the row is settled."""
+    rows = execute_fenced(
+        conn,
         _REAP,
         {
             "batch_size": batch_size,
@@ -167,7 +171,7 @@ def reap_expired(conn: sa.Connection, batch_size: int, backoff: Backoff) -> dict
             "not_started_error": NOT_STARTED_ERROR,
             **backoff.params(),
         },
-    ).all()
+    )
     return {r.id: Reaped(r.status, r.started) for r in rows}
 
 
@@ -211,9 +215,10 @@ _EXPIRE_OVERDUE = statement(
 
 def expire_overdue(conn: sa.Connection, batch_size: int, backoff: Backoff) -> set[int]:
     """pending -> expired for rows past their deliver-by time (up to two batches)."""
-    rows = conn.execute(
-        _EXPIRE_OVERDUE, {"batch_size": batch_size, "default_ttl": backoff.ttl_param()}
-    ).all()
+    # (a row an operator's cancel moved meanwhile: as reap_expired's)
+    rows = execute_fenced(
+        conn, _EXPIRE_OVERDUE, {"batch_size": batch_size, "default_ttl": backoff.ttl_param()}
+    )
     return {r.id for r in rows}
 
 
@@ -245,7 +250,7 @@ _CANCEL_HELD = statement(
 
 def cancel_held(conn: sa.Connection, batch_size: int) -> set[int]:
     """Cancel the held rows whose producer asked for that (``on_predecessor_failure='cancel'``)."""
-    return {r.id for r in conn.execute(_CANCEL_HELD, {"batch_size": batch_size}).all()}
+    return {r.id for r in execute_fenced(conn, _CANCEL_HELD, {"batch_size": batch_size})}
 
 
 _CUTOFF = statement("SELECT now() - make_interval(secs => :older_than_seconds)")
