@@ -139,9 +139,6 @@ def _protocol_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
     }
     statements = [0]
 
-    def column(name: str) -> int:
-        return [c["name"] for c in conn.columns].index(name)
-
     def step() -> int:
         from outbox.errors import moved_meanwhile
 
@@ -159,27 +156,26 @@ def _protocol_stepper(url: str, batch: int) -> tuple[Callable[[], int], Callable
                     raise
                 statements[0] += 1
         statements[0] += 1
-        # (the claim's row of its own, the form it names for the next claim, apart)
-        claimed = [r for r in claimed if r[-1] is None]
+        # the claim's answer (store.delivery._answer): its rows' fields (Claim's)
+        # as JSON in its first row, with the form it names for the next claim
+        claimed = claimed[0][0] or []
         if not claimed:
             return 0
-        i_id, i_token = column("id"), column("claim_token")
-        rows = conn.run(
+        head, *payloads = conn.run(
             read_sql,
-            ids=store.array_literal(r[i_id] for r in claimed),
-            tokens=store.array_literal(r[i_token] for r in claimed),
+            ids=store.array_literal(f[0] for f in claimed),
+            tokens=store.array_literal(f[2] for f in claimed),
             channel=common.CHANNEL,
             default_max=8,
         )
-        i_id, i_token, i_payload = column("id"), column("claim_token"), column("payload")
-        for r in rows:
-            json.loads(r[i_payload])
+        # ClaimedMessage's fields but the payload, as JSON; then a row a payload
+        rows = head[0] or []
+        i_token = store.ClaimedMessage._fields.index("claim_token") - 1
+        for row in payloads:
+            json.loads(row[1])
         # store.settle's document: [id, token, outcome, error, provider_id, delay_s, duration_ms]
         settlements = json.dumps(
-            [
-                [r[i_id], str(r[i_token]), "delivered", None, f"noop-{r[i_id]}", None, 0]
-                for r in rows
-            ],
+            [[f[0], f[i_token], "delivered", None, f"noop-{f[0]}", None, 0] for f in rows],
             separators=(",", ":"),
         )
         conn.run(settle_sql, settlements=settlements, rows=len(rows), **backoff)
