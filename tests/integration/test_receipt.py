@@ -8,6 +8,7 @@ receipt was never started and counts no attempt.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -341,3 +342,28 @@ def test_a_sample_events_claim_is_reported_as_never_live_not_as_a_lost_lease(
     assert "--claim" in never_live[0]
     with engine.connect() as conn:
         assert store.statuses_of(conn, [sampled, mid]) == {sampled: "pending", mid: "pending"}
+
+
+@pytest.mark.parametrize("path", ["worker", "lambda"])
+def test_each_received_row_carries_its_own_payload_in_the_batchs_order(
+    engine: sa.Engine, path: str
+) -> None:
+    """The claim's and the receipt's answers carry the rows' fields in one
+    JSON value and their payloads as rows apart (store.delivery._answer):
+    each payload must come back with its own row, in the batch's order
+    (priority first, not the ids'), whichever path takes the receipt."""
+    expected: dict[int, int] = {}
+    for i in range(12):  # later rows more urgent: the batch's order is not the ids'
+        (message_id,) = enqueue(engine, channel="scripted", payload={"n": i}, priority=i % 4)
+        expected[message_id] = i
+    make_due(engine)
+    with engine.begin() as conn:
+        if path == "worker":
+            received = store.claim_and_receive(conn, 100, 120, 5)
+        else:
+            claims = store.claim(conn, 100, 120)
+            received = store.receive_claimed(conn, "scripted", claims, 5)
+    assert {r.id: json.loads(r.payload)["n"] for r in received} == expected
+    priorities = [expected[r.id] % 4 for r in received]
+    assert priorities == sorted(priorities, reverse=True)
+    assert all(r.claim_token and r.attempt == 1 and r.max_attempts == 5 for r in received)
