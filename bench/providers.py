@@ -25,6 +25,7 @@ def run(url: str, rows: int, latency_ms: int) -> dict[str, Any]:
     from outbox.channels import Deadline, Message, Outcome
     from outbox.handoff import CallableInvoker
     from outbox.relay_settings import RelaySettings
+    from outbox.runtime import cold_start_done
 
     delay = latency_ms / 1000
 
@@ -39,6 +40,7 @@ def run(url: str, rows: int, latency_ms: int) -> dict[str, Any]:
     defaults = RelaySettings()
     settings = RelaySettings(batch_size=1000, lease_seconds=900)
     engine = common.engine_for(url, pool_size=2)
+    thresholds = gc.get_threshold()
     try:
         with engine.begin() as conn:
             conn.exec_driver_sql(
@@ -62,7 +64,7 @@ def run(url: str, rows: int, latency_ms: int) -> dict[str, Any]:
         warm_up = events.pop()
         sender.run(engine, warm_up, settings, lambda: 900.0, channel_name=CHANNEL)
         timed_rows = rows - len(warm_up["messages"])
-        gc.freeze()  # as the function's cold start does (runtime.cold_start_done)
+        cold_start_done()  # as the function's cold start does
         started = time.monotonic()
         delivered = 0
         for event in events:
@@ -71,6 +73,7 @@ def run(url: str, rows: int, latency_ms: int) -> dict[str, Any]:
         elapsed = time.monotonic() - started
     finally:
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
         engine.dispose()
     bound = defaults.send_concurrency / delay
     rate = delivered / elapsed if elapsed else 0.0

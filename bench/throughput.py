@@ -25,7 +25,6 @@ stops when the last one finds nothing left to claim.
 
 from __future__ import annotations
 
-import gc
 import json
 import multiprocessing as mp
 import time
@@ -368,9 +367,12 @@ def _worker(kind: str, url: str, batch: int, ready: Any, go: Any, out: Any) -> N
         common.quiet_process()
         RoundTrips.install()
         step, close = STEPPERS[kind](url, batch)
-        # What the relay's functions do at the end of their cold start
-        # (runtime.cold_start_done), done for every kind alike.
-        gc.freeze()
+        # What the relay's functions do at the end of their cold start (the
+        # heap frozen, the collector's young threshold raised), done for
+        # every kind alike.
+        from outbox.runtime import cold_start_done
+
+        cold_start_done()
         ready.put(True)
         go.wait()
         # Warm-up happened before the barrier: the connection, imports, the

@@ -190,9 +190,12 @@ def aws() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _collectable_heap() -> Iterator[None]:
     """A handler built by a test froze the heap at its "cold start"
-    (runtime.cold_start_done): give what the test made back to the collector."""
+    (runtime.cold_start_done): give what the test made back to the collector,
+    at the collector's thresholds from before."""
+    thresholds = gc.get_threshold()
     yield
     gc.unfreeze()
+    gc.set_threshold(*thresholds)
 
 
 @pytest.fixture(autouse=True)
