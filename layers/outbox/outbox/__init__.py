@@ -13,7 +13,7 @@ SQLAlchemy and nothing of the relay's Lambda runtime.
 from .errors import ConfigError, DedupeConflict, OutboxError, SchemaMissing, ValidationError
 from .producer import Enqueued, enqueue, enqueue_many
 
-__version__ = "0.14.2"
+__version__ = "0.14.3"
 
 __all__ = [
     "ConfigError",
