@@ -300,20 +300,24 @@ _CLAIM_UPDATE = f"""{COOLDOWN_GATE}    claimed AS (
 # tenant's channel paused or limited, no destination paused or bucketed (a
 # limit, a learned rate), so no channel limited as a whole, and at most one
 # tenant with pending rows (nobody to share the batch with). Each a probe of
-# a small table or of the per-tenant due index. The tenant after the first
-# is asked for in the index's order (ORDER BY ... LIMIT 1), not as an EXISTS:
-# the planner cannot see the first tenant (a subquery's), so it takes a
-# third of the live rows to match, and once the live partition had churned
-# since its last vacuum it read the whole partition for the first match that
-# never came, on every claim (test_claim.py, the one-tenant check).
+# a small table or of the per-tenant due index: the last tenant with pending
+# rows, then any before it. Both are asked for in the index's order (ORDER BY
+# ... DESC LIMIT 1), not as an EXISTS: the planner cannot see the last tenant
+# (a subquery's), so it took a third of the live rows to match, and once the
+# live partition had churned since its last vacuum it read the whole
+# partition for the first match that never came, on every claim
+# (test_claim.py, the one-tenant check). From the index's end, not its
+# start: a tenant's oldest entries come first, and those of rows claimed
+# since the last vacuum are dead (a thousand pages to step over beside a
+# busy day's 200,000); its newest are the pending rows still to claim.
 _LEAN_FITS = f"""(NOT EXISTS (SELECT 1 FROM outbox_tenant_channel)
         AND NOT EXISTS (SELECT 1 FROM outbox_destination AS d
                         WHERE {BUCKETED_SQL} OR d.paused_until > now())
         AND (SELECT m.tenant FROM outbox_message AS m
-             WHERE m.status = 'pending' AND m.tenant > (
+             WHERE m.status = 'pending' AND m.tenant < (
                  SELECT f.tenant FROM outbox_message AS f
-                 WHERE f.status = 'pending' ORDER BY f.tenant LIMIT 1)
-             ORDER BY m.tenant LIMIT 1) IS NULL)"""
+                 WHERE f.status = 'pending' ORDER BY f.tenant DESC LIMIT 1)
+             ORDER BY m.tenant DESC LIMIT 1) IS NULL)"""
 # Which claim the next one should be (the claim's last row says): the lean
 # one, the full one without the tenants' channel parts, or with them.
 LEAN, FULL, FULL_WITH_TENANT_CHANNELS = 0, 1, 2
