@@ -388,43 +388,36 @@ class ThreadRecordingChannel(ScriptedChannel):
         return super().send(message, deadline)
 
 
+@pytest.mark.parametrize(
+    "first_batch",
+    [
+        [],
+        # Calls that return at once, run on every send thread, come back late
+        # now and then: a thread the interpreter lock held up mid-call
+        # measures its call as long as the wait. A few such calls must not
+        # keep the channel on every thread, where its threads then hold each
+        # other up again (what the relay did at batch 1000 with a provider
+        # that answers in microseconds).
+        [0.0] * 4 + [0.15, 0.15],
+    ],
+    ids=["every call at once", "two calls of twenty held up"],
+)
 def test_a_channel_whose_calls_come_back_at_once_sends_its_next_batch_on_one_thread(
-    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, first_batch: list[float]
 ) -> None:
     monkeypatch.setattr(sender, "_calls_were_fast", {})
     # a threshold no call of a busy test machine reaches (the behaviour, not the figure)
     monkeypatch.setattr(sender, "FAST_CALL_SECONDS", 0.1)
     channel = install_channel(ThreadRecordingChannel())
-    enqueue(engine, 20, "scripted")
-    send(engine, claim(engine), send_concurrency=8)  # its calls are not known yet
-    assert sender._calls_were_fast == {"scripted": True}
-    channel.threads.clear()
-    enqueue(engine, 20, "scripted")
-    report = send(engine, claim(engine), send_concurrency=8)
-    assert report.statuses == {"delivered": 20}
-    assert len(set(channel.threads)) == 1
-
-
-def test_a_fast_channel_with_a_few_held_up_calls_still_sends_its_next_batch_on_one_thread(
-    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Calls that return at once, run on every send thread, come back late now
-    # and then: a thread the interpreter lock held up mid-call measures its
-    # call as long as the wait. A few such calls must not keep the channel on
-    # every thread, where its threads then hold each other up again (what the
-    # relay did at batch 1000 with a provider that answers in microseconds).
-    monkeypatch.setattr(sender, "_calls_were_fast", {})
-    monkeypatch.setattr(sender, "FAST_CALL_SECONDS", 0.1)
-    channel = install_channel(ThreadRecordingChannel())
-    channel.answers = [0.0] * 4 + [0.15, 0.15]  # two held-up calls of twenty
-    enqueue(engine, 20, "scripted")
-    report = send(engine, claim(engine), send_concurrency=8)
-    assert report.statuses == {"delivered": 20}
-    assert sender._calls_were_fast == {"scripted": True}
-    channel.threads.clear()
-    enqueue(engine, 20, "scripted")
-    send(engine, claim(engine), send_concurrency=8)
-    assert len(set(channel.threads)) == 1
+    channel.answers = list(first_batch)
+    for _ in range(2):  # the first batch, then the next
+        channel.threads.clear()
+        enqueue(engine, 20, "scripted")
+        # the first batch's calls are not known yet: it runs on every thread
+        report = send(engine, claim(engine), send_concurrency=8)
+        assert report.statuses == {"delivered": 20}
+        assert sender._calls_were_fast == {"scripted": True}
+    assert len(set(channel.threads)) == 1  # the next batch, on one thread
 
 
 def test_a_fast_channel_that_turns_slow_has_every_send_thread_again(
