@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
@@ -167,7 +168,7 @@ def test_the_claim_reads_the_due_index_in_claim_order_with_one_channel(engine: s
 
 
 def test_the_claims_one_tenant_check_stays_an_index_probe_as_the_live_rows_churn(
-    engine: sa.Engine,
+    engine: sa.Engine, database_url: str
 ) -> None:
     """The lean claim asks whether any pending row has a tenant other than the
     last one. Asked as an EXISTS over a range the planner cannot see (the
@@ -179,7 +180,7 @@ def test_the_claims_one_tenant_check_stays_an_index_probe_as_the_live_rows_churn
     pages and 13 ms a claim beside 10,000 due rows (bench/README.md, "A fast
     provider on one thread, and the cells warmed")."""
     payload = "jsonb_build_object('text', repeat('x', 700))"  # a row of a real payload's size
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    with autocommit(database_url) as conn:  # VACUUM runs outside a transaction
         insert_due(conn, 10000, payload)
         conn.execute(sa.text("VACUUM ANALYZE outbox_message"))
         for _ in range(2):  # a drain of 10,000 rows, as many enqueued meanwhile
@@ -219,13 +220,13 @@ def test_the_claims_one_tenant_check_stays_an_index_probe_as_the_live_rows_churn
 
 
 def test_the_claims_one_tenant_check_steps_over_no_row_claimed_since_the_last_vacuum(
-    engine: sa.Engine,
+    engine: sa.Engine, database_url: str
 ) -> None:
     """The one-tenant check reads the per-tenant due index from its end, where
     the rows still to claim are: from its start it stepped over the entries of
     every row claimed since the last vacuum (992 buffers beside a busy day's
     200,000, on every claim), which are dead until the vacuum."""
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    with autocommit(database_url) as conn:  # VACUUM runs outside a transaction
         insert_due(conn, 10000)
         conn.execute(sa.text("VACUUM ANALYZE outbox_message"))
         conn.execute(  # the oldest half claimed and settled: dead entries at the index's start
@@ -256,6 +257,19 @@ def test_the_claims_one_tenant_check_steps_over_no_row_claimed_since_the_last_va
     assert fits_with_two is False  # a second tenant has pending rows
     buffers = plan[0]["Plan"]["Shared Hit Blocks"] + plan[0]["Plan"]["Shared Read Blocks"]
     assert buffers < 100, json.dumps(plan)
+
+
+@contextlib.contextmanager
+def autocommit(database_url: str) -> Iterator[sa.Connection]:
+    """A connection of its own outside every transaction, on an engine that
+    is disposed of after (the shared engine's pooled connections keep what
+    earlier tests left on them)."""
+    own = sa.create_engine(database_url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    try:
+        with own.connect() as conn:
+            yield conn
+    finally:
+        own.dispose()
 
 
 def nodes(plan: dict[str, Any], node_type: str) -> list[dict[str, Any]]:
